@@ -1,1 +1,47 @@
+//! A low-level etcd v3 client over tonic, generated from etcd's own protos.
+//!
+//! It depends on nothing else in this crate. It is tuned for what a
+//! replicator does: batched txn writes ([`TxnBatcher`]), many watchers on
+//! one pipelined stream ([`WatchStream`]), many leases on one keep-alive
+//! stream ([`LeaseKeeper`]), and snapshot scans in bounded pages
+//! ([`Client::scan`]).
+//!
+//! # Layout
+//! - `client`: endpoints, failover, TLS, auth, and the unary call path.
+//! - `kv`: range, put, delete, txn, compact, paginated scans.
+//! - `batch`: packing writes into the fewest txns etcd accepts.
+//! - `watch`: the watch-stream actor, with resume across reconnects.
+//! - `lease`: grant, revoke, TTL, and the keep-alive actor.
+//! - `maintenance`: member status.
+//! - `error`: the one error type.
+//! - `pb`: the generated code, private.
+//!
+//! Works against etcd 3.4 and later.
+
+mod batch;
+mod client;
+mod error;
+mod kv;
+mod lease;
+mod maintenance;
 mod pb;
+mod watch;
+
+pub use batch::{
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,
+};
+pub(crate) use batch::{TxnBuilder, delete_op, op_encoded_len, put_op};
+pub use client::{
+    Client, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
+    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
+    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, TlsConfig,
+};
+pub use error::{Error, Result};
+pub use kv::{
+    Compare, CompareOp, Delete, DeleteResponse, Header, KeyValue, Op, OpResponse, Page, Put,
+    PutResponse, Range, RangeResponse, Scan, Txn, TxnResponse, prefix_end,
+};
+pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl};
+pub use maintenance::Status;
+pub(crate) use pb::PbRequestOp;
+pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};

@@ -1,4 +1,43 @@
-#![allow(clippy::all, missing_docs, dead_code)]
-pub mod mvccpb { tonic::include_proto!("mvccpb"); }
-pub mod authpb { tonic::include_proto!("authpb"); }
-pub mod etcdserverpb { tonic::include_proto!("etcdserverpb"); }
+//! Generated protobuf and gRPC code for etcd's v3 API.
+//!
+//! Everything here is private to the crate: the public API is the hand-written
+//! wrappers in the sibling modules, and the `Pb*` aliases keep the generated
+//! names out of the rest of the code.
+
+#![allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    dead_code,
+    unreachable_pub
+)]
+
+pub(crate) mod mvccpb {
+    tonic::include_proto!("mvccpb");
+}
+pub(crate) mod authpb {
+    tonic::include_proto!("authpb");
+}
+pub(crate) mod etcdserverpb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+pub(crate) use etcdserverpb::{
+    AuthenticateRequest as PbAuthenticateRequest, CompactionRequest as PbCompactionRequest,
+    Compare as PbCompare, DeleteRangeRequest as PbDeleteRangeRequest,
+    DeleteRangeResponse as PbDeleteRangeResponse, LeaseGrantRequest as PbLeaseGrantRequest,
+    LeaseKeepAliveRequest as PbLeaseKeepAliveRequest, LeaseRevokeRequest as PbLeaseRevokeRequest,
+    LeaseTimeToLiveRequest as PbLeaseTimeToLiveRequest, PutRequest as PbPutRequest,
+    PutResponse as PbPutResponse, RangeRequest as PbRangeRequest, RangeResponse as PbRangeResponse,
+    RequestOp as PbRequestOp, ResponseHeader as PbResponseHeader, StatusRequest as PbStatusRequest,
+    TxnRequest as PbTxnRequest, TxnResponse as PbTxnResponse,
+    WatchCancelRequest as PbWatchCancelRequest, WatchCreateRequest as PbWatchCreateRequest,
+    WatchProgressRequest as PbWatchProgressRequest, WatchRequest as PbWatchRequest,
+    WatchResponse as PbWatchResponse, auth_client::AuthClient, compare as pb_compare,
+    kv_client::KvClient, lease_client::LeaseClient, maintenance_client::MaintenanceClient,
+    request_op::Request as PbOp, response_op::Response as PbOpResponse, watch_client::WatchClient,
+    watch_request::RequestUnion as PbWatchRequestUnion,
+};
+pub(crate) use mvccpb::{
+    Event as PbEvent, KeyValue as PbKeyValue, event::EventType as PbEventType,
+};

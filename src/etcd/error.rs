@@ -1,0 +1,199 @@
+//! The client's one error type.
+//!
+//! etcd reports its conditions as gRPC statuses with fixed message strings
+//! (`etcdserver: ...`). They are mapped to variants here, once, so callers
+//! branch on `Error::Compacted` or `Error::LeaseNotFound` instead of matching
+//! text.
+
+use std::time::Duration;
+
+/// What can go wrong talking to etcd.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration was refused before anything connected.
+    #[error("invalid client config: {0}")]
+    InvalidConfig(String),
+    /// A TLS file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file that could not be read.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Building a channel failed (bad URL, TLS setup).
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// No member answered: connection refused, reset, or the stream broke.
+    #[error("etcd unavailable: {0}")]
+    Unavailable(String),
+    /// The request did not complete within the per-request timeout.
+    #[error("request timed out after {0:?}")]
+    Timeout(Duration),
+    /// The requested revision has been compacted. Watches carry the compact
+    /// revision; a range at a compacted revision does not say it.
+    #[error("required revision has been compacted (compact revision {compact_revision:?})")]
+    Compacted {
+        /// The oldest revision still available, when etcd said it.
+        compact_revision: Option<i64>,
+    },
+    /// The requested revision is in the future.
+    #[error("required revision is a future revision")]
+    FutureRevision,
+    /// A txn branch has more operations than `--max-txn-ops`.
+    #[error("too many operations in txn request")]
+    TooManyOps,
+    /// The request exceeds `--max-request-bytes`.
+    #[error("request is too large")]
+    RequestTooLarge,
+    /// A txn writes the same key twice.
+    #[error("duplicate key given in txn request")]
+    DuplicateKey,
+    /// The lease does not exist (expired or revoked).
+    #[error("requested lease not found")]
+    LeaseNotFound,
+    /// Authentication failed or the token was rejected.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// The user lacks permission for the request.
+    #[error("permission denied")]
+    PermissionDenied,
+    /// The cluster has no leader.
+    #[error("etcd has no leader")]
+    NoLeader,
+    /// The watch was canceled by the server for a reason other than compaction.
+    #[error("watch canceled: {0}")]
+    WatchCanceled(String),
+    /// The client's background task is gone (the client was dropped).
+    #[error("client task closed")]
+    Closed,
+    /// Any other status from etcd.
+    #[error("etcd: {0}")]
+    Status(Box<tonic::Status>),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether retrying on another connection may succeed: the member was
+    /// unreachable, timed out, or had no leader.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::Timeout(_) | Error::NoLeader | Error::Transport(_)
+        ) || matches!(self, Error::Status(s) if s.code() == tonic::Code::Unavailable)
+    }
+
+    /// The token is no longer valid; re-authenticating may help.
+    pub(crate) fn is_invalid_token(&self) -> bool {
+        matches!(self, Error::Auth(m) if m.contains("invalid auth token") || m.contains("token"))
+    }
+
+    /// The request never reached a server (the connection could not be
+    /// made), so it is safe to send it again elsewhere.
+    pub(crate) fn not_sent(&self) -> bool {
+        matches!(self, Error::Unavailable(m) if m.contains("connect") || m.contains("Connection refused"))
+    }
+}
+
+impl From<tonic::Status> for Error {
+    fn from(status: tonic::Status) -> Self {
+        use tonic::Code;
+        let msg = status.message();
+        let has = |s: &str| msg.contains(s);
+        match status.code() {
+            _ if has("required revision has been compacted") => Error::Compacted {
+                compact_revision: None,
+            },
+            _ if has("required revision is a future revision") => Error::FutureRevision,
+            _ if has("too many operations in txn request") => Error::TooManyOps,
+            _ if has("request is too large") => Error::RequestTooLarge,
+            _ if has("duplicate key given in txn request") => Error::DuplicateKey,
+            _ if has("requested lease not found") => Error::LeaseNotFound,
+            _ if has("no leader") => Error::NoLeader,
+            Code::Unauthenticated => Error::Auth(msg.to_string()),
+            _ if has("authentication failed") || has("invalid auth token") => {
+                Error::Auth(msg.to_string())
+            }
+            Code::PermissionDenied => Error::PermissionDenied,
+            Code::Unavailable | Code::Unknown | Code::Cancelled if status_is_transport(&status) => {
+                Error::Unavailable(transport_message(&status))
+            }
+            Code::Unavailable => Error::Unavailable(msg.to_string()),
+            Code::DeadlineExceeded => Error::Timeout(Duration::ZERO),
+            _ => Error::Status(Box::new(status)),
+        }
+    }
+}
+
+/// A status that tonic synthesised from a connection failure rather than one
+/// the server sent.
+fn status_is_transport(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some() || status.code() == tonic::Code::Unavailable
+}
+
+/// The status message with its source chain, so "connection refused" is visible.
+fn transport_message(status: &tonic::Status) -> String {
+    let mut out = status.message().to_string();
+    let mut src = std::error::Error::source(status);
+    while let Some(e) = src {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        src = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    #[test]
+    fn maps_etcd_conditions() {
+        let cases = [
+            (
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: too many operations in txn request",
+            ),
+            (Code::InvalidArgument, "etcdserver: request is too large"),
+            (
+                Code::InvalidArgument,
+                "etcdserver: duplicate key given in txn request",
+            ),
+            (Code::NotFound, "etcdserver: requested lease not found"),
+            (Code::Unavailable, "etcdserver: no leader"),
+            (Code::Unauthenticated, "etcdserver: invalid auth token"),
+            (Code::PermissionDenied, "etcdserver: permission denied"),
+        ];
+        let got: Vec<String> = cases
+            .iter()
+            .map(|(c, m)| format!("{:?}", Error::from(Status::new(*c, *m))))
+            .collect();
+        let want = [
+            "Compacted { compact_revision: None }",
+            "TooManyOps",
+            "RequestTooLarge",
+            "DuplicateKey",
+            "LeaseNotFound",
+            "NoLeader",
+            "Auth(\"etcdserver: invalid auth token\")",
+            "PermissionDenied",
+        ];
+        assert_eq!(got, want);
+        assert!(
+            Error::from(Status::new(
+                Code::Unauthenticated,
+                "etcdserver: invalid auth token"
+            ))
+            .is_invalid_token()
+        );
+        assert!(Error::from(Status::unavailable("x")).is_transient());
+        assert!(!Error::TooManyOps.is_transient());
+    }
+}

@@ -1,0 +1,387 @@
+//! Leases: grant, revoke, time-to-live, and a shared keep-alive stream.
+//!
+//! # The keep-alive actor
+//!
+//! [`LeaseKeeper`] is one task that owns one `LeaseKeepAlive` stream and
+//! keeps any number of leases alive over it. Owners register a lease with
+//! [`LeaseKeeper::keep_alive`] and get a [`LeaseHandle`]; the task sends each
+//! lease's keep-alive every TTL/3 and publishes its [`LeaseStatus`] on a
+//! `watch` channel. When the stream fails the task reopens it with capped
+//! backoff and immediately refreshes every lease. A lease the server reports
+//! with TTL <= 0 is lost: its status says so and the task stops sending for
+//! it. Dropping the handle stops the keep-alive; it never revokes, so the
+//! lease runs out on its own (or a successor adopts it by id).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::client::Client;
+use super::error::{Error, Result};
+use super::pb::{
+    LeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
+    PbLeaseTimeToLiveRequest,
+};
+
+/// Longest wait between attempts to reopen the keep-alive stream.
+pub const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A granted lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The lease id.
+    pub id: i64,
+    /// The TTL the server granted, in seconds.
+    pub ttl: i64,
+}
+
+/// What the server says about a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseTtl {
+    /// The lease id.
+    pub id: i64,
+    /// Seconds left; -1 when the lease does not exist.
+    pub ttl: i64,
+    /// The TTL it was granted with.
+    pub granted_ttl: i64,
+    /// Keys attached, when asked for.
+    pub keys: Vec<bytes::Bytes>,
+}
+
+impl Client {
+    fn lease(&self, svc: super::client::Svc) -> LeaseClient<super::client::Svc> {
+        LeaseClient::new(svc)
+    }
+
+    /// Grants a lease of `ttl` seconds. With `id` 0 the server picks the id.
+    pub async fn lease_grant(&self, ttl: i64, id: i64) -> Result<LeaseGrant> {
+        let req = PbLeaseGrantRequest { ttl, id };
+        let resp = self
+            .unary(req, |svc, r| {
+                let mut c = self.lease(svc);
+                async move { c.lease_grant(r).await }
+            })
+            .await?;
+        if !resp.error.is_empty() {
+            return Err(Error::Status(Box::new(tonic::Status::unknown(resp.error))));
+        }
+        Ok(LeaseGrant {
+            id: resp.id,
+            ttl: resp.ttl,
+        })
+    }
+
+    /// Revokes a lease, deleting every key attached to it.
+    pub async fn lease_revoke(&self, id: i64) -> Result<()> {
+        self.unary(PbLeaseRevokeRequest { id }, |svc, r| {
+            let mut c = self.lease(svc);
+            async move { c.lease_revoke(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Reads a lease's remaining TTL. A lease that does not exist has TTL -1.
+    pub async fn lease_time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTtl> {
+        let resp = self
+            .unary(PbLeaseTimeToLiveRequest { id, keys }, |svc, r| {
+                let mut c = self.lease(svc);
+                async move { c.lease_time_to_live(r).await }
+            })
+            .await;
+        match resp {
+            Ok(r) => Ok(LeaseTtl {
+                id: r.id,
+                ttl: r.ttl,
+                granted_ttl: r.granted_ttl,
+                keys: r.keys,
+            }),
+            Err(Error::LeaseNotFound) => Ok(LeaseTtl {
+                id,
+                ttl: -1,
+                granted_ttl: 0,
+                keys: Vec::new(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The client's shared keep-alive actor, started on first use.
+    pub fn lease_keeper(&self) -> LeaseKeeper {
+        self.inner
+            .keeper
+            .get_or_init(|| LeaseKeeper::spawn(self.clone()))
+            .clone()
+    }
+}
+
+/// The health of one kept-alive lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// When the last keep-alive was answered with TTL > 0.
+    pub last_ok: Option<Instant>,
+    /// The TTL the server reported then, in seconds.
+    pub ttl: i64,
+    /// The server said the lease is gone (TTL <= 0 or not found).
+    pub lost: bool,
+    /// Keep-alives answered so far.
+    pub successes: u64,
+    /// Stream failures seen while this lease was kept alive.
+    pub failures: u64,
+}
+
+impl LeaseStatus {
+    /// Time left before the lease expires, judged from the last answer.
+    pub fn ttl_left(&self) -> Duration {
+        match self.last_ok {
+            Some(at) if !self.lost => {
+                Duration::from_secs(self.ttl.max(0) as u64).saturating_sub(at.elapsed())
+            }
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// A lease kept alive by the [`LeaseKeeper`]. Dropping it stops the
+/// keep-alive without revoking the lease.
+pub struct LeaseHandle {
+    id: i64,
+    status: watch::Receiver<LeaseStatus>,
+    cmds: mpsc::UnboundedSender<Cmd>,
+}
+
+impl LeaseHandle {
+    /// The lease id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+    /// The latest status.
+    pub fn status(&self) -> LeaseStatus {
+        *self.status.borrow()
+    }
+    /// Resolves when the lease is lost, or the keeper is gone.
+    pub async fn lost(&mut self) {
+        let _ = self.status.wait_for(|s| s.lost).await;
+    }
+    /// A receiver of status changes.
+    pub fn subscribe(&self) -> watch::Receiver<LeaseStatus> {
+        self.status.clone()
+    }
+}
+
+impl Drop for LeaseHandle {
+    fn drop(&mut self) {
+        let _ = self.cmds.send(Cmd::Remove(self.id));
+    }
+}
+
+enum Cmd {
+    Add {
+        id: i64,
+        ttl: i64,
+        reply: oneshot::Sender<watch::Receiver<LeaseStatus>>,
+    },
+    Remove(i64),
+}
+
+/// Handle to the keep-alive task; cheap to clone. The task stops when the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct LeaseKeeper {
+    cmds: mpsc::UnboundedSender<Cmd>,
+    _guard: std::sync::Arc<DropGuard>,
+}
+
+struct Kept {
+    handles: usize,
+    interval: Duration,
+    due: Instant,
+    status: watch::Sender<LeaseStatus>,
+}
+
+impl LeaseKeeper {
+    fn spawn(client: Client) -> LeaseKeeper {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        tokio::spawn(run(client, rx, cancel.clone()));
+        LeaseKeeper {
+            cmds: tx,
+            _guard: std::sync::Arc::new(cancel.drop_guard()),
+        }
+    }
+
+    /// Starts keeping lease `id` alive; `ttl` is its granted TTL in seconds
+    /// and sets the keep-alive interval (TTL/3).
+    pub async fn keep_alive(&self, id: i64, ttl: i64) -> Result<LeaseHandle> {
+        let (reply, rx) = oneshot::channel();
+        self.cmds
+            .send(Cmd::Add { id, ttl, reply })
+            .map_err(|_| Error::Closed)?;
+        let status = rx.await.map_err(|_| Error::Closed)?;
+        Ok(LeaseHandle {
+            id,
+            status,
+            cmds: self.cmds.clone(),
+        })
+    }
+}
+
+async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: CancellationToken) {
+    let mut leases: HashMap<i64, Kept> = HashMap::new();
+    let mut backoff = Duration::from_millis(50);
+    'reconnect: loop {
+        // Open the stream only once there is something to keep alive.
+        while leases.is_empty() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                cmd = cmds.recv() => match cmd {
+                    Some(cmd) => apply(&mut leases, cmd),
+                    None => return,
+                },
+            }
+        }
+        let _ = client.ensure_token().await;
+        let (out_tx, out_rx) = mpsc::channel::<PbLeaseKeepAliveRequest>(1024);
+        let now = Instant::now();
+        for (id, k) in leases.iter_mut() {
+            k.due = now + k.interval;
+            let _ = out_tx.try_send(PbLeaseKeepAliveRequest { id: *id });
+        }
+        let (idx, svc) = client.svc();
+        let mut lc = LeaseClient::new(svc);
+        let open = lc.lease_keep_alive(ReceiverStream::new(out_rx));
+        let mut inbound = match tokio::time::timeout(client.config().request_timeout, open).await {
+            Ok(Ok(r)) => r.into_inner(),
+            failed => {
+                let err = match failed {
+                    Ok(Err(s)) => Error::from(s),
+                    _ => Error::Timeout(client.config().request_timeout),
+                };
+                tracing::debug!(error = %err, "lease keep-alive stream failed to open");
+                if err.is_invalid_token() {
+                    client.clear_token();
+                }
+                client.rotate(idx);
+                mark_failure(&mut leases);
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(MAX_KEEPALIVE_BACKOFF);
+                continue 'reconnect;
+            }
+        };
+        loop {
+            let next_due = leases.values().map(|k| k.due).min();
+            let sleep = async {
+                match next_due {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Add { id, ttl, reply }) => {
+                        apply(&mut leases, Cmd::Add { id, ttl, reply });
+                        let _ = out_tx.try_send(PbLeaseKeepAliveRequest { id });
+                    }
+                    Some(cmd) => apply(&mut leases, cmd),
+                    None => return,
+                },
+                _ = sleep => {
+                    let now = Instant::now();
+                    for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
+                        k.due = now + k.interval;
+                        if out_tx.try_send(PbLeaseKeepAliveRequest { id: *id }).is_err() {
+                            break;
+                        }
+                    }
+                }
+                msg = inbound.message() => match msg {
+                    Ok(Some(resp)) => {
+                        backoff = Duration::from_millis(50);
+                        if let Some(k) = leases.get(&resp.id) {
+                            let lost = resp.ttl <= 0;
+                            k.status.send_modify(|s| {
+                                if lost {
+                                    s.lost = true;
+                                    s.ttl = 0;
+                                } else {
+                                    s.last_ok = Some(Instant::now());
+                                    s.ttl = resp.ttl;
+                                    s.successes += 1;
+                                }
+                            });
+                            if lost {
+                                tracing::warn!(lease = resp.id, "lease lost: the server reports it expired");
+                                leases.remove(&resp.id);
+                            }
+                        }
+                    }
+                    other => {
+                        let err = match other {
+                            Err(s) => Error::from(s),
+                            _ => Error::Unavailable("keep-alive stream ended".into()),
+                        };
+                        tracing::debug!(error = %err, "lease keep-alive stream broke; reopening");
+                        if err.is_invalid_token() {
+                            client.clear_token();
+                        }
+                        client.rotate(idx);
+                        mark_failure(&mut leases);
+                        tokio::select! {
+                            _ = cancel.cancelled() => return,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(MAX_KEEPALIVE_BACKOFF);
+                        continue 'reconnect;
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {
+    match cmd {
+        Cmd::Add { id, ttl, reply } => {
+            let interval = Duration::from_millis((ttl.max(1) as u64 * 1000) / 3)
+                .max(Duration::from_millis(100));
+            let kept = leases.entry(id).or_insert_with(|| Kept {
+                handles: 0,
+                interval,
+                due: Instant::now(),
+                status: watch::channel(LeaseStatus {
+                    last_ok: Some(Instant::now()),
+                    ttl,
+                    lost: false,
+                    successes: 0,
+                    failures: 0,
+                })
+                .0,
+            });
+            kept.interval = interval;
+            kept.handles += 1;
+            let _ = reply.send(kept.status.subscribe());
+        }
+        Cmd::Remove(id) => {
+            // Only stop when no other handle still holds it.
+            if let Some(k) = leases.get_mut(&id) {
+                k.handles -= 1;
+                if k.handles == 0 {
+                    leases.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+fn mark_failure(leases: &mut HashMap<i64, Kept>) {
+    for k in leases.values() {
+        k.status.send_modify(|s| s.failures += 1);
+    }
+}
