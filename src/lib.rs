@@ -5,5 +5,13 @@
 //! - [`etcd`]: the client. Stands alone; depend on this crate with
 //!   `default-features = false` to get it without the application.
 //! - [`schema`]: the origin-first key layout of the endpoint registry.
+//! - [`mirror`]: the engine that mirrors one region's subtree into every
+//!   peer region's etcd under an origin-heartbeat lease.
+//! - [`error`]: the error type above the client.
+
+pub mod error;
 pub mod etcd;
+pub mod mirror;
 pub mod schema;
+
+pub use error::{Error, Result};

@@ -70,6 +70,14 @@ pub(crate) fn delete_op(key: Bytes, range_end: Bytes) -> PbRequestOp {
     }
 }
 
+/// The value a put op writes, if it is a put.
+pub(crate) fn op_put_value(op: &PbRequestOp) -> Option<Bytes> {
+    match &op.request {
+        Some(PbOp::RequestPut(p)) => Some(p.value.clone()),
+        _ => None,
+    }
+}
+
 /// One txn's success branch being filled, with de-duplication by key.
 #[derive(Default)]
 pub(crate) struct TxnBuilder {
@@ -151,7 +159,7 @@ impl TxnBuilder {
 }
 
 /// The single key a put or single-key delete writes.
-fn op_key(op: &PbRequestOp) -> Option<Bytes> {
+pub(crate) fn op_key(op: &PbRequestOp) -> Option<Bytes> {
     match &op.request {
         Some(PbOp::RequestPut(p)) => Some(p.key.clone()),
         Some(PbOp::RequestDeleteRange(d)) if d.range_end.is_empty() => Some(d.key.clone()),

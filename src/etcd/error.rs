@@ -109,6 +109,7 @@ impl From<tonic::Status> for Error {
             _ if has("required revision is a future revision") => Error::FutureRevision,
             _ if has("too many operations in txn request") => Error::TooManyOps,
             _ if has("request is too large") => Error::RequestTooLarge,
+            Code::ResourceExhausted if has("larger than max") => Error::RequestTooLarge,
             _ if has("duplicate key given in txn request") => Error::DuplicateKey,
             _ if has("requested lease not found") => Error::LeaseNotFound,
             _ if has("no leader") => Error::NoLeader,

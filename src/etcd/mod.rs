@@ -30,7 +30,7 @@ mod watch;
 pub use batch::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,
 };
-pub(crate) use batch::{TxnBuilder, delete_op, op_encoded_len, put_op};
+pub(crate) use batch::{TxnBuilder, delete_op, op_encoded_len, op_key, op_put_value, put_op};
 pub use client::{
     Client, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
     DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,

@@ -76,6 +76,23 @@ impl Event {
             prev_kv: e.prev_kv.map(KeyValue),
         }
     }
+    /// An event built by hand, for tests and benches of code that consumes
+    /// events.
+    #[doc(hidden)]
+    pub fn synthetic(kind: EventKind, key: Bytes, value: Bytes, mod_revision: i64) -> Event {
+        let kv = super::pb::PbKeyValue {
+            key,
+            value,
+            mod_revision,
+            ..Default::default()
+        };
+        Event {
+            kind,
+            kv: KeyValue(kv),
+            prev_kv: None,
+        }
+    }
+
     /// The revision of the change.
     pub fn revision(&self) -> i64 {
         self.kv.mod_revision()

@@ -1,0 +1,39 @@
+//! The error type of the mirror engine and the application.
+//!
+//! The etcd client keeps its own [`crate::etcd::Error`] so that it stands
+//! alone; everything above it uses this one, which wraps it.
+
+/// What can go wrong above the etcd client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An invalid setting, refused before anything connects.
+    #[error("{0}")]
+    Config(String),
+    /// An etcd call failed.
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::Error),
+    /// Another replicator has taken over this region's copy on a peer.
+    #[error("fenced on peer {peer}: another replicator holds the mirror")]
+    Fenced {
+        /// The peer region.
+        peer: String,
+    },
+    /// The peer-side lease expired or was revoked.
+    #[error("mirror lease on peer {peer} lost")]
+    LeaseLost {
+        /// The peer region.
+        peer: String,
+    },
+    /// The state key on a peer vanished (data loss, or an operator).
+    #[error("state key on peer {peer} is gone")]
+    StateGone {
+        /// The peer region.
+        peer: String,
+    },
+    /// A local I/O failure (metrics listener, files).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,311 @@
+//! Turning watch events into mirror txns.
+//!
+//! Consecutive source revisions are coalesced into one txn until the peer's
+//! limits are reached; a revision is only split when it alone exceeds them.
+//! Several writes to one key inside a batch collapse to the last one. Every
+//! batch leaves room for the fence compare and the state-key put that the
+//! engine adds when it sends it.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::etcd::{
+    Event, EventKind, PbRequestOp, REQUEST_OVERHEAD_BYTES, TxnBuilder, TxnLimits, delete_op,
+    op_encoded_len, put_op,
+};
+
+/// Bytes reserved per txn for the fence compare and the state put.
+pub const STATE_RESERVE_BYTES: usize = 512;
+
+/// A sealed batch, ready to send.
+#[derive(Debug)]
+pub struct Batch {
+    /// The data ops (puts under the peer lease, deletes).
+    pub(crate) ops: Vec<PbRequestOp>,
+    /// The keys the ops write, for per-key ordering between txns in flight.
+    pub keys: Vec<Bytes>,
+    /// The last source revision whose every event is in this or an earlier
+    /// batch. Revisions split over batches report the revision before them
+    /// until their last part.
+    pub complete_through: i64,
+    /// Watch events folded into this batch.
+    pub events: u64,
+    /// When the oldest event in it was received.
+    pub received: Instant,
+    /// Encoded size of the ops.
+    pub bytes: usize,
+}
+
+impl Batch {
+    /// Number of data ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+    /// Whether the batch has no ops.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// Accumulates watch events into [`Batch`]es.
+pub struct Batcher {
+    lease: i64,
+    max_ops: usize,
+    max_bytes: usize,
+    /// Ops of the revision being read, not yet placed.
+    rev: Vec<(Bytes, PbRequestOp)>,
+    rev_bytes: usize,
+    rev_number: i64,
+    rev_received: Option<Instant>,
+    rev_events: u64,
+    cur: TxnBuilder,
+    cur_keys: Vec<Bytes>,
+    cur_events: u64,
+    cur_received: Option<Instant>,
+    cur_through: i64,
+    ready: VecDeque<Batch>,
+    /// Revisions split over more than one txn so far.
+    pub split_revisions: u64,
+}
+
+impl Batcher {
+    /// A batcher writing puts under `lease`, within `limits` (less the room
+    /// the engine needs for its own compare and state put).
+    pub fn new(limits: TxnLimits, lease: i64) -> Self {
+        Batcher {
+            lease,
+            max_ops: limits.max_ops.saturating_sub(1).max(1),
+            max_bytes: limits
+                .max_bytes
+                .saturating_sub(REQUEST_OVERHEAD_BYTES + STATE_RESERVE_BYTES),
+            rev: Vec::new(),
+            rev_bytes: 0,
+            rev_number: 0,
+            rev_received: None,
+            rev_events: 0,
+            cur: TxnBuilder::default(),
+            cur_keys: Vec::new(),
+            cur_events: 0,
+            cur_received: None,
+            cur_through: 0,
+            ready: VecDeque::new(),
+            split_revisions: 0,
+        }
+    }
+
+    /// Adds events received at `received`, in revision order.
+    pub fn push(&mut self, events: impl IntoIterator<Item = Event>, received: Instant) {
+        for ev in events {
+            let revision = ev.revision();
+            if revision != self.rev_number {
+                self.place_revision();
+                self.rev_number = revision;
+            }
+            let (key, value) = ev.kv.into_key_value();
+            let op = match ev.kind {
+                EventKind::Put => put_op(key.clone(), value, self.lease),
+                EventKind::Delete => delete_op(key.clone(), Bytes::new()),
+            };
+            self.rev_bytes += op_encoded_len(&op);
+            self.rev.push((key, op));
+            self.rev_events += 1;
+            self.rev_received.get_or_insert(received);
+        }
+    }
+
+    /// Moves the revision being read into the open batch, sealing the open
+    /// batch first if the revision does not fit beside it.
+    fn place_revision(&mut self) {
+        if self.rev.is_empty() {
+            return;
+        }
+        let new_keys = self
+            .rev
+            .iter()
+            .filter(|(k, _)| !self.cur.contains(k))
+            .count();
+        let fits_beside = self.cur.len() + new_keys <= self.max_ops
+            && self.cur.bytes() + self.rev_bytes <= self.max_bytes;
+        if !fits_beside {
+            self.seal();
+        }
+        let alone = self.rev.len() <= self.max_ops && self.rev_bytes <= self.max_bytes;
+        if !alone {
+            self.split_revisions += 1;
+        }
+        let through_before = self.rev_number - 1;
+        let received = self.rev_received.take();
+        let events = std::mem::take(&mut self.rev_events);
+        for (key, op) in std::mem::take(&mut self.rev) {
+            let len = op_encoded_len(&op);
+            let full = !self.cur.is_empty()
+                && (self.cur.len() >= self.max_ops || self.cur.bytes() + len > self.max_bytes);
+            if full {
+                // Only reached while splitting an oversized revision.
+                self.cur_through = self.cur_through.max(through_before);
+                self.seal();
+            }
+            if !self.cur.contains(&key) {
+                self.cur_keys.push(key.clone());
+            }
+            self.cur.push_key(key, op);
+            if let Some(r) = received {
+                self.cur_received.get_or_insert(r);
+            }
+        }
+        self.cur_events += events;
+        self.cur_through = self.rev_number;
+        self.rev_bytes = 0;
+    }
+
+    fn seal(&mut self) {
+        if self.cur.is_empty() {
+            return;
+        }
+        let bytes = self.cur.bytes();
+        self.ready.push_back(Batch {
+            ops: self.cur.take(),
+            keys: std::mem::take(&mut self.cur_keys),
+            complete_through: self.cur_through,
+            events: std::mem::take(&mut self.cur_events),
+            received: self.cur_received.take().unwrap_or_else(Instant::now),
+            bytes,
+        });
+    }
+
+    /// Seals everything read so far: the watch has nothing more buffered.
+    pub fn flush(&mut self) {
+        self.place_revision();
+        self.seal();
+    }
+
+    /// Sealed batches waiting to be sent.
+    pub fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Whether nothing at all is held: no sealed batch, no open batch, no
+    /// partial revision.
+    pub fn is_idle(&self) -> bool {
+        self.ready.is_empty() && self.cur.is_empty() && self.rev.is_empty()
+    }
+
+    /// The oldest sealed batch, without removing it.
+    pub fn peek(&self) -> Option<&Batch> {
+        self.ready.front()
+    }
+
+    /// Removes and returns the oldest sealed batch.
+    pub fn pop(&mut self) -> Option<Batch> {
+        self.ready.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::PbRequestOp;
+
+    fn ev(kind: EventKind, key: &str, value: &[u8], rev: i64) -> Event {
+        Event::synthetic(
+            kind,
+            Bytes::copy_from_slice(key.as_bytes()),
+            Bytes::copy_from_slice(value),
+            rev,
+        )
+    }
+
+    fn drain(b: &mut Batcher) -> Vec<Batch> {
+        b.flush();
+        std::iter::from_fn(|| b.pop()).collect()
+    }
+
+    fn value_of(op: &PbRequestOp) -> Option<Bytes> {
+        crate::etcd::op_put_value(op)
+    }
+
+    #[test]
+    fn coalesces_revisions_and_deduplicates() {
+        let mut b = Batcher::new(TxnLimits::default(), 7);
+        let now = Instant::now();
+        for i in 0..20 {
+            b.push(
+                [ev(EventKind::Put, "/k", format!("v{i}").as_bytes(), 10 + i)],
+                now,
+            );
+        }
+        let batches = drain(&mut b);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].len(), 1);
+        assert_eq!(batches[0].events, 20);
+        assert_eq!(batches[0].complete_through, 29);
+        assert_eq!(value_of(&batches[0].ops[0]).unwrap(), "v19");
+    }
+
+    #[test]
+    fn never_splits_a_revision_that_fits() {
+        let limits = TxnLimits {
+            max_ops: 10,
+            ..Default::default()
+        };
+        let mut b = Batcher::new(limits, 0);
+        let now = Instant::now();
+        // Revision 1: 5 keys, revision 2: 5 keys; 9 data ops fit per txn.
+        for rev in 1..=2 {
+            let evs: Vec<Event> = (0..5)
+                .map(|i| ev(EventKind::Put, &format!("/r{rev}/{i}"), b"x", rev))
+                .collect();
+            b.push(evs, now);
+        }
+        let batches = drain(&mut b);
+        assert_eq!(batches.iter().map(Batch::len).collect::<Vec<_>>(), [5, 5]);
+        assert_eq!(b.split_revisions, 0);
+        assert_eq!(
+            batches
+                .iter()
+                .map(|b| b.complete_through)
+                .collect::<Vec<_>>(),
+            [1, 2]
+        );
+    }
+
+    #[test]
+    fn splits_an_oversized_revision_and_counts_it() {
+        let mut b = Batcher::new(TxnLimits::default(), 0);
+        let evs: Vec<Event> = (0..300)
+            .map(|i| ev(EventKind::Put, &format!("/k{i:03}"), b"x", 5))
+            .collect();
+        b.push(evs, Instant::now());
+        b.push([ev(EventKind::Delete, "/k000", b"", 6)], Instant::now());
+        let batches = drain(&mut b);
+        assert_eq!(
+            batches.iter().map(Batch::len).collect::<Vec<_>>(),
+            [127, 127, 46, 1]
+        );
+        assert_eq!(b.split_revisions, 1);
+        assert_eq!(
+            batches
+                .iter()
+                .map(|b| b.complete_through)
+                .collect::<Vec<_>>(),
+            [4, 4, 5, 6]
+        );
+    }
+
+    #[test]
+    fn large_values_go_one_per_txn() {
+        let mut b = Batcher::new(TxnLimits::default(), 0);
+        let big = vec![1u8; 1200 * 1024];
+        for rev in 1..=3 {
+            b.push(
+                [ev(EventKind::Put, &format!("/big{rev}"), &big, rev)],
+                Instant::now(),
+            );
+        }
+        let batches = drain(&mut b);
+        assert_eq!(batches.len(), 3);
+        assert_eq!(b.split_revisions, 0);
+    }
+}

@@ -1,0 +1,81 @@
+//! The engine's settings.
+
+use std::time::Duration;
+
+use crate::etcd::{ClientConfig, TxnLimits};
+
+/// Default TTL of the lease each peer holds for this region's copy.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// Default number of mirror txns in flight to one peer.
+pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 8;
+/// Default keys per page when scanning the source and the peer.
+pub const DEFAULT_PAGE_SIZE: usize = 2000;
+/// Default cap on the backoff between attempts to reach a failing peer.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Default prefix, outside the registry root, of the per-origin state keys
+/// the engine keeps on each peer.
+pub const DEFAULT_STATE_ROOT: &str = "/aether/v1/replication/";
+/// Default lag, in source revisions, past which a resume re-syncs by range
+/// instead of catching up through the watch (etcd replays history at about
+/// 6k revisions/s, a range diff reads tens of thousands of keys/s).
+pub const DEFAULT_RESYNC_LAG: i64 = 100_000;
+
+/// What the engine mirrors, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MirrorConfig {
+    /// This region: the engine mirrors `<root><region>/` and nothing else.
+    pub region: String,
+    /// The registry root, `/aether/v1/regions/` by default.
+    pub root: String,
+    /// TTL of the peer-side lease.
+    pub lease_ttl: Duration,
+    /// The peers' txn limits.
+    pub limits: TxnLimits,
+    /// Mirror txns in flight to one peer.
+    pub max_inflight: usize,
+    /// Keys per page in the initial sync.
+    pub page_size: usize,
+    /// Cap on the retry backoff for a failing peer.
+    pub max_backoff: Duration,
+    /// Prefix of the state key; the key is `<state_root><region>/state`.
+    pub state_root: String,
+    /// Resume lag (in revisions) past which a range diff replaces the
+    /// watch catch-up.
+    pub resync_lag: i64,
+}
+
+impl MirrorConfig {
+    /// A config for `region` with every other setting at its default.
+    pub fn new(region: impl Into<String>) -> Self {
+        MirrorConfig {
+            region: region.into(),
+            root: crate::schema::DEFAULT_ROOT.to_string(),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            limits: TxnLimits::default(),
+            max_inflight: DEFAULT_MAX_INFLIGHT_TXNS,
+            page_size: DEFAULT_PAGE_SIZE,
+            max_backoff: DEFAULT_MAX_BACKOFF,
+            state_root: DEFAULT_STATE_ROOT.to_string(),
+            resync_lag: DEFAULT_RESYNC_LAG,
+        }
+    }
+
+    /// The source prefix: `<root><region>/`.
+    pub fn prefix(&self) -> String {
+        format!("{}{}/", self.root, self.region)
+    }
+
+    /// The state key on each peer: `<state_root><region>/state`.
+    pub fn state_key(&self) -> String {
+        format!("{}{}/state", self.state_root, self.region)
+    }
+}
+
+/// One peer region and how to reach its etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// The peer's region name.
+    pub region: String,
+    /// Its etcd.
+    pub client: ClientConfig,
+}

@@ -1,0 +1,217 @@
+//! The mirror engine: this region's subtree, mirrored verbatim into every
+//! peer region's etcd under a lease only this region keeps alive.
+//!
+//! For own region R and each peer P the engine runs one task ([`peer`])
+//! that:
+//! - holds a lease on P, kept alive through P's shared keep-alive stream;
+//!   if R stops, the lease lapses and R's copy expires on P by itself;
+//! - brings P's copy of `<root>R/` to the source at one revision with a
+//!   range diff ([`sync`]), comparing the lease as well as the value;
+//! - then mirrors R's watch from the next revision, batching consecutive
+//!   revisions into as few txns as P's limits allow ([`batch`]);
+//! - guards every txn with a fence on P's state key ([`state`]), so a
+//!   deposed engine cannot overwrite a successor's writes, and a successor
+//!   that finds the lease alive adopts it and resumes by watch, rewriting
+//!   nothing.
+//!
+//! Peers never wait on each other: each has its own task, its own watch
+//! stream on the local etcd and its own connection. A clean shutdown stops
+//! the keep-alives and never revokes a lease.
+//!
+//! The engine is schema-agnostic: it copies every key under the prefix,
+//! whatever its bytes, and never anything outside it apart from the state
+//! key. It never mirrors another region's subtree, which is what keeps
+//! replication between regions loop-free.
+
+pub mod batch;
+mod config;
+mod peer;
+pub mod state;
+pub mod stats;
+mod sync;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{
+    DEFAULT_LEASE_TTL, DEFAULT_MAX_BACKOFF, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
+    DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT, MirrorConfig, PeerConfig,
+};
+pub use stats::{ErrorKind, PeerStats, ResyncReason};
+
+use crate::error::{Error, Result};
+use crate::etcd::Client;
+use crate::schema::{Schema, validate_segment};
+
+/// A running engine. Dropping it cancels every peer task; [`Engine::shutdown`]
+/// also waits for them.
+pub struct Engine {
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    stats: Vec<Arc<PeerStats>>,
+    fenced: mpsc::UnboundedReceiver<String>,
+    holder: u64,
+}
+
+impl Engine {
+    /// Validates the config and starts one task per peer.
+    ///
+    /// Refuses a peer named like this region, duplicate peers, and invalid
+    /// names or limits. Unreachable etcds are not an error: the tasks retry.
+    pub fn start(
+        local: Client,
+        peers: Vec<(String, Client)>,
+        config: MirrorConfig,
+    ) -> Result<Engine> {
+        validate(&config, peers.iter().map(|(r, _)| r.as_str()))?;
+        let cfg = Arc::new(config);
+        let holder = state::new_holder();
+        let cancel = CancellationToken::new();
+        let (fenced_tx, fenced) = mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        let mut all_stats = Vec::new();
+        for (region, client) in peers {
+            let stats = Arc::new(PeerStats::new(region.clone()));
+            all_stats.push(stats.clone());
+            let peer = peer::Peer::new(
+                region.clone(),
+                local.clone(),
+                client,
+                cfg.clone(),
+                stats,
+                holder,
+                cancel.child_token(),
+            );
+            let fenced_tx = fenced_tx.clone();
+            let span = tracing::info_span!("peer", peer = %region);
+            tasks.push(tokio::spawn(tracing::Instrument::instrument(
+                async move {
+                    if let Err(Error::Fenced { peer }) = peer.run().await {
+                        let _ = fenced_tx.send(peer);
+                    }
+                },
+                span,
+            )));
+        }
+        Ok(Engine {
+            cancel,
+            tasks,
+            stats: all_stats,
+            fenced,
+            holder,
+        })
+    }
+
+    /// Per-peer stats, in the order the peers were given.
+    pub fn stats(&self) -> &[Arc<PeerStats>] {
+        &self.stats
+    }
+
+    /// This engine's incarnation id, as written in the peers' state keys.
+    pub fn holder(&self) -> u64 {
+        self.holder
+    }
+
+    /// Whether every peer is in the live phase.
+    pub fn is_synced(&self) -> bool {
+        self.stats
+            .iter()
+            .all(|s| s.synced.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Resolves once every peer is in the live phase. Wrap it in a timeout.
+    pub async fn wait_synced(&self) {
+        while !self.is_synced() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Resolves with a peer's region when another engine fences this one
+    /// there. That peer's task has stopped; the owner should step down.
+    pub async fn fenced(&mut self) -> Option<String> {
+        self.fenced.recv().await
+    }
+
+    /// Stops every peer: the watch stops, txns in flight finish (or are
+    /// abandoned after the request timeout), keep-alives stop. Leases are
+    /// never revoked.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        for t in std::mem::take(&mut self.tasks) {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn validate<'a>(cfg: &MirrorConfig, peers: impl Iterator<Item = &'a str>) -> Result<()> {
+    let bad = |m: String| Err(Error::Config(m));
+    validate_segment("region", &cfg.region).map_err(|e| Error::Config(e.to_string()))?;
+    Schema::new(cfg.root.clone()).map_err(|e| Error::Config(e.to_string()))?;
+    if cfg.lease_ttl < Duration::from_secs(1) {
+        return bad(format!(
+            "lease TTL {:?} is below etcd's 1 s granularity",
+            cfg.lease_ttl
+        ));
+    }
+    if cfg.limits.max_ops < 2 {
+        return bad("max txn ops must be at least 2".into());
+    }
+    if !cfg.state_root.starts_with('/') || !cfg.state_root.ends_with('/') {
+        return bad(format!(
+            "state root {:?} must start and end with '/'",
+            cfg.state_root
+        ));
+    }
+    if cfg.state_root.starts_with(&cfg.root) || cfg.root.starts_with(&cfg.state_root) {
+        return bad(format!(
+            "state root {:?} must lie outside the registry root {:?}",
+            cfg.state_root, cfg.root
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for p in peers {
+        validate_segment("peer region", p).map_err(|e| Error::Config(e.to_string()))?;
+        if p == cfg.region {
+            return bad(format!("peer region {p:?} is this region"));
+        }
+        if !seen.insert(p) {
+            return bad(format!("duplicate peer region {p:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_bad_configs() {
+        let cfg = MirrorConfig::new("a");
+        assert!(validate(&cfg, ["b", "c"].into_iter()).is_ok());
+        let err =
+            |c: &MirrorConfig, p: &[&str]| validate(c, p.iter().copied()).unwrap_err().to_string();
+        assert!(err(&cfg, &["a"]).contains("is this region"));
+        assert!(err(&cfg, &["b", "b"]).contains("duplicate"));
+        assert!(err(&cfg, &["b/c"]).contains("'/'"));
+        let mut c = cfg.clone();
+        c.region = String::new();
+        assert!(err(&c, &[]).contains("empty"));
+        let mut c = cfg.clone();
+        c.lease_ttl = Duration::from_millis(500);
+        assert!(err(&c, &[]).contains("granularity"));
+        let mut c = cfg.clone();
+        c.state_root = "/aether/v1/regions/x/".into();
+        assert!(err(&c, &[]).contains("outside"));
+    }
+}

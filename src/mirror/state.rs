@@ -1,0 +1,163 @@
+//! The per-origin state key each peer holds, and the fence built on it.
+//!
+//! `<state_root><region>/state` lives outside the registry root, under the
+//! mirror lease, and reads `v1 revision=<r> lease=<id> holder=<hex>`:
+//!
+//! - `revision`: every source revision up to it is applied on this peer.
+//!   It is a lower bound (txns may be in flight past it), so resuming from
+//!   it replays at most a few batches, which is harmless: mirroring is
+//!   idempotent. 0 means "no complete sync under this lease yet".
+//! - `lease`: the lease every mirrored key is attached to.
+//! - `holder`: the engine incarnation that wrote it.
+//!
+//! **Fencing.** An engine claims a peer by deleting the state key and
+//! creating it anew; the creation revision is its fence. Every mirror txn
+//! compares `create_revision(state) == fence`, so once a successor has
+//! claimed the peer, every txn of the predecessor fails, including those
+//! already in flight. Comparing the create revision rather than the mod
+//! revision (which changes with every batch) lets many txns be in flight.
+
+use bytes::Bytes;
+
+use crate::etcd::{Client, Compare, CompareOp, Delete, KeyValue, Put, Range, Txn};
+
+/// The parsed value of a state key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    /// Applied through this source revision; 0: no complete sync yet.
+    pub revision: i64,
+    /// The lease the mirrored keys are attached to.
+    pub lease: i64,
+    /// The engine incarnation that wrote it.
+    pub holder: u64,
+}
+
+impl State {
+    /// The encoded value.
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(format!(
+            "v1 revision={} lease={} holder={:016x}",
+            self.revision, self.lease, self.holder
+        ))
+    }
+
+    /// Parses a value written by [`State::encode`].
+    pub fn decode(value: &[u8]) -> Option<State> {
+        let text = std::str::from_utf8(value).ok()?;
+        let mut parts = text.split(' ');
+        if parts.next()? != "v1" {
+            return None;
+        }
+        let (mut revision, mut lease, mut holder) = (None, None, None);
+        for part in parts {
+            let (k, v) = part.split_once('=')?;
+            match k {
+                "revision" => revision = v.parse().ok(),
+                "lease" => lease = v.parse().ok(),
+                "holder" => holder = u64::from_str_radix(v, 16).ok(),
+                _ => {}
+            }
+        }
+        Some(State {
+            revision: revision?,
+            lease: lease?,
+            holder: holder?,
+        })
+    }
+}
+
+/// The state key as read from a peer.
+#[derive(Clone, Debug)]
+pub(crate) struct Stored {
+    pub state: Option<State>,
+    pub mod_revision: i64,
+    pub create_revision: i64,
+}
+
+impl Stored {
+    pub(crate) fn from_kv(kv: Option<&KeyValue>) -> Stored {
+        match kv {
+            Some(kv) => Stored {
+                state: State::decode(kv.value()),
+                mod_revision: kv.mod_revision(),
+                create_revision: kv.create_revision(),
+            },
+            None => Stored {
+                state: None,
+                mod_revision: 0,
+                create_revision: 0,
+            },
+        }
+    }
+}
+
+pub(crate) async fn read(peer: &Client, key: &Bytes) -> crate::etcd::Result<Stored> {
+    let resp = peer.range(Range::key(key.clone())).await?;
+    Ok(Stored::from_kv(resp.kvs().first()))
+}
+
+/// The guard every mirror txn carries.
+pub(crate) fn fence(key: &Bytes, create_revision: i64) -> Compare {
+    Compare::create_revision(key.clone(), CompareOp::Equal, create_revision)
+}
+
+/// Claims the peer: replaces whatever state key is there (compare-and-delete,
+/// then create-if-absent) and returns the new fence. `None` if another
+/// engine created the key between the two steps.
+pub(crate) async fn claim(
+    peer: &Client,
+    key: &Bytes,
+    seen: &Stored,
+    state: State,
+) -> crate::etcd::Result<Option<i64>> {
+    if seen.create_revision != 0 {
+        let del = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                seen.mod_revision,
+            )])
+            .and_then([Delete::key(key.clone())]);
+        if !peer.txn(del).await?.succeeded {
+            return Ok(None);
+        }
+    }
+    let create = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([Put::new(key.clone(), state.encode()).lease(state.lease)]);
+    let resp = peer.txn(create).await?;
+    Ok(resp.succeeded.then_some(resp.header.revision))
+}
+
+/// A fresh identity for an engine incarnation.
+pub(crate) fn new_holder() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish() | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips() {
+        let s = State {
+            revision: 42,
+            lease: 7_587_869_230_000_000_123,
+            holder: 0xdead_beef,
+        };
+        assert_eq!(State::decode(&s.encode()), Some(s));
+        assert_eq!(State::decode(b"v2 revision=1 lease=1 holder=1"), None);
+        assert_eq!(State::decode(b"v1 revision=x lease=1 holder=1"), None);
+        assert_eq!(State::decode(b"\xff"), None);
+        assert_ne!(new_holder(), new_holder());
+    }
+}

@@ -1,0 +1,240 @@
+//! Per-peer counters and gauges, updated by the engine and read by whoever
+//! exports them (the application renders them as Prometheus text).
+//!
+//! Plain atomics: the engine's hot path pays one relaxed add per update and
+//! the engine does not depend on any metrics library.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::etcd::LeaseStatus;
+
+/// Why a full range-diff sync ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResyncReason {
+    /// First sync of this engine on the peer, with nothing to adopt.
+    Initial,
+    /// The watch resume revision had been compacted.
+    Compacted,
+    /// The peer lease expired or was revoked.
+    LeaseLost,
+    /// A txn's fence compare failed with no other holder (the state key was
+    /// removed under the engine).
+    Fenced,
+    /// The resume lag was past the configured limit.
+    Lag,
+}
+
+impl ResyncReason {
+    /// Every reason, in metric order.
+    pub const ALL: [ResyncReason; 5] = [
+        ResyncReason::Initial,
+        ResyncReason::Compacted,
+        ResyncReason::LeaseLost,
+        ResyncReason::Fenced,
+        ResyncReason::Lag,
+    ];
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResyncReason::Initial => "initial",
+            ResyncReason::Compacted => "compacted",
+            ResyncReason::LeaseLost => "lease_lost",
+            ResyncReason::Fenced => "fenced",
+            ResyncReason::Lag => "lag",
+        }
+    }
+}
+
+/// A class of error, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The peer or the source could not be reached, or a call timed out.
+    Unavailable,
+    /// Another replicator holds the peer.
+    Fenced,
+    /// The peer lease was lost.
+    LeaseLost,
+    /// The source watch start revision was compacted.
+    Compacted,
+    /// A single write exceeds the peer's request size limit; it is skipped.
+    TooLarge,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    /// Every kind, in metric order.
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::Unavailable,
+        ErrorKind::Fenced,
+        ErrorKind::LeaseLost,
+        ErrorKind::Compacted,
+        ErrorKind::TooLarge,
+        ErrorKind::Other,
+    ];
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Fenced => "fenced",
+            ErrorKind::LeaseLost => "lease_lost",
+            ErrorKind::Compacted => "compacted",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+/// Upper bounds of the apply-latency histogram buckets, in seconds.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// A fixed-bucket histogram of durations.
+#[derive(Default, Debug)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    /// Records `n` observations of `d`.
+    pub fn observe(&self, d: Duration, n: u64) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = LATENCY_BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(n, Relaxed);
+        }
+        self.count.fetch_add(n, Relaxed);
+        self.sum_micros.fetch_add(d.as_micros() as u64 * n, Relaxed);
+    }
+    /// Cumulative counts per bucket (Prometheus `le` semantics), the total
+    /// count, and the sum in seconds.
+    pub fn snapshot(&self) -> (Vec<u64>, u64, f64) {
+        let mut acc = 0;
+        let cumulative = self
+            .buckets
+            .iter()
+            .map(|b| {
+                acc += b.load(Relaxed);
+                acc
+            })
+            .collect();
+        (
+            cumulative,
+            self.count.load(Relaxed),
+            self.sum_micros.load(Relaxed) as f64 / 1e6,
+        )
+    }
+}
+
+/// Everything the engine reports about one peer.
+#[derive(Debug)]
+pub struct PeerStats {
+    /// The peer region.
+    pub region: String,
+    /// The latest source revision seen on the watch.
+    pub source_revision: AtomicI64,
+    /// Every source revision up to this one is applied on the peer.
+    pub applied_revision: AtomicI64,
+    /// Watch events applied.
+    pub events: AtomicU64,
+    /// Txns committed on the peer.
+    pub txns: AtomicU64,
+    /// Request bytes committed on the peer.
+    pub bytes: AtomicU64,
+    /// Keys written by range-diff syncs.
+    pub sync_puts: AtomicU64,
+    /// Keys deleted by range-diff syncs.
+    pub sync_deletes: AtomicU64,
+    /// Source revisions that had to be split over several txns.
+    pub split_revisions: AtomicU64,
+    /// Receipt-to-commit latency of applied events.
+    pub apply_latency: Histogram,
+    /// The peer answered the last request.
+    pub up: AtomicBool,
+    /// The peer is in the live phase: synced, mirroring the watch.
+    pub synced: AtomicBool,
+    /// The current lease id (0: none).
+    pub lease_id: AtomicI64,
+    errors: [AtomicU64; ErrorKind::ALL.len()],
+    resyncs: [AtomicU64; ResyncReason::ALL.len()],
+    keepalive_base: [AtomicU64; 2],
+    lease: Mutex<Option<watch::Receiver<LeaseStatus>>>,
+}
+
+impl PeerStats {
+    /// Fresh stats for `region`.
+    pub fn new(region: impl Into<String>) -> Self {
+        PeerStats {
+            region: region.into(),
+            source_revision: AtomicI64::new(0),
+            applied_revision: AtomicI64::new(0),
+            events: AtomicU64::new(0),
+            txns: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            sync_puts: AtomicU64::new(0),
+            sync_deletes: AtomicU64::new(0),
+            split_revisions: AtomicU64::new(0),
+            apply_latency: Histogram::default(),
+            up: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            lease_id: AtomicI64::new(0),
+            errors: Default::default(),
+            resyncs: Default::default(),
+            keepalive_base: Default::default(),
+            lease: Mutex::new(None),
+        }
+    }
+
+    /// Counts an error.
+    pub fn error(&self, kind: ErrorKind) {
+        self.errors[kind as usize].fetch_add(1, Relaxed);
+    }
+    /// Errors of one kind so far.
+    pub fn errors(&self, kind: ErrorKind) -> u64 {
+        self.errors[kind as usize].load(Relaxed)
+    }
+    /// Counts a resync.
+    pub fn resync(&self, reason: ResyncReason) {
+        self.resyncs[reason as usize].fetch_add(1, Relaxed);
+    }
+    /// Resyncs for one reason so far.
+    pub fn resyncs(&self, reason: ResyncReason) -> u64 {
+        self.resyncs[reason as usize].load(Relaxed)
+    }
+    /// Source revisions not yet applied.
+    pub fn lag(&self) -> i64 {
+        (self.source_revision.load(Relaxed) - self.applied_revision.load(Relaxed)).max(0)
+    }
+
+    pub(crate) fn set_lease(&self, id: i64, status: Option<watch::Receiver<LeaseStatus>>) {
+        let mut cur = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = cur.as_ref() {
+            let s = *old.borrow();
+            self.keepalive_base[0].fetch_add(s.successes, Relaxed);
+            self.keepalive_base[1].fetch_add(s.failures, Relaxed);
+        }
+        *cur = status;
+        self.lease_id.store(id, Relaxed);
+    }
+
+    /// The current lease's keep-alive status, if there is a lease.
+    pub fn lease_status(&self) -> Option<LeaseStatus> {
+        let cur = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+        cur.as_ref().map(|r| *r.borrow())
+    }
+
+    /// Keep-alive successes and failures, over every lease this engine held.
+    pub fn keepalives(&self) -> (u64, u64) {
+        let s = self.lease_status();
+        (
+            self.keepalive_base[0].load(Relaxed) + s.map_or(0, |s| s.successes),
+            self.keepalive_base[1].load(Relaxed) + s.map_or(0, |s| s.failures),
+        )
+    }
+}

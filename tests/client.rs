@@ -1,0 +1,523 @@
+//! The etcd client against real etcd processes.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use aether_replicator::etcd::{
+    Client, ClientConfig, Compare, CompareOp, Credentials, Delete, Error, EventKind, Put, Range,
+    TlsConfig, Txn, TxnBatcher, TxnLimits, WatchOptions,
+};
+use common::{Etcd, generate_mtls, generate_tls};
+
+fn client(etcd: &Etcd) -> Client {
+    Client::connect(ClientConfig::new(etcd.endpoints())).expect("client")
+}
+
+const T: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_range_put_delete_txn() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    for i in 0..10 {
+        c.put(Put::new(format!("/kv/{i}"), format!("v{i}")))
+            .await
+            .unwrap();
+    }
+    let all = c.range(Range::prefix("/kv/")).await.unwrap();
+    assert_eq!(all.count, 10);
+    assert_eq!(all.kvs()[3].value(), "v3");
+    let limited = c
+        .range(Range::prefix("/kv/").limit(4).keys_only())
+        .await
+        .unwrap();
+    assert_eq!(limited.kvs().len(), 4);
+    assert!(limited.more);
+    assert!(limited.kvs()[0].value().is_empty());
+    let counted = c
+        .range(Range::prefix("/kv/").count_only().serializable())
+        .await
+        .unwrap();
+    assert_eq!((counted.count, counted.kvs().len()), (10, 0));
+    let old_rev = all.header.revision;
+    let prev = c.put(Put::new("/kv/0", "new").prev_kv()).await.unwrap();
+    assert_eq!(prev.prev_kv.unwrap().value(), "v0");
+    let at_old = c
+        .range(Range::key("/kv/0").revision(old_rev))
+        .await
+        .unwrap();
+    assert_eq!(at_old.kvs()[0].value(), "v0");
+
+    let del = c.delete(Delete::prefix("/kv/").prev_kv()).await.unwrap();
+    assert_eq!(del.deleted, 10);
+    assert_eq!(del.prev_kvs.len(), 10);
+
+    let ok = c
+        .txn(
+            Txn::new()
+                .when([Compare::version("/t", CompareOp::Equal, 0)])
+                .and_then([Put::new("/t", "1")])
+                .or_else([Range::key("/t")]),
+        )
+        .await
+        .unwrap();
+    assert!(ok.succeeded);
+    let again = c
+        .txn(
+            Txn::new()
+                .when([Compare::version("/t", CompareOp::Equal, 0)])
+                .and_then([Put::new("/t", "2")])
+                .or_else([Range::key("/t")]),
+        )
+        .await
+        .unwrap();
+    assert!(!again.succeeded);
+    match &again.responses[0] {
+        aether_replicator::etcd::OpResponse::Range(r) => assert_eq!(r.kvs()[0].value(), "1"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let status = c.status().await.unwrap();
+    assert!(status.version.starts_with("3."), "{status:?}");
+    assert!(status.revision >= again.header.revision);
+    assert_ne!(status.leader, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_pages_stay_at_one_revision_while_writes_continue() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for i in 0..1000 {
+        b.put(format!("/scan/{i:04}"), format!("v{i}"), 0);
+    }
+    for t in b.finish() {
+        c.txn(t).await.unwrap();
+    }
+    let mut scan = c.scan_prefix("/scan/", 100, 0);
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    while let Some(page) = scan.next_page().await.unwrap() {
+        pages += 1;
+        assert!(page.kvs.len() <= 100);
+        // Writes between pages: new keys, overwrites, and deletes.
+        c.put(Put::new(format!("/scan/{:04}x", pages), "late"))
+            .await
+            .unwrap();
+        c.put(Put::new("/scan/0999", "changed")).await.unwrap();
+        c.delete(Delete::key(format!("/scan/{:04}", 999 - pages)))
+            .await
+            .unwrap();
+        seen.extend(page.kvs.into_iter().map(|kv| kv.into_key_value()));
+    }
+    assert_eq!(pages, 10);
+    assert_eq!(
+        seen.len(),
+        1000,
+        "a snapshot holds exactly the keys at its revision"
+    );
+    assert!(seen.iter().all(|(k, _)| !k.ends_with(b"x")));
+    assert_eq!(seen.last().unwrap().1, "v999");
+    let keys: Vec<_> = seen.iter().map(|(k, _)| k.clone()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted, "pages are in key order without repeats");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batcher_output_fits_the_server_limits() {
+    let etcd = Etcd::builder()
+        .extra_args(&["--max-txn-ops=16", "--max-request-bytes=65536"])
+        .start();
+    let c = client(&etcd);
+    let limits = TxnLimits {
+        max_ops: 16,
+        max_bytes: 65536,
+    };
+    // The server really enforces these limits, with typed errors.
+    let too_many = Txn::new().and_then((0..17).map(|i| Put::new(format!("/l/{i}"), "v")));
+    assert!(matches!(c.txn(too_many).await, Err(Error::TooManyOps)));
+    let too_big = Txn::new().and_then([Put::new("/l/big", vec![0u8; 70_000])]);
+    assert!(matches!(c.txn(too_big).await, Err(Error::RequestTooLarge)));
+    let dup = Txn::new().and_then([Put::new("/l/d", "1"), Put::new("/l/d", "2")]);
+    assert!(matches!(c.txn(dup).await, Err(Error::DuplicateKey)));
+
+    // The batcher's txns are all accepted: 500 writes of mixed sizes with
+    // repeated keys and deletes.
+    let mut b = TxnBatcher::new(limits);
+    for i in 0..500u32 {
+        let key = format!("/l/{}", i % 97);
+        if i % 11 == 0 {
+            b.delete(key);
+        } else {
+            b.put(key, vec![b'x'; (i as usize * 131) % 9000], 0);
+        }
+    }
+    let txns = b.finish();
+    assert!(txns.len() > 500 / 16, "{} txns", txns.len());
+    for t in txns {
+        assert!(t.success_len() <= 16);
+        c.txn(t).await.unwrap();
+    }
+    // The result is the last write per key.
+    let resp = c.range(Range::prefix("/l/")).await.unwrap();
+    let mut want = std::collections::BTreeMap::new();
+    for i in 0..500u32 {
+        let key = format!("/l/{}", i % 97);
+        if i % 11 == 0 {
+            want.remove(&key);
+        } else {
+            want.insert(key, (i as usize * 131) % 9000);
+        }
+    }
+    let got: std::collections::BTreeMap<String, usize> = resp
+        .kvs()
+        .iter()
+        .filter(|kv| kv.key() != "/l/big")
+        .map(|kv| {
+            (
+                String::from_utf8(kv.key().to_vec()).unwrap(),
+                kv.value().len(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_watchers_on_one_stream() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let stream = c.watch_stream();
+    let mut watchers: Vec<_> = (0..1000)
+        .map(|i| stream.watch(WatchOptions::key(format!("/w/{i}"))).unwrap())
+        .collect();
+    // Creates are pipelined; wait until the last one is live by writing to
+    // its key until it sees an event.
+    let last = watchers.last_mut().unwrap();
+    tokio::time::timeout(T, async {
+        loop {
+            c.put(Put::new("/w/999", "probe")).await.unwrap();
+            if let Ok(Some(Ok(r))) =
+                tokio::time::timeout(Duration::from_millis(200), last.next()).await
+                && !r.events.is_empty()
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("last watcher live");
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for i in 0..1000 {
+        b.put(format!("/w/{i}"), format!("v{i}"), 0);
+    }
+    for t in b.finish() {
+        c.txn(t).await.unwrap();
+    }
+    for (i, w) in watchers.iter_mut().enumerate() {
+        let ev = tokio::time::timeout(T, async {
+            loop {
+                let r = w.next().await.unwrap().unwrap();
+                if let Some(e) = r.events.into_iter().find(|e| e.kv.value() != "probe") {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("event");
+        assert_eq!(ev.kv.key(), format!("/w/{i}").as_str());
+        assert_eq!(ev.kv.value(), format!("v{i}").as_str());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_across_an_etcd_restart_exactly_once() {
+    let mut etcd = Etcd::start();
+    let c = client(&etcd);
+    let start = c
+        .put(Put::new("/r/seed", "0"))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    let (_stream, mut w) = c
+        .watch(
+            WatchOptions::prefix("/r/")
+                .start_revision(start + 1)
+                .prev_kv(),
+        )
+        .unwrap();
+    let mut expected = Vec::new();
+    let mut got: Vec<(i64, String, EventKind)> = Vec::new();
+    for round in 0..3 {
+        for i in 0..50 {
+            let key = format!("/r/{}", i % 7);
+            let rev = if i % 5 == 4 {
+                c.delete(Delete::key(key.clone()))
+                    .await
+                    .unwrap()
+                    .header
+                    .revision
+            } else {
+                c.put(Put::new(key.clone(), format!("{round}-{i}")))
+                    .await
+                    .unwrap()
+                    .header
+                    .revision
+            };
+            expected.push(rev);
+        }
+        // Read part of what was written, then kill etcd mid-stream.
+        while got.len() < expected.len() - 20 {
+            let r = tokio::time::timeout(T, w.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            for e in r.events {
+                got.push((
+                    e.revision(),
+                    String::from_utf8_lossy(e.kv.key()).into(),
+                    e.kind,
+                ));
+            }
+        }
+        etcd.kill();
+        etcd.restart();
+    }
+    let last = *expected.last().unwrap();
+    tokio::time::timeout(T, async {
+        while got.last().map(|g| g.0) != Some(last) {
+            let r = w.next().await.unwrap().unwrap();
+            for e in r.events {
+                got.push((
+                    e.revision(),
+                    String::from_utf8_lossy(e.kv.key()).into(),
+                    e.kind,
+                ));
+            }
+        }
+    })
+    .await
+    .expect("caught up after restarts");
+    // Deletes of absent keys make no event, so compare against the store's
+    // own history: every revision once, in order.
+    let revs: Vec<i64> = got.iter().map(|g| g.0).collect();
+    let unique: HashSet<i64> = revs.iter().copied().collect();
+    assert_eq!(unique.len(), revs.len(), "no event delivered twice");
+    assert!(revs.windows(2).all(|w| w[0] < w[1]), "in revision order");
+    let history = c.range(Range::prefix("/r/").revision(0)).await.unwrap();
+    assert!(history.header.revision >= last);
+    let mut want: Vec<i64> = expected.clone();
+    want.dedup();
+    // Every put's revision must be there (deletes of absent keys may not be
+    // revisions at all).
+    for (i, rev) in expected.iter().enumerate() {
+        if i % 50 % 5 != 4 {
+            assert!(unique.contains(rev), "put at revision {rev} delivered");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_start_revision_is_a_typed_error() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    for i in 0..20 {
+        c.put(Put::new("/c/k", format!("{i}"))).await.unwrap();
+    }
+    let rev = c.range(Range::key("/c/k")).await.unwrap().header.revision;
+    c.compact(rev - 5, true).await.unwrap();
+    let (_s, mut w) = c
+        .watch(WatchOptions::prefix("/c/").start_revision(2))
+        .unwrap();
+    match tokio::time::timeout(T, w.next()).await.unwrap() {
+        Some(Err(Error::Compacted { compact_revision })) => {
+            assert_eq!(compact_revision, Some(rev - 5))
+        }
+        other => panic!("expected a compaction error, got {other:?}"),
+    }
+    assert!(matches!(
+        c.range(Range::key("/c/k").revision(3)).await,
+        Err(Error::Compacted { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_leases_kept_alive_on_one_stream() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let keeper = c.lease_keeper();
+    let mut handles = Vec::new();
+    for _ in 0..1000 {
+        let g = c.lease_grant(2, 0).await.unwrap();
+        handles.push(keeper.keep_alive(g.id, g.ttl).await.unwrap());
+    }
+    c.put(Put::new("/lease/last", "x").lease(handles[999].id()))
+        .await
+        .unwrap();
+    // Three TTLs later every lease is still alive and has been refreshed.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for h in handles.iter().step_by(97) {
+        let ttl = c.lease_time_to_live(h.id(), false).await.unwrap();
+        assert!(ttl.ttl > 0, "lease {} expired", h.id());
+        assert!(h.status().successes >= 2, "{:?}", h.status());
+    }
+    assert_eq!(
+        c.range(Range::key("/lease/last"))
+            .await
+            .unwrap()
+            .kvs()
+            .len(),
+        1
+    );
+    // Dropping a handle stops its keep-alive without revoking it.
+    let id = handles[999].id();
+    drop(handles);
+    let ttl = c.lease_time_to_live(id, false).await.unwrap();
+    assert!(ttl.ttl > 0, "not revoked on drop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_loss_is_detected() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let g = c.lease_grant(3, 0).await.unwrap();
+    let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    assert!(!h.status().lost);
+    // Another client revokes it; the next keep-alive answer says TTL 0.
+    client(&etcd).lease_revoke(g.id).await.unwrap();
+    tokio::time::timeout(T, h.lost())
+        .await
+        .expect("loss signalled");
+    assert!(h.status().lost);
+    assert_eq!(h.status().ttl_left(), Duration::ZERO);
+    assert_eq!(c.lease_time_to_live(g.id, false).await.unwrap().ttl, -1);
+    assert!(matches!(
+        c.put(Put::new("/x", "y").lease(g.id)).await,
+        Err(Error::LeaseNotFound)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_over_to_a_live_endpoint() {
+    let etcd = Etcd::start();
+    // A port nobody listens on, first in the list.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let c = Client::connect(ClientConfig::new([dead_url, etcd.endpoint()])).unwrap();
+    for i in 0..5 {
+        c.put(Put::new(format!("/f/{i}"), "v")).await.unwrap();
+    }
+    assert_eq!(c.range(Range::prefix("/f/")).await.unwrap().count, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = generate_tls(dir.path());
+    let etcd = Etcd::builder().tls(tls.clone()).start();
+    let cfg = |cert: bool| {
+        let mut cfg = ClientConfig::new(etcd.endpoints());
+        cfg.tls = Some(TlsConfig {
+            ca_file: Some(tls.ca.display().to_string()),
+            cert_file: cert.then(|| tls.client_cert.display().to_string()),
+            key_file: cert.then(|| tls.client_key.display().to_string()),
+            server_name: Some(common::tls::SERVER_DNS_NAME.to_string()),
+        });
+        cfg
+    };
+    let c = Client::connect(cfg(false)).unwrap();
+    c.put(Put::new("/tls", "ok")).await.unwrap();
+    assert_eq!(
+        c.range(Range::key("/tls")).await.unwrap().kvs()[0].value(),
+        "ok"
+    );
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let mtls = generate_mtls(dir2.path());
+    let etcd2 = Etcd::builder().tls(mtls.clone()).start();
+    let with_cert = ClientConfig {
+        endpoints: etcd2.endpoints(),
+        tls: Some(TlsConfig {
+            ca_file: Some(mtls.ca.display().to_string()),
+            cert_file: Some(mtls.client_cert.display().to_string()),
+            key_file: Some(mtls.client_key.display().to_string()),
+            server_name: None,
+        }),
+        ..ClientConfig::default()
+    };
+    let c2 = Client::connect(with_cert.clone()).unwrap();
+    c2.put(Put::new("/mtls", "ok")).await.unwrap();
+    // Without a client certificate the server refuses the handshake.
+    let mut no_cert = with_cert;
+    no_cert.tls.as_mut().unwrap().cert_file = None;
+    no_cert.tls.as_mut().unwrap().key_file = None;
+    no_cert.request_timeout = Duration::from_secs(3);
+    let c3 = Client::connect(no_cert).unwrap();
+    let err = c3.range(Range::key("/mtls")).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn username_password_auth() {
+    let etcd = Etcd::start();
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["role", "add", "root"],
+        &["user", "grant-role", "root", "root"],
+        &["user", "add", "alice:secret"],
+        &["role", "add", "writer"],
+        &[
+            "role",
+            "grant-permission",
+            "writer",
+            "--prefix=true",
+            "readwrite",
+            "/a/",
+        ],
+        &["user", "grant-role", "alice", "writer"],
+        &["auth", "enable"],
+    ] {
+        etcd.etcdctl_ok(args);
+    }
+    let mut cfg = ClientConfig::new(etcd.endpoints());
+    cfg.credentials = Some(Credentials {
+        user: "alice".into(),
+        password: "secret".into(),
+    });
+    let c = Client::connect(cfg.clone()).unwrap();
+    c.put(Put::new("/a/1", "v")).await.unwrap();
+    assert!(matches!(
+        c.put(Put::new("/b/1", "v")).await,
+        Err(Error::PermissionDenied)
+    ));
+    // Watches and keep-alives carry the token too.
+    let (_s, mut w) = c.watch(WatchOptions::prefix("/a/")).unwrap();
+    c.put(Put::new("/a/2", "w")).await.unwrap();
+    let ev = tokio::time::timeout(T, async {
+        loop {
+            let r = w.next().await.unwrap().unwrap();
+            if let Some(e) = r.events.into_iter().next() {
+                return e;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(ev.kv.key(), "/a/2");
+
+    let mut wrong = cfg;
+    wrong.credentials.as_mut().unwrap().password = "nope".into();
+    let bad = Client::connect(wrong).unwrap();
+    assert!(matches!(
+        bad.range(Range::key("/a/1")).await,
+        Err(Error::Auth(_))
+    ));
+    let anonymous = client(&etcd);
+    assert!(anonymous.range(Range::key("/a/1")).await.is_err());
+}
