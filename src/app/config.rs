@@ -528,7 +528,8 @@ impl RunArgs {
         }
         let raw = &self.max_request_bytes;
         let flag = "--max-request-bytes";
-        let bytes = parse_byte_size(raw).map_err(|e| ConfigError::new(flag, format!("{flag} {raw:?}: {e}")))?;
+        let bytes = parse_byte_size(raw)
+            .map_err(|e| ConfigError::new(flag, format!("{flag} {raw:?}: {e}")))?;
         let max_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         if max_bytes < MIN_MAX_REQUEST_BYTES {
             return Err(ConfigError::new(
@@ -821,7 +822,8 @@ fn check_peer_region(flag: &'static str, spec: &str, peer: &str) -> Result<(), C
 
 /// Parses a TTL flag: a duration of whole seconds that etcd accepts.
 fn lease_ttl(flag: &'static str, raw: &str) -> Result<Duration, ConfigError> {
-    let ttl = parse_duration(raw).map_err(|e| ConfigError::new(flag, format!("{flag} {raw:?}: {e}")))?;
+    let ttl =
+        parse_duration(raw).map_err(|e| ConfigError::new(flag, format!("{flag} {raw:?}: {e}")))?;
     if ttl.subsec_nanos() != 0 {
         return Err(ConfigError::new(
             flag,
@@ -833,7 +835,9 @@ fn lease_ttl(flag: &'static str, raw: &str) -> Result<Duration, ConfigError> {
     if ttl.as_secs() > MAX_LEASE_TTL_SECS {
         return Err(ConfigError::new(
             flag,
-            format!("{flag} {raw:?}: must be at most {MAX_LEASE_TTL_SECS}s (etcd's largest lease TTL)"),
+            format!(
+                "{flag} {raw:?}: must be at most {MAX_LEASE_TTL_SECS}s (etcd's largest lease TTL)"
+            ),
         ));
     }
     Ok(ttl)
@@ -848,7 +852,10 @@ fn parse_endpoints(
 ) -> Result<Vec<String>, ConfigError> {
     let items: Vec<&str> = list.split(',').map(str::trim).collect();
     if items.iter().all(|i| i.is_empty()) {
-        return Err(ConfigError::new(flag, format!("{label}: empty endpoint list")));
+        return Err(ConfigError::new(
+            flag,
+            format!("{label}: empty endpoint list"),
+        ));
     }
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(items.len());
@@ -886,7 +893,8 @@ fn parse_endpoints(
 /// `http://host[:port][/]` or `https://...`, and nothing else: no user
 /// info, path, query or fragment.
 fn is_valid_url(s: &str) -> bool {
-    if !(s.starts_with("http://") || s.starts_with("https://")) {
+    // http::Uri drops a fragment silently.
+    if !(s.starts_with("http://") || s.starts_with("https://")) || s.contains('#') {
         return false;
     }
     let Ok(uri) = s.parse::<http::Uri>() else {
@@ -906,13 +914,17 @@ fn is_valid_url(s: &str) -> bool {
             let Some(port) = port.strip_prefix(':') else {
                 return false;
             };
-            if !port.bytes().all(|b| b.is_ascii_digit()) || !matches!(port.parse::<u16>(), Ok(1..)) {
+            if !port.bytes().all(|b| b.is_ascii_digit()) || !matches!(port.parse::<u16>(), Ok(1..))
+            {
                 return false;
             }
         }
         None => return false,
     }
-    matches!(uri.path_and_query().map(|p| p.as_str()), None | Some("" | "/"))
+    matches!(
+        uri.path_and_query().map(|p| p.as_str()),
+        None | Some("" | "/")
+    )
 }
 
 /// A URL reduced to what identifies a server, for duplicate checks.
@@ -971,13 +983,21 @@ impl TlsParts {
             (Some(_), None) => {
                 return Err(ConfigError::new(
                     scope.flag("cert"),
-                    format!("{} is given without {}", scope.setting("cert"), scope.other("key")),
+                    format!(
+                        "{} is given without {}",
+                        scope.setting("cert"),
+                        scope.other("key")
+                    ),
                 ));
             }
             (None, Some(_)) => {
                 return Err(ConfigError::new(
                     scope.flag("key"),
-                    format!("{} is given without {}", scope.setting("key"), scope.other("cert")),
+                    format!(
+                        "{} is given without {}",
+                        scope.setting("key"),
+                        scope.other("cert")
+                    ),
                 ));
             }
             _ => {}
@@ -1131,7 +1151,11 @@ pub fn parse_byte_size(s: &str) -> Result<u64, String> {
                 "ambiguous unit {unit:?} (use KiB, MiB or GiB, or a plain number of bytes)"
             ));
         }
-        _ => return Err(format!("unknown unit {unit:?} (expected B, KiB, MiB or GiB)")),
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} (expected B, KiB, MiB or GiB)"
+            ));
+        }
     };
     let bytes = scale(int, frac, multiplier).map_err(|e| match e {
         Inexact => "not a whole number of bytes",
@@ -1201,7 +1225,7 @@ fn scale(int: &str, frac: &str, unit: u128) -> Result<u128, ScaleError> {
     let denominator = 10u128.pow(frac.len() as u32);
     // frac < 10^18 and unit < 2^42, so this cannot overflow.
     let numerator = frac.parse::<u128>().map_err(|_| TooLarge)? * unit;
-    if numerator % denominator != 0 {
+    if !numerator.is_multiple_of(denominator) {
         return Err(Inexact);
     }
     whole.checked_add(numerator / denominator).ok_or(TooLarge)
@@ -1220,7 +1244,10 @@ mod tests {
     }
 
     fn config(args: &[&str]) -> Result<Config, ConfigError> {
-        parse(args).expect("clap accepts the args").run_args().validate()
+        parse(args)
+            .expect("clap accepts the args")
+            .run_args()
+            .validate()
     }
 
     /// Asserts that validation refuses `args` with a one-line message that
@@ -1230,7 +1257,10 @@ mod tests {
         let err = config(args).expect_err("validation refuses the args");
         let msg = err.to_string();
         assert_eq!(err.flag(), flag, "{msg}");
-        assert!(msg.starts_with(flag), "{msg:?} does not start with {flag:?}");
+        assert!(
+            msg.starts_with(flag),
+            "{msg:?} does not start with {flag:?}"
+        );
         assert!(msg.contains(needle), "{msg:?} does not contain {needle:?}");
         assert!(!msg.contains('\n'), "{msg:?} is not one line");
         msg
@@ -1272,7 +1302,10 @@ mod tests {
             let mut n = 0;
             for arg in cmd.get_arguments() {
                 let Some(long) = arg.get_long() else { continue };
-                let want = format!("{ENV_PREFIX}{}", long.to_ascii_uppercase().replace('-', "_"));
+                let want = format!(
+                    "{ENV_PREFIX}{}",
+                    long.to_ascii_uppercase().replace('-', "_")
+                );
                 assert_eq!(
                     arg.get_env().and_then(|e| e.to_str()),
                     Some(want.as_str()),
@@ -1308,7 +1341,10 @@ mod tests {
         let local_cert = format!("--local-cert={}", pki.cert);
         let local_key = format!("--local-key={}", pki.key);
         let local_ca = format!("--local-ca={}", pki.ca);
-        let peer_tls = format!("b=ca={},cert={},key={},server-name=etcd.b", pki.ca, pki.cert, pki.key);
+        let peer_tls = format!(
+            "b=ca={},cert={},key={},server-name=etcd.b",
+            pki.ca, pki.cert, pki.key
+        );
         let c = config(&[
             "--region=a",
             "--local-etcd=https://l1:2379, https://l2:2379",
@@ -1351,7 +1387,10 @@ mod tests {
 
         assert_eq!(c.peers.len(), 2);
         assert_eq!(c.peers[0].region, "b");
-        assert_eq!(c.peers[0].client.endpoints, ["https://b1:2379", "https://b2:2379"]);
+        assert_eq!(
+            c.peers[0].client.endpoints,
+            ["https://b1:2379", "https://b2:2379"]
+        );
         let b_tls = TlsConfig {
             server_name: Some("etcd.b".into()),
             ..tls
@@ -1433,7 +1472,10 @@ mod tests {
         .unwrap();
         let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
         assert_eq!(regions, ["b", "c"]);
-        assert_eq!(c.peers[1].client.endpoints, ["http://c1:2379", "http://c2:2379"]);
+        assert_eq!(
+            c.peers[1].client.endpoints,
+            ["http://c1:2379", "http://c2:2379"]
+        );
         assert_eq!(c.peers[1].client.credentials.as_ref().unwrap().user, "v");
     }
 
@@ -1454,7 +1496,11 @@ mod tests {
 
     #[test]
     fn peer_spec_without_equals() {
-        let msg = refused(&["--region=a", "--peer-etcd=b"], "--peer-etcd", "missing '='");
+        let msg = refused(
+            &["--region=a", "--peer-etcd=b"],
+            "--peer-etcd",
+            "missing '='",
+        );
         assert_eq!(
             msg,
             "--peer-etcd \"b\": missing '=' (expected <region>=<url>[,<url>...])"
@@ -1463,10 +1509,26 @@ mod tests {
 
     #[test]
     fn empty_endpoint_lists() {
-        refused(&["--region=a", "--peer-etcd=b="], "--peer-etcd", "--peer-etcd b: empty endpoint list");
-        refused(&["--region=a", "--peer-etcd=b=,"], "--peer-etcd", "--peer-etcd b: empty endpoint list");
-        refused(&["--region=a", "--local-etcd="], "--local-etcd", "--local-etcd: empty endpoint list");
-        refused(&["--region=a", "--local-etcd", " , "], "--local-etcd", "empty endpoint list");
+        refused(
+            &["--region=a", "--peer-etcd=b="],
+            "--peer-etcd",
+            "--peer-etcd b: empty endpoint list",
+        );
+        refused(
+            &["--region=a", "--peer-etcd=b=,"],
+            "--peer-etcd",
+            "--peer-etcd b: empty endpoint list",
+        );
+        refused(
+            &["--region=a", "--local-etcd="],
+            "--local-etcd",
+            "--local-etcd: empty endpoint list",
+        );
+        refused(
+            &["--region=a", "--local-etcd", " , "],
+            "--local-etcd",
+            "empty endpoint list",
+        );
         refused(
             &["--region=a", "--local-etcd=http://x:1,"],
             "--local-etcd",
@@ -1476,7 +1538,11 @@ mod tests {
 
     #[test]
     fn urls_that_are_not_endpoints() {
-        let msg = refused(&["--region=a", "--peer-etcd=b=htp:/x"], "--peer-etcd", "not a valid URL");
+        let msg = refused(
+            &["--region=a", "--peer-etcd=b=htp:/x"],
+            "--peer-etcd",
+            "not a valid URL",
+        );
         assert_eq!(
             msg,
             "--peer-etcd b: \"htp:/x\" is not a valid URL (expected http://host:port or https://host:port)"
@@ -1497,9 +1563,18 @@ mod tests {
             "http://x y:2379",
             "HTTP://x:2379",
         ] {
-            refused(&["--region=a", "--local-etcd", url], "--local-etcd", "is not a valid URL");
+            refused(
+                &["--region=a", "--local-etcd", url],
+                "--local-etcd",
+                "is not a valid URL",
+            );
         }
-        for url in ["http://x", "http://x:2379/", "https://[fd00::1]:2379", "http://10.0.0.1:2379"] {
+        for url in [
+            "http://x",
+            "http://x:2379/",
+            "https://[fd00::1]:2379",
+            "http://10.0.0.1:2379",
+        ] {
             let mut args = vec!["--region=a", "--local-etcd", url];
             let pki = pki();
             let ca = format!("--local-ca={}", pki.ca);
@@ -1518,12 +1593,20 @@ mod tests {
             "duplicate endpoint",
         );
         refused(
-            &["--region=a", "--local-etcd=http://x:1", "--peer-etcd=b=http://x:1"],
+            &[
+                "--region=a",
+                "--local-etcd=http://x:1",
+                "--peer-etcd=b=http://x:1",
+            ],
             "--peer-etcd",
             "--peer-etcd b: endpoint \"http://x:1\" is also in --local-etcd",
         );
         refused(
-            &["--region=a", "--peer-etcd=b=http://x:1", "--peer-etcd=c=http://x:1"],
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://x:1",
+                "--peer-etcd=c=http://x:1",
+            ],
             "--peer-etcd",
             "is also in --peer-etcd b",
         );
@@ -1543,7 +1626,11 @@ mod tests {
     #[test]
     fn duplicate_peer_region() {
         let msg = refused(
-            &["--region=a", "--peer-etcd=b=http://b1:1", "--peer-etcd=b=http://b2:1"],
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://b1:1",
+                "--peer-etcd=b=http://b2:1",
+            ],
             "--peer-etcd",
             "duplicate",
         );
@@ -1552,7 +1639,11 @@ mod tests {
 
     #[test]
     fn peer_is_this_region() {
-        let msg = refused(&["--region=a", "--peer-etcd=a=http://x:1"], "--peer-etcd", "this region");
+        let msg = refused(
+            &["--region=a", "--peer-etcd=a=http://x:1"],
+            "--peer-etcd",
+            "this region",
+        );
         assert_eq!(
             msg,
             "--peer-etcd \"a=http://x:1\": peer region is this region (--region a)"
@@ -1561,8 +1652,16 @@ mod tests {
 
     #[test]
     fn peer_region_with_slash_or_empty() {
-        refused(&["--region=a", "--peer-etcd=b/c=http://x:1"], "--peer-etcd", "contains '/'");
-        refused(&["--region=a", "--peer-etcd==http://x:1"], "--peer-etcd", "empty peer region");
+        refused(
+            &["--region=a", "--peer-etcd=b/c=http://x:1"],
+            "--peer-etcd",
+            "contains '/'",
+        );
+        refused(
+            &["--region=a", "--peer-etcd==http://x:1"],
+            "--peer-etcd",
+            "empty peer region",
+        );
     }
 
     #[test]
@@ -1577,11 +1676,23 @@ mod tests {
     #[test]
     fn zero_duration() {
         assert_eq!(
-            refused(&["--region=a", "--lease-ttl=0s"], "--lease-ttl", "greater than zero"),
+            refused(
+                &["--region=a", "--lease-ttl=0s"],
+                "--lease-ttl",
+                "greater than zero"
+            ),
             "--lease-ttl \"0s\": must be greater than zero"
         );
-        refused(&["--region=a", "--election-ttl=0ms"], "--election-ttl", "greater than zero");
-        refused(&["--region=a", "--lease-ttl=0h0m0s"], "--lease-ttl", "greater than zero");
+        refused(
+            &["--region=a", "--election-ttl=0ms"],
+            "--election-ttl",
+            "greater than zero",
+        );
+        refused(
+            &["--region=a", "--lease-ttl=0h0m0s"],
+            "--lease-ttl",
+            "greater than zero",
+        );
     }
 
     #[test]
@@ -1606,9 +1717,21 @@ mod tests {
 
     #[test]
     fn ttls_are_whole_seconds() {
-        refused(&["--region=a", "--lease-ttl=1500ms"], "--lease-ttl", "whole number of seconds");
-        refused(&["--region=a", "--election-ttl=2.5s"], "--election-ttl", "whole number of seconds");
-        refused(&["--region=a", "--lease-ttl=9000000001s"], "--lease-ttl", "at most");
+        refused(
+            &["--region=a", "--lease-ttl=1500ms"],
+            "--lease-ttl",
+            "whole number of seconds",
+        );
+        refused(
+            &["--region=a", "--election-ttl=2.5s"],
+            "--election-ttl",
+            "whole number of seconds",
+        );
+        refused(
+            &["--region=a", "--lease-ttl=9000000001s"],
+            "--lease-ttl",
+            "at most",
+        );
         let c = config(&["--region=a", "--lease-ttl=2500ms", "--election-ttl=1s"]);
         assert!(c.is_err());
         let c = config(&["--region=a", "--lease-ttl=1.5m"]).unwrap();
@@ -1630,7 +1753,11 @@ mod tests {
             "--election-ttl",
             "must be shorter than --lease-ttl 30s",
         );
-        refused(&["--region=a", "--lease-ttl=1s"], "--election-ttl", "the default");
+        refused(
+            &["--region=a", "--lease-ttl=1s"],
+            "--election-ttl",
+            "the default",
+        );
     }
 
     #[test]
@@ -1644,16 +1771,59 @@ mod tests {
 
     #[test]
     fn limits() {
-        refused(&["--region=a", "--max-txn-ops=1"], "--max-txn-ops", "at least 2");
-        refused(&["--region=a", "--max-inflight=0"], "--max-inflight", "at least 1");
-        refused(&["--region=a", "--page-size=0"], "--page-size", "at least 1");
-        refused(&["--region=a", "--max-request-bytes=4095"], "--max-request-bytes", "at least 4096");
-        refused(&["--region=a", "--max-request-bytes=65MiB"], "--max-request-bytes", "at most");
-        refused(&["--region=a", "--max-request-bytes=1.5MB"], "--max-request-bytes", "ambiguous");
-        refused(&["--region=a", "--max-request-bytes=1.3KiB"], "--max-request-bytes", "whole number");
-        refused(&["--region=a", "--max-request-bytes=lots"], "--max-request-bytes", "not a size");
-        let c = config(&["--region=a", "--max-txn-ops=2", "--max-request-bytes=1.5 MiB"]).unwrap();
-        assert_eq!(c.mirror.limits, TxnLimits { max_ops: 2, max_bytes: 1572864 });
+        refused(
+            &["--region=a", "--max-txn-ops=1"],
+            "--max-txn-ops",
+            "at least 2",
+        );
+        refused(
+            &["--region=a", "--max-inflight=0"],
+            "--max-inflight",
+            "at least 1",
+        );
+        refused(
+            &["--region=a", "--page-size=0"],
+            "--page-size",
+            "at least 1",
+        );
+        refused(
+            &["--region=a", "--max-request-bytes=4095"],
+            "--max-request-bytes",
+            "at least 4096",
+        );
+        refused(
+            &["--region=a", "--max-request-bytes=65MiB"],
+            "--max-request-bytes",
+            "at most",
+        );
+        refused(
+            &["--region=a", "--max-request-bytes=1.5MB"],
+            "--max-request-bytes",
+            "ambiguous",
+        );
+        refused(
+            &["--region=a", "--max-request-bytes=1.3KiB"],
+            "--max-request-bytes",
+            "whole number",
+        );
+        refused(
+            &["--region=a", "--max-request-bytes=lots"],
+            "--max-request-bytes",
+            "not a size",
+        );
+        let c = config(&[
+            "--region=a",
+            "--max-txn-ops=2",
+            "--max-request-bytes=1.5 MiB",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.mirror.limits,
+            TxnLimits {
+                max_ops: 2,
+                max_bytes: 1572864
+            }
+        );
     }
 
     #[test]
@@ -1668,7 +1838,11 @@ mod tests {
             refused(&["--region=a", &root_flag], "--root", why);
         }
         refused(&["--region=a", "--root=/aether/v1/"], "--root", "overlaps");
-        refused(&["--region=a", "--root=/aether/v1/replication/x/"], "--root", "overlaps");
+        refused(
+            &["--region=a", "--root=/aether/v1/replication/x/"],
+            "--root",
+            "overlaps",
+        );
     }
 
     #[test]
@@ -1679,14 +1853,27 @@ mod tests {
         let ca = format!("--local-ca={}", pki.ca);
         let https = "--local-etcd=https://x:1";
         assert_eq!(
-            refused(&["--region=a", https, &ca, &cert], "--local-cert", "without"),
+            refused(
+                &["--region=a", https, &ca, &cert],
+                "--local-cert",
+                "without"
+            ),
             "--local-cert is given without --local-key"
         );
-        refused(&["--region=a", https, &ca, &key], "--local-key", "--local-key is given without --local-cert");
+        refused(
+            &["--region=a", https, &ca, &key],
+            "--local-key",
+            "--local-key is given without --local-cert",
+        );
         let peer_tls = format!("b=ca={},cert={}", pki.ca, pki.cert);
         assert_eq!(
             refused(
-                &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", &peer_tls],
+                &[
+                    "--region=a",
+                    "--peer-etcd=b=https://b:1",
+                    "--peer-tls",
+                    &peer_tls
+                ],
                 "--peer-tls",
                 "without"
             ),
@@ -1698,19 +1885,35 @@ mod tests {
     fn missing_tls_file() {
         let pki = pki();
         let msg = refused(
-            &["--region=a", "--local-etcd=https://x:1", "--local-ca=/nonexistent/ca.pem"],
+            &[
+                "--region=a",
+                "--local-etcd=https://x:1",
+                "--local-ca=/nonexistent/ca.pem",
+            ],
             "--local-ca",
             "/nonexistent/ca.pem",
         );
-        assert!(msg.starts_with("--local-ca \"/nonexistent/ca.pem\": "), "{msg}");
+        assert!(
+            msg.starts_with("--local-ca \"/nonexistent/ca.pem\": "),
+            "{msg}"
+        );
         let peer_tls = format!("b=ca={},key=/nonexistent/k.pem,cert={}", pki.ca, pki.cert);
         refused(
-            &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", &peer_tls],
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                "--peer-tls",
+                &peer_tls,
+            ],
             "--peer-tls",
             "--peer-tls b: key \"/nonexistent/k.pem\": ",
         );
         let dir = format!("--local-ca={}", pki._dir.path().display());
-        refused(&["--region=a", "--local-etcd=https://x:1", &dir], "--local-ca", "not a file");
+        refused(
+            &["--region=a", "--local-etcd=https://x:1", &dir],
+            "--local-ca",
+            "not a file",
+        );
     }
 
     #[test]
@@ -1718,13 +1921,25 @@ mod tests {
         let pki = pki();
         let peer_tls = format!("b=ca={},sni=x", pki.ca);
         let msg = refused(
-            &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", &peer_tls],
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                "--peer-tls",
+                &peer_tls,
+            ],
             "--peer-tls",
             "unknown setting \"sni\"",
         );
-        assert!(msg.contains("expected ca, cert, key or server-name"), "{msg}");
+        assert!(
+            msg.contains("expected ca, cert, key or server-name"),
+            "{msg}"
+        );
         for bad in ["b=ca", "b=", "b", "b=ca=", "b=server-name=x,server-name=y"] {
-            refused(&["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", bad], "--peer-tls", "");
+            refused(
+                &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", bad],
+                "--peer-tls",
+                "",
+            );
         }
     }
 
@@ -1733,10 +1948,27 @@ mod tests {
         let pki = pki();
         let peer_tls = format!("c=ca={}", pki.ca);
         assert_eq!(
-            refused(&["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", &peer_tls], "--peer-tls", "no --peer-etcd"),
+            refused(
+                &[
+                    "--region=a",
+                    "--peer-etcd=b=https://b:1",
+                    "--peer-tls",
+                    &peer_tls
+                ],
+                "--peer-tls",
+                "no --peer-etcd"
+            ),
             "--peer-tls c: there is no --peer-etcd for region \"c\""
         );
-        refused(&["--region=a", "--peer-etcd=b=http://b:1", "--peer-auth=c=u:p"], "--peer-auth", "no --peer-etcd for region \"c\"");
+        refused(
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://b:1",
+                "--peer-auth=c=u:p",
+            ],
+            "--peer-auth",
+            "no --peer-etcd for region \"c\"",
+        );
     }
 
     #[test]
@@ -1744,12 +1976,24 @@ mod tests {
         let pki = pki();
         let peer_tls = format!("b=ca={}", pki.ca);
         refused(
-            &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", &peer_tls, "--peer-tls", &peer_tls],
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                "--peer-tls",
+                &peer_tls,
+                "--peer-tls",
+                &peer_tls,
+            ],
             "--peer-tls",
             "duplicate entry for peer region \"b\"",
         );
         refused(
-            &["--region=a", "--peer-etcd=b=http://b:1", "--peer-auth=b=u:p", "--peer-auth=b=v:q"],
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://b:1",
+                "--peer-auth=b=u:p",
+                "--peer-auth=b=v:q",
+            ],
             "--peer-auth",
             "duplicate entry",
         );
@@ -1758,12 +2002,24 @@ mod tests {
     #[test]
     fn https_needs_a_ca() {
         assert_eq!(
-            refused(&["--region=a", "--peer-etcd=b=https://b:1"], "--peer-etcd", "needs"),
+            refused(
+                &["--region=a", "--peer-etcd=b=https://b:1"],
+                "--peer-etcd",
+                "needs"
+            ),
             "--peer-etcd b: https endpoint needs --peer-tls b=ca=..."
         );
-        refused(&["--region=a", "--local-etcd=https://x:1"], "--local-etcd", "needs --local-ca");
         refused(
-            &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls=b=server-name=x"],
+            &["--region=a", "--local-etcd=https://x:1"],
+            "--local-etcd",
+            "needs --local-ca",
+        );
+        refused(
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                "--peer-tls=b=server-name=x",
+            ],
             "--peer-etcd",
             "needs --peer-tls b=ca=",
         );
@@ -1773,10 +2029,19 @@ mod tests {
     fn tls_for_plain_http_is_refused() {
         let pki = pki();
         let ca = format!("--local-ca={}", pki.ca);
-        refused(&["--region=a", &ca], "--local-etcd", "no endpoint is https://");
+        refused(
+            &["--region=a", &ca],
+            "--local-etcd",
+            "no endpoint is https://",
+        );
         let peer_tls = format!("b=ca={}", pki.ca);
         refused(
-            &["--region=a", "--peer-etcd=b=http://b:1", "--peer-tls", &peer_tls],
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://b:1",
+                "--peer-tls",
+                &peer_tls,
+            ],
             "--peer-tls",
             "no --peer-etcd b endpoint is https://",
         );
@@ -1784,9 +2049,21 @@ mod tests {
 
     #[test]
     fn auth_errors() {
-        refused(&["--region=a", "--local-user=root"], "--local-user", "needs --local-password");
-        refused(&["--region=a", "--local-password=x"], "--local-password", "needs --local-user");
-        refused(&["--region=a", "--local-user=", "--local-password=x"], "--local-user", "empty");
+        refused(
+            &["--region=a", "--local-user=root"],
+            "--local-user",
+            "needs --local-password",
+        );
+        refused(
+            &["--region=a", "--local-password=x"],
+            "--local-password",
+            "needs --local-user",
+        );
+        refused(
+            &["--region=a", "--local-user=", "--local-password=x"],
+            "--local-user",
+            "empty",
+        );
         let peer = "--peer-etcd=b=http://b:1";
         for (auth, why) in [
             ("b=user", "missing ':'"),
@@ -1843,7 +2120,16 @@ mod tests {
             parse_byte_size(&DEFAULT_MAX_REQUEST_BYTES.to_string()),
             Ok(DEFAULT_MAX_REQUEST_BYTES as u64)
         );
-        for raw in ["", "x", "-1", "1.5", "1MB", "1TiB", "1.KiB", "99999999999999999999999GiB"] {
+        for raw in [
+            "",
+            "x",
+            "-1",
+            "1.5",
+            "1MB",
+            "1TiB",
+            "1.KiB",
+            "99999999999999999999999GiB",
+        ] {
             assert!(parse_byte_size(raw).is_err(), "{raw}");
         }
     }

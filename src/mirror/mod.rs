@@ -24,6 +24,7 @@
 //! replication between regions loop-free.
 
 pub mod batch;
+pub mod check;
 mod config;
 mod peer;
 pub mod state;
@@ -134,6 +135,15 @@ impl Engine {
     /// there. That peer's task has stopped; the owner should step down.
     pub async fn fenced(&mut self) -> Option<String> {
         self.fenced.recv().await
+    }
+
+    /// Stops every peer task at once, without draining anything: what a
+    /// crash looks like to the peers. For tests and benches.
+    #[doc(hidden)]
+    pub fn abort(mut self) {
+        for t in std::mem::take(&mut self.tasks) {
+            t.abort();
+        }
     }
 
     /// Stops every peer: the watch stops, txns in flight finish (or are

@@ -1,0 +1,143 @@
+//! Comparing a peer's copy with the source: the `check` command and the
+//! tests' convergence oracle.
+//!
+//! Both sides are scanned in pages and merge-joined, like the sync, so a
+//! check of a large subtree holds two pages at a time. The source is read at
+//! its latest revision; while it changes, a check can report differences
+//! that the engine is about to apply, so callers poll until it comes back
+//! clean.
+
+use std::cmp::Ordering;
+
+use bytes::Bytes;
+
+use super::config::MirrorConfig;
+use super::state::{self, State};
+use crate::error::Result;
+use crate::etcd::{Client, KeyValue, Scan};
+
+/// Most keys listed per category in a [`Report`]; the counts are exact.
+pub const MAX_LISTED: usize = 10;
+
+/// How a peer's copy differs from the source.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Keys in the source subtree.
+    pub source_keys: u64,
+    /// Keys under the prefix on the peer.
+    pub peer_keys: u64,
+    /// Keys at the source that the peer lacks.
+    pub missing: u64,
+    /// Keys on the peer that the source lacks.
+    pub extra: u64,
+    /// Keys whose value differs.
+    pub value_differs: u64,
+    /// Keys on the peer not attached to the state key's lease.
+    pub wrong_lease: u64,
+    /// The peer's state key, if readable.
+    pub state: Option<State>,
+    /// The lease's remaining TTL in seconds (-1: gone, None: no state).
+    pub lease_ttl: Option<i64>,
+    /// Up to [`MAX_LISTED`] example keys per category.
+    pub examples: Vec<(&'static str, Bytes)>,
+}
+
+impl Report {
+    /// Whether the copy matches: same keys, same values, all on a live
+    /// lease named by the state key.
+    pub fn matches(&self) -> bool {
+        self.missing == 0
+            && self.extra == 0
+            && self.value_differs == 0
+            && self.wrong_lease == 0
+            && self.state.is_some()
+            && self.lease_ttl.is_some_and(|t| t > 0)
+    }
+
+    fn note(&mut self, what: &'static str, key: &Bytes) {
+        if self.examples.iter().filter(|(w, _)| *w == what).count() < MAX_LISTED {
+            self.examples.push((what, key.clone()));
+        }
+    }
+}
+
+struct Cursor {
+    scan: Scan,
+    page: std::vec::IntoIter<KeyValue>,
+}
+
+impl Cursor {
+    async fn next(&mut self) -> Result<Option<KeyValue>> {
+        loop {
+            if let Some(kv) = self.page.next() {
+                return Ok(Some(kv));
+            }
+            match self.scan.next_page().await? {
+                Some(p) if !p.kvs.is_empty() => self.page = p.kvs.into_iter(),
+                _ => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Compares this region's subtree at `local` with its copy on `peer`.
+pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Result<Report> {
+    let prefix = Bytes::from(cfg.prefix());
+    let mut report = Report::default();
+    let stored = state::read(peer, &Bytes::from(cfg.state_key())).await?;
+    report.state = stored.state;
+    if let Some(st) = stored.state {
+        report.lease_ttl = Some(peer.lease_time_to_live(st.lease, false).await?.ttl);
+    }
+    let lease = stored.state.map_or(0, |s| s.lease);
+    let mut src = Cursor {
+        scan: local.scan_prefix(prefix.clone(), cfg.page_size, 0),
+        page: Vec::new().into_iter(),
+    };
+    let mut dst = Cursor {
+        scan: peer.scan_prefix(prefix, cfg.page_size, 0),
+        page: Vec::new().into_iter(),
+    };
+    let mut s = src.next().await?;
+    let mut d = dst.next().await?;
+    loop {
+        let order = match (&s, &d) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some(a), Some(b)) => a.key().cmp(b.key()),
+        };
+        match order {
+            Ordering::Less => {
+                let a = s.take().expect("source key");
+                report.source_keys += 1;
+                report.missing += 1;
+                report.note("missing", a.key());
+                s = src.next().await?;
+            }
+            Ordering::Greater => {
+                let b = d.take().expect("peer key");
+                report.peer_keys += 1;
+                report.extra += 1;
+                report.note("extra", b.key());
+                d = dst.next().await?;
+            }
+            Ordering::Equal => {
+                let (a, b) = (s.take().expect("source key"), d.take().expect("peer key"));
+                report.source_keys += 1;
+                report.peer_keys += 1;
+                if a.value() != b.value() {
+                    report.value_differs += 1;
+                    report.note("value differs", a.key());
+                }
+                if b.lease() != lease || lease == 0 {
+                    report.wrong_lease += 1;
+                    report.note("wrong lease", a.key());
+                }
+                s = src.next().await?;
+                d = dst.next().await?;
+            }
+        }
+    }
+    Ok(report)
+}
