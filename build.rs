@@ -4,7 +4,11 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["etcd/api/etcdserverpb/rpc.proto"];
-    for dir in ["proto/etcd/api/etcdserverpb", "proto/etcd/api/mvccpb", "proto/etcd/api/authpb"] {
+    for dir in [
+        "proto/etcd/api/etcdserverpb",
+        "proto/etcd/api/mvccpb",
+        "proto/etcd/api/authpb",
+    ] {
         println!("cargo:rerun-if-changed={dir}");
     }
     let fds = protox::compile(files, ["proto"])?;

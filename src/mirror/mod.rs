@@ -68,15 +68,32 @@ impl Engine {
         peers: Vec<(String, Client)>,
         config: MirrorConfig,
     ) -> Result<Engine> {
-        validate(&config, peers.iter().map(|(r, _)| r.as_str()))?;
+        let peers = peers
+            .into_iter()
+            .map(|(region, client)| {
+                let stats = Arc::new(PeerStats::new(region.clone()));
+                (region, client, stats)
+            })
+            .collect();
+        Engine::start_with_stats(local, peers, config)
+    }
+
+    /// Like [`Engine::start`], reporting into stats the caller keeps, so
+    /// counters carry on across engines (for example across leadership
+    /// changes in one process).
+    pub fn start_with_stats(
+        local: Client,
+        peers: Vec<(String, Client, Arc<PeerStats>)>,
+        config: MirrorConfig,
+    ) -> Result<Engine> {
+        validate(&config, peers.iter().map(|(r, _, _)| r.as_str()))?;
         let cfg = Arc::new(config);
         let holder = state::new_holder();
         let cancel = CancellationToken::new();
         let (fenced_tx, fenced) = mpsc::unbounded_channel();
         let mut tasks = Vec::new();
         let mut all_stats = Vec::new();
-        for (region, client) in peers {
-            let stats = Arc::new(PeerStats::new(region.clone()));
+        for (region, client, stats) in peers {
             all_stats.push(stats.clone());
             let peer = peer::Peer::new(
                 region.clone(),

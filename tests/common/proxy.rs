@@ -1,0 +1,299 @@
+//! Loopback TCP proxy for fault injection.
+//!
+//! ```ignore
+//! let proxy = FaultProxy::start(etcd.client_addr()).await;
+//! // point the client under test at proxy.endpoint()
+//! proxy.cut();                      // drop live connections, black-hole new ones
+//! proxy.heal();                     // back to normal
+//! proxy.set_latency(Duration::from_millis(200));
+//! proxy.set_bandwidth(Some(64 * 1024));
+//! ```
+//!
+//! All work happens in tasks spawned on the runtime that called
+//! [`FaultProxy::start`] (multi-thread or current-thread). On a current-thread
+//! runtime, don't block the thread (e.g. with a synchronous `etcdctl` call
+//! through the proxy): use `tokio::task::spawn_blocking` for that.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+const CHUNK: usize = 16 * 1024;
+/// Chunks buffered per direction between reader and (delayed) writer.
+const PIPE_DEPTH: usize = 64;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct LinkState {
+    cut: bool,
+    /// Incremented by every `cut()`: live connections opened before it die.
+    cuts: u64,
+    /// Incremented by every `heal()`: black-holed connections are closed.
+    heals: u64,
+}
+
+struct Shared {
+    state: watch::Sender<LinkState>,
+    latency_us: AtomicU64,
+    /// Bytes per second per direction per connection; 0 = unlimited.
+    bandwidth: AtomicU64,
+    accepted: AtomicU64,
+    active: AtomicU64,
+}
+
+impl Shared {
+    fn latency(&self) -> Duration {
+        Duration::from_micros(self.latency_us.load(Ordering::Relaxed))
+    }
+
+    fn bandwidth(&self) -> Option<u64> {
+        match self.bandwidth.load(Ordering::Relaxed) {
+            0 => None,
+            b => Some(b),
+        }
+    }
+}
+
+/// A TCP proxy on 127.0.0.1 in front of a loopback upstream. Stops all its
+/// tasks (and closes every connection) when dropped.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+}
+
+impl FaultProxy {
+    /// Binds 127.0.0.1:0 and starts forwarding to `upstream`, which must be a
+    /// loopback address.
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
+        assert!(
+            upstream.ip().is_loopback(),
+            "FaultProxy only proxies to loopback upstreams, got {upstream}"
+        );
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy on 127.0.0.1:0");
+        let addr = listener.local_addr().expect("proxy local_addr");
+        let (state, _) = watch::channel(LinkState::default());
+        let shared = Arc::new(Shared {
+            state,
+            latency_us: AtomicU64::new(0),
+            bandwidth: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+        });
+        let cancel = CancellationToken::new();
+        tokio::spawn(accept_loop(
+            listener,
+            upstream,
+            shared.clone(),
+            cancel.clone(),
+        ));
+        FaultProxy {
+            addr,
+            upstream,
+            shared,
+            cancel,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `https://127.0.0.1:<port>` (TLS passes through the proxy untouched).
+    pub fn tls_endpoint(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Closes every live connection now and black-holes new ones: they are
+    /// accepted but nothing is read or forwarded, and they stay open until
+    /// [`FaultProxy::heal`] (which then closes them).
+    pub fn cut(&self) {
+        self.shared.state.send_modify(|s| {
+            s.cut = true;
+            s.cuts += 1;
+        });
+    }
+
+    /// Ends a [`FaultProxy::cut`]: black-holed connections are closed, new
+    /// connections are forwarded again.
+    pub fn heal(&self) {
+        self.shared.state.send_modify(|s| {
+            s.cut = false;
+            s.heals += 1;
+        });
+    }
+
+    pub fn is_cut(&self) -> bool {
+        self.shared.state.borrow().cut
+    }
+
+    /// One-way delay added to every chunk in each direction (so a round trip
+    /// gains 2x `latency`). Applies to live connections too. Zero disables.
+    pub fn set_latency(&self, latency: Duration) {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.shared.latency_us.store(us, Ordering::Relaxed);
+    }
+
+    /// Throttles each direction of each connection to `bytes_per_sec`
+    /// (`None` = unlimited). Applies to live connections too.
+    pub fn set_bandwidth(&self, bytes_per_sec: Option<u64>) {
+        let b = bytes_per_sec.map(|b| b.max(1)).unwrap_or(0);
+        self.shared.bandwidth.store(b, Ordering::Relaxed);
+    }
+
+    /// Connections accepted so far (including black-holed ones).
+    pub fn accepted_connections(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Connections currently open on the client side (forwarded or black-holed).
+    pub fn active_connections(&self) -> u64 {
+        self.shared.active.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((sock, _)) => {
+                shared.accepted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(connection(sock, upstream, shared.clone(), cancel.clone()));
+            }
+            // e.g. EMFILE: back off briefly instead of spinning.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+struct ActiveGuard(Arc<Shared>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn connection(
+    client: TcpStream,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    shared.active.fetch_add(1, Ordering::Relaxed);
+    let _guard = ActiveGuard(shared.clone());
+    let mut rx = shared.state.subscribe();
+    let st = *rx.borrow_and_update();
+
+    if st.cut {
+        // Black hole: hold the socket without reading until healed.
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = rx.wait_for(|s| !s.cut || s.heals != st.heals) => {}
+        }
+        drop(client);
+        return;
+    }
+
+    let _ = client.set_nodelay(true);
+    let forward = async {
+        let server = tokio::select! {
+            r = TcpStream::connect(upstream) => match r {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+            _ = tokio::time::sleep(Duration::from_secs(5)) => return,
+        };
+        let _ = server.set_nodelay(true);
+        let (cr, cw) = client.into_split();
+        let (sr, sw) = server.into_split();
+        // Any error (reset, broken pipe) tears down both directions; a clean
+        // EOF is propagated as a half-close.
+        let _ = tokio::try_join!(pipe(cr, sw, &shared), pipe(sr, cw, &shared));
+    };
+    // Dropping `forward` (cut / proxy dropped) closes both sockets.
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = rx.wait_for(|s| s.cut || s.cuts != st.cuts) => {}
+        _ = forward => {}
+    }
+}
+
+/// Copies `r` to `w`, delaying each chunk by the current latency and pacing
+/// writes to the current bandwidth. Reading and writing run concurrently, so
+/// latency does not reduce throughput.
+async fn pipe(mut r: OwnedReadHalf, mut w: OwnedWriteHalf, shared: &Shared) -> std::io::Result<()> {
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(PIPE_DEPTH);
+    let reader = async move {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = r.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<(), std::io::Error>(()); // dropping tx = EOF to the writer
+            }
+            if tx.send((Instant::now(), buf[..n].to_vec())).await.is_err() {
+                return Ok(());
+            }
+        }
+    };
+    let writer = async move {
+        let mut next_free = Instant::now();
+        while let Some((read_at, data)) = rx.recv().await {
+            let latency = shared.latency();
+            if !latency.is_zero() {
+                sleep_until(read_at + latency).await;
+            }
+            match shared.bandwidth() {
+                None => w.write_all(&data).await?,
+                Some(bw) => {
+                    // ~20ms worth of bytes per write for smooth pacing.
+                    let piece = ((bw / 50) as usize).clamp(1, CHUNK);
+                    for part in data.chunks(piece) {
+                        let now = Instant::now();
+                        if next_free < now {
+                            next_free = now; // no credit for idle time
+                        }
+                        sleep_until(next_free).await;
+                        w.write_all(part).await?;
+                        next_free += Duration::from_secs_f64(part.len() as f64 / bw as f64);
+                    }
+                }
+            }
+        }
+        w.shutdown().await
+    };
+    tokio::try_join!(reader, writer).map(|_| ())
+}
