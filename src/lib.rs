@@ -8,7 +8,11 @@
 //! - [`mirror`]: the engine that mirrors one region's subtree into every
 //!   peer region's etcd under an origin-heartbeat lease.
 //! - [`error`]: the error type above the client.
+//! - `app` (feature `app`, on by default): the replicator binary's
+//!   config, leader election, metrics and `run`.
 
+#[cfg(feature = "app")]
+pub mod app;
 pub mod error;
 pub mod etcd;
 pub mod mirror;

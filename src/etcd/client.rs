@@ -164,6 +164,7 @@ pub(crate) struct Inner {
 impl Client {
     /// Builds a client. Nothing connects until the first request, so an
     /// unreachable cluster is not an error here; a malformed config is.
+    /// Call it inside a Tokio runtime: the connections are driven by tasks.
     pub fn connect(config: ClientConfig) -> Result<Client> {
         if config.endpoints.is_empty() {
             return Err(Error::InvalidConfig("no endpoints".into()));

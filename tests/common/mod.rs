@@ -14,6 +14,7 @@
 
 pub mod etcd;
 pub mod proxy;
+pub mod replicator;
 pub mod tls;
 
 use std::time::{Duration, Instant};

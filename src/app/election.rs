@@ -1,0 +1,160 @@
+//! Leader election among one region's replicas, on the local etcd.
+//!
+//! The campaign key (`/aether/v1/replicator/<region>/leader` by default) is
+//! created with a txn that succeeds only if the key does not exist, under a
+//! session lease with the election TTL. The winner mirrors; the others watch
+//! the key and campaign again when it is deleted (resignation) or expires
+//! with its lease (a crashed leader). The election TTL is shorter than the
+//! mirror lease TTL, so a standby takes over before the mirror can lapse.
+//!
+//! A leader that loses its session, because the lease expired or because
+//! the local etcd has not answered a keep-alive for a whole TTL, must stop
+//! mirroring at once; [`Leadership::lost`] resolves then. The engine's fence
+//! covers the moment between a new leader's claim and the old one noticing.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::etcd::{
+    Client, Compare, CompareOp, Delete, EventKind, LeaseHandle, Put, Range, Txn, WatchOptions,
+};
+
+/// Default prefix of the campaign keys.
+pub const DEFAULT_ELECTION_ROOT: &str = "/aether/v1/replicator/";
+
+/// One replica's candidacy.
+pub struct Election {
+    local: Client,
+    key: Bytes,
+    id: Bytes,
+    ttl: Duration,
+}
+
+/// A won election. Dropping it stops the session keep-alive (the campaign
+/// key then expires); [`Leadership::resign`] deletes it at once.
+pub struct Leadership {
+    local: Client,
+    key: Bytes,
+    id: Bytes,
+    session: LeaseHandle,
+}
+
+impl Election {
+    /// A candidate for `region`, identified by `id` (for example
+    /// `hostname/pid`), with a session TTL of `ttl`.
+    pub fn new(local: Client, region: &str, id: impl Into<Bytes>, ttl: Duration) -> Election {
+        Election {
+            local,
+            key: Bytes::from(format!("{DEFAULT_ELECTION_ROOT}{region}/leader")),
+            id: id.into(),
+            ttl,
+        }
+    }
+
+    /// The campaign key.
+    pub fn key(&self) -> &Bytes {
+        &self.key
+    }
+
+    /// Campaigns until this replica leads. Errors (an unreachable etcd) are
+    /// returned so the caller can back off and count them.
+    pub async fn campaign(&self) -> Result<Leadership> {
+        let ttl = self.ttl.as_secs().max(1) as i64;
+        let grant = self.local.lease_grant(ttl, 0).await?;
+        let session = self
+            .local
+            .lease_keeper()
+            .keep_alive(grant.id, grant.ttl)
+            .await?;
+        loop {
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    self.key.clone(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([Put::new(self.key.clone(), self.id.clone()).lease(grant.id)])
+                .or_else([Range::key(self.key.clone())]);
+            let resp = self.local.txn(txn).await?;
+            if resp.succeeded {
+                tracing::info!(key = %String::from_utf8_lossy(&self.key), "won the election");
+                return Ok(Leadership {
+                    local: self.local.clone(),
+                    key: self.key.clone(),
+                    id: self.id.clone(),
+                    session,
+                });
+            }
+            // Someone leads. Wait for the key to go, from the revision we
+            // saw it at, so a deletion in between is not missed.
+            let (_stream, mut watcher) = self.local.watch(
+                WatchOptions::key(self.key.clone()).start_revision(resp.header.revision + 1),
+            )?;
+            loop {
+                match watcher.next().await {
+                    Some(Ok(r)) if r.events.iter().any(|e| e.kind == EventKind::Delete) => break,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Err(crate::etcd::Error::Closed.into()),
+                }
+                if session.status().lost {
+                    return Err(crate::Error::LeaseLost {
+                        peer: "local".into(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Leadership {
+    /// Resolves when this replica can no longer be sure it leads: the
+    /// session lease is lost, or no keep-alive has been answered for a TTL,
+    /// or the campaign key was removed.
+    pub async fn lost(&mut self) {
+        let status = self.session.subscribe();
+        let key_gone = async {
+            let Ok((_s, mut w)) = self.local.watch(WatchOptions::key(self.key.clone())) else {
+                return;
+            };
+            while let Some(Ok(r)) = w.next().await {
+                if r.events.iter().any(|e| e.kind == EventKind::Delete) {
+                    return;
+                }
+            }
+            // The watch ended with an error: do not conclude anything from it.
+            std::future::pending::<()>().await
+        };
+        let expired = async {
+            loop {
+                let s = *status.borrow();
+                if s.lost || s.ttl_left() == Duration::ZERO {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            _ = key_gone => tracing::warn!("campaign key removed; stepping down"),
+            _ = expired => tracing::warn!("election session lost; stepping down"),
+        }
+    }
+
+    /// Gives up leadership: deletes the campaign key if it is still ours and
+    /// revokes the session lease, so a standby takes over at once.
+    pub async fn resign(self) {
+        let txn = Txn::new()
+            .when([Compare::value(
+                self.key.clone(),
+                CompareOp::Equal,
+                self.id.clone(),
+            )])
+            .and_then([Delete::key(self.key.clone())]);
+        if let Err(e) = self.local.txn(txn).await {
+            tracing::warn!(error = %e, "could not delete the campaign key; it expires with the session");
+        }
+        let _ = self.local.lease_revoke(self.session.id()).await;
+    }
+}

@@ -1,0 +1,136 @@
+//! One replica's life: serve metrics, campaign, mirror while leading, and
+//! hand over cleanly on shutdown.
+//!
+//! ```text
+//!   start ──▶ campaign ──won──▶ lead (engine runs) ──shutdown──▶ stop engine,
+//!     ▲          │ error                 │ session lost / fenced   resign, exit
+//!     │          ▼                       ▼
+//!     └──── back off ◀──────────── drop engine at once
+//! ```
+//!
+//! Nothing here is fatal at runtime: an unreachable local etcd or peer is
+//! logged, counted, and retried with backoff while the metrics and health
+//! endpoints keep answering.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::config::Config;
+use super::election::Election;
+use super::metrics::{self, AppState};
+use crate::error::Result;
+use crate::etcd::Client;
+use crate::mirror::{Engine, PeerStats};
+
+/// Longest pause between campaign attempts after errors.
+const MAX_CAMPAIGN_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Runs the replicator until `shutdown` resolves.
+///
+/// Returns an error only for what cannot be retried: a metrics address that
+/// cannot be bound, or a config the engine refuses.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<()> {
+    run_with_state(config, Arc::new(AppState::default()), shutdown).await
+}
+
+/// Like [`run`], sharing the health and metrics state with the caller (for
+/// tests that want to watch leadership without scraping).
+pub async fn run_with_state(
+    config: Config,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let cancel = CancellationToken::new();
+    let _stop_server = cancel.clone().drop_guard();
+    let (addr, _server) =
+        metrics::serve(config.metrics_addr, state.clone(), cancel.clone()).await?;
+    let _ = state.bound.set(addr);
+    tracing::info!(%addr, region = %config.region, peers = config.peers.len(), "replicator started");
+
+    let local = Client::connect(config.local.clone())?;
+    let peers: Vec<(String, Client, Arc<PeerStats>)> = config
+        .peers
+        .iter()
+        .map(|p| {
+            Ok((
+                p.region.clone(),
+                Client::connect(p.client.clone())?,
+                Arc::new(PeerStats::new(p.region.clone())),
+            ))
+        })
+        .collect::<Result<_>>()?;
+    *state.peers.lock().unwrap_or_else(|e| e.into_inner()) =
+        peers.iter().map(|(_, _, s)| s.clone()).collect();
+
+    let id = format!(
+        "{}/{}",
+        std::env::var("HOSTNAME").unwrap_or_else(|_| "replica".into()),
+        std::process::id()
+    );
+    let election = Election::new(local.clone(), &config.region, id, config.election_ttl);
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        // Standby: campaign until we lead.
+        state.session_ok.store(true, Relaxed);
+        let mut leadership = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            r = election.campaign() => match r {
+                Ok(l) => l,
+                Err(e) => {
+                    state.session_ok.store(false, Relaxed);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "campaign failed");
+                    tokio::select! {
+                        _ = &mut shutdown => return Ok(()),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_CAMPAIGN_BACKOFF);
+                    continue;
+                }
+            },
+        };
+        backoff = Duration::from_millis(100);
+
+        // Leader: mirror until shutdown, loss of the session, or a fence.
+        let mut engine =
+            Engine::start_with_stats(local.clone(), peers.clone(), config.mirror.clone())?;
+        state.is_leader.store(true, Relaxed);
+        tracing::info!(region = %config.region, "leading: mirroring to every peer");
+        enum Why {
+            Shutdown,
+            Lost,
+            Fenced(Option<String>),
+        }
+        let why = tokio::select! {
+            _ = &mut shutdown => Why::Shutdown,
+            _ = leadership.lost() => Why::Lost,
+            peer = engine.fenced() => Why::Fenced(peer),
+        };
+        state.is_leader.store(false, Relaxed);
+        match why {
+            Why::Shutdown => {
+                engine.shutdown().await;
+                leadership.resign().await;
+                tracing::info!("shut down cleanly; mirror leases left to run out or be adopted");
+                return Ok(());
+            }
+            Why::Lost => {
+                // Stop writing at once; the fence covers anything in flight.
+                engine.abort();
+                state.session_ok.store(false, Relaxed);
+            }
+            Why::Fenced(peer) => {
+                tracing::warn!(peer = ?peer, "another replicator took over a peer; stepping down");
+                engine.shutdown().await;
+                leadership.resign().await;
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = tokio::time::sleep(config.election_ttl) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Running the real `aether-replicator` binary, and talking HTTP to it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The binary cargo built for these tests.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_aether-replicator"))
+}
+
+/// A free loopback port (bound, read, released).
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A minimal HTTP/1.0 GET: (status, body). None if nothing answers.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split(' ').nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// The value of one sample line in a Prometheus text page.
+pub fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A replicator process, killed on drop.
+pub struct Replicator {
+    pub child: Child,
+    pub metrics: SocketAddr,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Replicator {
+    /// Starts the binary with `args` plus `--metrics-addr`.
+    pub fn spawn(args: &[String]) -> Replicator {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("replicator.log");
+        let metrics = free_addr();
+        let child = Command::new(binary())
+            .args(args)
+            .arg(format!("--metrics-addr={metrics}"))
+            .env("AETHER_REPLICATOR_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn aether-replicator");
+        Replicator {
+            child,
+            metrics,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The /metrics page, if it answers.
+    pub fn scrape(&self) -> Option<String> {
+        http_get(self.metrics, "/metrics").map(|(_, b)| b)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.scrape()
+            .and_then(|p| metric(&p, "aether_replicator_is_leader"))
+            == Some(1.0)
+    }
+
+    pub fn ready(&self) -> bool {
+        http_get(self.metrics, "/readyz").is_some_and(|(s, _)| s == 200)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait up to `timeout` for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Replicator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

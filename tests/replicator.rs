@@ -1,0 +1,357 @@
+//! The `aether-replicator` binary and `app::run`, against real etcd.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aether_replicator::app::config::Cli;
+use aether_replicator::app::metrics::AppState;
+use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits};
+use clap::Parser;
+use common::replicator::{Replicator, binary, http_get, metric};
+use common::{Etcd, wait_until};
+
+const PREFIX: &str = "/aether/v1/regions/a/";
+
+fn client(e: &Etcd) -> Client {
+    let mut cfg = ClientConfig::new(e.endpoints());
+    cfg.request_timeout = Duration::from_secs(3);
+    Client::connect(cfg).unwrap()
+}
+
+fn args(src: &Etcd, dst: &Etcd, ttl: &str) -> Vec<String> {
+    vec![
+        "--region=a".into(),
+        format!("--local-etcd={}", src.endpoint()),
+        format!("--peer-etcd=b={}", dst.endpoint()),
+        format!("--lease-ttl={ttl}"),
+    ]
+}
+
+async fn seed(c: &Client, n: usize) {
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for i in 0..n {
+        b.put(
+            format!("{PREFIX}clusters/c/services/s/protocols/http/endpoints/10.1.0.{i}"),
+            format!("{{\"n\":{i}}}"),
+            0,
+        );
+    }
+    for t in b.finish() {
+        c.txn(t).await.unwrap();
+    }
+}
+
+async fn count(c: &Client) -> i64 {
+    c.range(Range::prefix(PREFIX).count_only())
+        .await
+        .map(|r| r.count)
+        .unwrap_or(-1)
+}
+
+#[test]
+fn cli_refusals_exit_2_with_one_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--region=a", "--peer-etcd=b"], "--peer-etcd"),
+        (&["--region=a", "--peer-etcd=b="], "--peer-etcd"),
+        (&["--region=a", "--local-etcd="], "--local-etcd"),
+        (&["--region=a", "--peer-etcd=b=htp:/x"], "--peer-etcd"),
+        (
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://127.0.0.1:1",
+                "--peer-etcd=b=http://127.0.0.1:2",
+            ],
+            "duplicate",
+        ),
+        (
+            &["--region=a", "--peer-etcd=a=http://127.0.0.1:1"],
+            "--peer-etcd",
+        ),
+        (&["--region=a", "--lease-ttl=0s"], "--lease-ttl"),
+        (&["--region=a", "--lease-ttl=abc"], "--lease-ttl"),
+        (
+            &["--region=a", "--lease-ttl=30s", "--election-ttl=30s"],
+            "--election-ttl",
+        ),
+        (&["--region=a/b"], "--region"),
+        (&["--region="], "--region"),
+        (&["--peer-etcd=b=http://127.0.0.1:1"], "--region"),
+    ];
+    for (argv, flag) in cases {
+        let out = Command::new(binary()).args(*argv).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{argv:?}: {stderr}");
+        assert!(stderr.contains(flag), "{argv:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{argv:?}: {stderr}");
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.starts_with("error"), "{argv:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_over_http() {
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    seed(&client(&src), 20).await;
+    let mut argv = vec!["aether-replicator".to_string()];
+    argv.extend(args(&src, &dst, "6s"));
+    argv.push("--metrics-addr=127.0.0.1:0".into());
+    let config = Cli::try_parse_from(argv)
+        .unwrap()
+        .run_args()
+        .validate()
+        .unwrap();
+    let state = Arc::new(AppState::default());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(aether_replicator::app::replicator::run_with_state(
+        config,
+        state.clone(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    assert!(
+        common::wait_until_async(Duration::from_secs(20), || state.bound.get().is_some()).await
+    );
+    let addr = *state.bound.get().unwrap();
+    let get = move |p: &'static str| async move {
+        tokio::task::spawn_blocking(move || http_get(addr, p))
+            .await
+            .unwrap()
+    };
+    assert_eq!(get("/healthz").await.map(|r| r.0), Some(200));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get("/readyz").await.map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let page = get("/metrics").await.unwrap().1;
+    assert_eq!(metric(&page, "aether_replicator_is_leader"), Some(1.0));
+    assert_eq!(
+        metric(&page, "aether_replicator_peer_synced{peer=\"b\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&page, "aether_replicator_peer_up{peer=\"b\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &page,
+            "aether_replicator_resyncs_total{peer=\"b\",reason=\"initial\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&page, "aether_replicator_sync_keys_put_total{peer=\"b\"}"),
+        Some(20.0)
+    );
+    let ttl = metric(&page, "aether_replicator_lease_ttl_seconds{peer=\"b\"}").unwrap();
+    assert!(ttl > 0.0 && ttl <= 6.0, "{ttl}");
+    // A live write shows up in the counters and the latency histogram.
+    client(&src)
+        .put(Put::new(format!("{PREFIX}live"), "x"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = get("/metrics").await.unwrap().1;
+        if metric(&page, "aether_replicator_events_applied_total{peer=\"b\"}") == Some(1.0) {
+            assert_eq!(
+                metric(
+                    &page,
+                    "aether_replicator_apply_latency_seconds_count{peer=\"b\"}"
+                ),
+                Some(1.0)
+            );
+            assert_eq!(
+                metric(&page, "aether_replicator_lag_revisions{peer=\"b\"}"),
+                Some(0.0)
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "event never applied:\n{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get("/nope").await.map(|r| r.0), Some(404));
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // A clean stop resigns: the campaign key is gone at once.
+    let leader = client(&src)
+        .range(Range::key("/aether/v1/replicator/a/leader"))
+        .await
+        .unwrap();
+    assert!(leader.kvs().is_empty());
+}
+
+/// Polls the peer's count and the replicas' leadership until `until`
+/// returns true; asserts the copy never shrinks below `floor` and there is
+/// never more than one leader.
+fn watch_handoff(
+    rt: &tokio::runtime::Handle,
+    dst: &Client,
+    replicas: &[Replicator],
+    floor: i64,
+    timeout: Duration,
+    mut until: impl FnMut(&[Replicator]) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = rt.block_on(count(dst));
+        assert!(
+            n >= floor,
+            "peer lost keys during the handoff: {n} < {floor}"
+        );
+        let leaders = replicas.iter().filter(|r| r.is_leader()).count();
+        assert!(leaders <= 1, "{leaders} leaders at once");
+        if until(replicas) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "handoff did not happen in time");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn election_handoff_on_sigkill_and_sigterm() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    let (s, d) = (client(&src), client(&dst));
+    rt.block_on(seed(&s, 200));
+    let mut argv = args(&src, &dst, "6s");
+    argv.push("--election-ttl=2s".into());
+    let mut replicas: Vec<Replicator> = (0..3).map(|_| Replicator::spawn(&argv)).collect();
+    // One leader, and the copy is complete.
+    assert!(wait_until(Duration::from_secs(30), || replicas
+        .iter()
+        .filter(|r| r.is_leader())
+        .count()
+        == 1
+        && rt.block_on(count(&d)) == 200));
+    assert!(wait_until(Duration::from_secs(10), || replicas
+        .iter()
+        .all(|r| r.ready())));
+
+    // SIGKILL the leader: a standby takes over within the election TTL
+    // (plus detection slack), and the peer never loses a key.
+    let leader = replicas.iter().position(|r| r.is_leader()).unwrap();
+    replicas[leader].kill();
+    let killed = Instant::now();
+    let survivors: Vec<Replicator> = replicas
+        .drain(..)
+        .enumerate()
+        .filter(|(i, _)| *i != leader)
+        .map(|(_, r)| r)
+        .collect();
+    replicas = survivors;
+    watch_handoff(
+        rt.handle(),
+        &d,
+        &replicas,
+        200,
+        Duration::from_secs(15),
+        |rs| rs.iter().any(|r| r.is_leader()),
+    );
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(2 + 3), "takeover took {took:?}");
+    rt.block_on(s.put(Put::new(format!("{PREFIX}after-kill"), "1")))
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || rt
+        .block_on(count(&d))
+        == 201));
+
+    // SIGTERM the new leader: it exits 0 within a few seconds and the last
+    // standby takes over at once (the campaign key is deleted).
+    let leader = replicas.iter().position(|r| r.is_leader()).unwrap();
+    let status = replicas[leader]
+        .terminate(Duration::from_secs(10))
+        .expect("exited");
+    assert!(
+        status.success(),
+        "{status:?}: {}",
+        replicas[leader].log_text()
+    );
+    let termed = Instant::now();
+    let other = 1 - leader;
+    watch_handoff(
+        rt.handle(),
+        &d,
+        &replicas[other..=other],
+        201,
+        Duration::from_secs(10),
+        |rs| rs[0].is_leader(),
+    );
+    assert!(
+        termed.elapsed() < Duration::from_secs(2),
+        "takeover after SIGTERM took {:?}",
+        termed.elapsed()
+    );
+    rt.block_on(s.delete(Delete::key(format!("{PREFIX}after-kill"))))
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || rt
+        .block_on(count(&d))
+        == 200));
+}
+
+#[test]
+fn check_reports_match_and_divergence() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    let (s, d) = (client(&src), client(&dst));
+    rt.block_on(seed(&s, 50));
+    let argv = args(&src, &dst, "30s");
+    let check = || {
+        Command::new(binary())
+            .arg("check")
+            .args(&argv)
+            .arg("--metrics-addr=127.0.0.1:1")
+            .output()
+            .unwrap()
+    };
+    // Nothing mirrored yet: 50 missing.
+    let out = check();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("missing=50"), "{text}");
+
+    let mut r = Replicator::spawn(&argv);
+    assert!(wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()));
+    assert!(wait_until(Duration::from_secs(10), || check()
+        .status
+        .code()
+        == Some(0)));
+    let text = String::from_utf8_lossy(&check().stdout).to_string();
+    assert!(
+        text.contains("peer b: OK") && text.contains("source_keys=50"),
+        "{text}"
+    );
+    assert_eq!(
+        r.terminate(Duration::from_secs(10)).map(|s| s.success()),
+        Some(true)
+    );
+
+    // Diverge the copy behind the mirror's back.
+    let key = format!("{PREFIX}clusters/c/services/s/protocols/http/endpoints/10.1.0.7");
+    rt.block_on(d.put(Put::new(key.clone(), "tampered")))
+        .unwrap();
+    rt.block_on(d.put(Put::new(format!("{PREFIX}extra"), "x")))
+        .unwrap();
+    let out = check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("extra=1")
+            && text.contains("value_differs=1")
+            && text.contains("wrong_lease=1"),
+        "{text}"
+    );
+    assert!(text.contains(&key), "{text}");
+}
