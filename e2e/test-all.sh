@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs every test on a fresh machine: installs etcd if missing, then the
+# cargo suites (against real etcd processes), the bench build, and the
+# multi-region e2e harness. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
+  echo "== installing etcd (Debian etcd-server, etcd-client)"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "etcd is missing and this is not root: run apt-get update && apt-get install -y etcd-server etcd-client" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq etcd-server etcd-client >/dev/null
+  # The package may start a system etcd on 2379; the tests never use it.
+  command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null || true
+fi
+etcd --version | head -1
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --all-targets -- -D warnings
+
+echo "== cargo tests (real etcd)"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --no-fail-fast
+  # nextest does not run doc tests.
+  cargo test --doc
+else
+  cargo test --no-fail-fast
+fi
+
+echo "== client crate alone (no app feature)"
+cargo check --lib --no-default-features
+
+echo "== benches compile"
+cargo bench --no-run
+
+if [ -x e2e/multiregion.sh ]; then
+  echo "== multi-region e2e"
+  state=$(mktemp -d)
+  trap 'e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true' EXIT
+  e2e/multiregion.sh up --state "$state"
+  e2e/multiregion.sh verify --state "$state"
+  e2e/multiregion.sh down --state "$state"
+  trap - EXIT
+  # The harness must not leave anything behind.
+  if pgrep -f "$state" >/dev/null; then
+    echo "FAIL: processes left behind by the e2e harness:" >&2
+    pgrep -af "$state" >&2
+    exit 1
+  fi
+fi
+echo "== all tests passed"
