@@ -1,0 +1,377 @@
+//! Mirror throughput and latency against real etcd processes started by the
+//! test harness: base sync against the peer's write ceiling, live bursts,
+//! and a handoff between engines. Besides criterion's timings, each bench
+//! prints `REPORT` lines with the derived figures (keys/s, percentiles,
+//! ratios) that BENCHMARKS.md quotes.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aether_replicator::etcd::{
+    Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
+};
+use aether_replicator::mirror::{Engine, MirrorConfig};
+use common::Etcd;
+use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+
+const PREFIX: &str = "/aether/v1/regions/a/";
+
+fn key(i: usize) -> String {
+    // About 85 bytes, like the registry's endpoint keys.
+    format!(
+        "{PREFIX}clusters/c1/services/svc-{:03}/protocols/http/endpoints/10.{}.{}.{}",
+        i % 500,
+        (i >> 16) & 255,
+        (i >> 8) & 255,
+        i & 255
+    )
+}
+
+fn value(i: usize) -> Vec<u8> {
+    let mut v = format!("{{\"clusterName\":\"c1\",\"region\":\"a\",\"zone\":\"a-1\",\"n\":{i}}}")
+        .into_bytes();
+    v.resize(100, b' ');
+    v
+}
+
+fn client(e: &Etcd) -> Client {
+    Client::connect(ClientConfig::new(e.endpoints())).expect("client")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Writes keys `0..n` with 128-op txns, `inflight` at a time.
+async fn write_batched(c: &Client, range: std::ops::Range<usize>, inflight: usize) {
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for i in range {
+        b.put(key(i), value(i), 0);
+    }
+    let mut pending: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
+        tokio::task::JoinSet::new();
+    for t in b.finish() {
+        if pending.len() >= inflight {
+            pending
+                .join_next()
+                .await
+                .expect("pending")
+                .expect("join")
+                .expect("txn");
+        }
+        let c = c.clone();
+        pending.spawn(async move { c.txn(t).await });
+    }
+    while let Some(r) = pending.join_next().await {
+        r.expect("join").expect("txn");
+    }
+}
+
+fn cfg() -> MirrorConfig {
+    let mut c = MirrorConfig::new("a");
+    c.lease_ttl = Duration::from_secs(30);
+    c
+}
+
+fn base_sync(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    for n in [10_000usize, 100_000] {
+        let src = Etcd::start();
+        let mut dst = Etcd::start();
+        let s = client(&src);
+        rt.block_on(write_batched(&s, 0..n, 16));
+        let mut g = c.benchmark_group(format!("base_sync/{}k", n / 1000));
+        g.sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(1))
+            .measurement_time(Duration::from_secs(1))
+            .throughput(Throughput::Elements(n as u64));
+        let mut mirror_rates = Vec::new();
+        g.bench_function("mirror", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    dst.restart_empty();
+                    let d = client(&dst);
+                    let start = Instant::now();
+                    let engine = Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg())
+                        .expect("engine");
+                    rt.block_on(engine.wait_synced());
+                    let took = start.elapsed();
+                    total += took;
+                    mirror_rates.push(n as f64 / took.as_secs_f64());
+                    rt.block_on(engine.shutdown());
+                    let got = rt
+                        .block_on(d.range(Range::prefix(PREFIX).count_only()))
+                        .expect("count")
+                        .count;
+                    assert_eq!(got as usize, n, "peer incomplete after sync");
+                }
+                total
+            })
+        });
+        let mut ceiling_rates = Vec::new();
+        g.bench_function("write_ceiling", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    dst.restart_empty();
+                    let d = client(&dst);
+                    let start = Instant::now();
+                    rt.block_on(write_batched(&d, 0..n, 16));
+                    let took = start.elapsed();
+                    total += took;
+                    ceiling_rates.push(n as f64 / took.as_secs_f64());
+                }
+                total
+            })
+        });
+        g.finish();
+        if mirror_rates.is_empty() || ceiling_rates.is_empty() {
+            continue;
+        }
+        let (m, w) = (median(&mut mirror_rates), median(&mut ceiling_rates));
+        println!(
+            "REPORT base_sync n={n} mirror_keys_per_s={m:.0} ceiling_keys_per_s={w:.0} ratio={:.2}",
+            m / w
+        );
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// One burst of `revisions` single-put revisions from `writers` tasks, at
+/// most `rate` revisions/s in total (None: as fast as the source takes
+/// them). Returns (per-key latencies, time from the last write to the peer
+/// holding everything, achieved source rate).
+async fn burst(
+    src: &Client,
+    dst: &Client,
+    base: usize,
+    revisions: usize,
+    writers: usize,
+    rate: Option<f64>,
+) -> (Vec<Duration>, Duration, f64) {
+    let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; revisions]));
+    let (_stream, mut watcher) = dst.watch(WatchOptions::prefix(PREFIX)).expect("watch");
+    // Make sure the peer watch is live before writing.
+    dst.put(Put::new(format!("{PREFIX}probe/{base}"), "p"))
+        .await
+        .expect("probe");
+    loop {
+        let r = watcher.next().await.expect("watch open").expect("watch");
+        if !r.events.is_empty() {
+            break;
+        }
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..writers {
+        let (src, sent, next) = (src.clone(), sent.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= revisions {
+                    return;
+                }
+                if let Some(rate) = rate {
+                    let due = start + Duration::from_secs_f64(i as f64 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let t0 = Instant::now();
+                src.put(Put::new(key(base + i), value(i)))
+                    .await
+                    .expect("put");
+                sent.lock().expect("lock")[i] = Some(t0);
+            }
+        }));
+    }
+    let mut arrived: Vec<Option<Instant>> = vec![None; revisions];
+    let mut remaining = revisions;
+    let mut last_write_done = None;
+    while remaining > 0 {
+        tokio::select! {
+            r = watcher.next() => {
+                let r = r.expect("watch").expect("watch");
+                let now = Instant::now();
+                for e in r.events {
+                    let k = String::from_utf8_lossy(e.kv.key()).to_string();
+                    if let Some(i) = index_of(&k, base, revisions)
+                        && arrived[i].is_none()
+                    {
+                        arrived[i] = Some(now);
+                        remaining -= 1;
+                    }
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(5)), if last_write_done.is_none() => {}
+        }
+        if last_write_done.is_none() && tasks.iter().all(|t| t.is_finished()) {
+            last_write_done = Some(Instant::now());
+        }
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let done = Instant::now();
+    let source_end = last_write_done.unwrap_or(done);
+    let sent = sent.lock().expect("lock");
+    let mut lat: Vec<Duration> = sent
+        .iter()
+        .zip(&arrived)
+        .filter_map(|(s, a)| Some(a.as_ref()?.saturating_duration_since((*s)?)))
+        .collect();
+    lat.sort();
+    let elapsed = source_end.duration_since(start).as_secs_f64();
+    (
+        lat,
+        done.saturating_duration_since(source_end),
+        revisions as f64 / elapsed,
+    )
+}
+
+/// Keys are generated by `key(i)`; recover `i - base` from the key.
+fn index_of(k: &str, base: usize, n: usize) -> Option<usize> {
+    let ip = k.rsplit('/').next()?;
+    let mut parts = ip.split('.').skip(1).map(|p| p.parse::<usize>().ok());
+    let (a, b, c) = (parts.next()??, parts.next()??, parts.next()??);
+    let i = (a << 16) | (b << 8) | c;
+    (i >= base && i < base + n).then(|| i - base)
+}
+
+fn live(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let src = Etcd::start();
+    let dst = Etcd::start();
+    let (s, d) = (client(&src), client(&dst));
+    let engine = Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg()).expect("engine");
+    rt.block_on(engine.wait_synced());
+    let mut base = 0;
+    for (name, revisions, rate) in [
+        ("saturated", 20_000usize, None),
+        ("quarter", 5_000, Some(1_500.0)),
+    ] {
+        let mut g = c.benchmark_group(format!("live/{name}"));
+        g.sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(1))
+            .measurement_time(Duration::from_secs(1))
+            .throughput(Throughput::Elements(revisions as u64));
+        let mut all_lat = Vec::new();
+        let mut tails = Vec::new();
+        let mut rates = Vec::new();
+        g.bench_function("burst_to_convergence", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let (lat, tail, rate) = rt.block_on(burst(&s, &d, base, revisions, 64, rate));
+                    base += revisions;
+                    total += start.elapsed();
+                    all_lat.extend(lat);
+                    tails.push(tail.as_secs_f64());
+                    rates.push(rate);
+                }
+                total
+            })
+        });
+        g.finish();
+        if tails.is_empty() {
+            continue;
+        }
+        all_lat.sort();
+        let st = &engine.stats()[0];
+        println!(
+            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={}",
+            median(&mut rates),
+            percentile(&all_lat, 0.5).as_secs_f64() * 1e3,
+            percentile(&all_lat, 0.99).as_secs_f64() * 1e3,
+            all_lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+            median(&mut tails.clone()) * 1e3,
+            tails.iter().copied().fold(0.0, f64::max) * 1e3,
+            st.txns.load(Ordering::Relaxed),
+            st.events.load(Ordering::Relaxed),
+        );
+    }
+    rt.block_on(engine.shutdown());
+}
+
+fn handoff(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n = 100_000;
+    let src = Etcd::start();
+    let dst = Etcd::start();
+    let (s, d) = (client(&src), client(&dst));
+    rt.block_on(write_batched(&s, 0..n, 16));
+    let mut engine =
+        Some(Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg()).expect("engine"));
+    rt.block_on(engine.as_ref().expect("engine").wait_synced());
+    let mut g = c.benchmark_group("handoff/100k");
+    g.sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+    let mut rewritten = Vec::new();
+    let mut i = n;
+    g.bench_function("stop_then_successor_applies", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                rt.block_on(engine.take().expect("engine").shutdown());
+                // A change made while nobody mirrors.
+                rt.block_on(s.put(Put::new(key(i), value(i)))).expect("put");
+                let start = Instant::now();
+                let e =
+                    Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg()).expect("engine");
+                rt.block_on(async {
+                    loop {
+                        let r = d.range(Range::key(key(i))).await.expect("range");
+                        if !r.kvs().is_empty() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                });
+                total += start.elapsed();
+                rewritten.push(e.stats()[0].sync_puts.load(Ordering::Relaxed));
+                engine = Some(e);
+                i += 1;
+            }
+            total
+        })
+    });
+    g.finish();
+    if rewritten.is_empty() {
+        return;
+    }
+    println!(
+        "REPORT handoff n={n} handoffs={} keys_rewritten_total={}",
+        rewritten.len(),
+        rewritten.iter().sum::<u64>()
+    );
+    rt.block_on(engine.take().expect("engine").shutdown());
+}
+
+criterion_group!(benches, base_sync, live, handoff);
+criterion_main!(benches);
