@@ -6,75 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use aether_replicator::etcd::{
-    Client, ClientConfig, Delete, Put, Range, Txn, TxnBatcher, TxnLimits,
-};
-use aether_replicator::mirror::check::{self, Report};
-use aether_replicator::mirror::{Engine, MirrorConfig, ResyncReason};
+use aether_replicator::etcd::{Client, Delete, Put, Range, Txn, TxnBatcher, TxnLimits};
+use aether_replicator::mirror::{Engine, ResyncReason};
+use common::mirror::{PREFIX, client, config, converged, count, key, put_many};
 use common::{Etcd, FaultProxy};
 
-const T: Duration = Duration::from_secs(30);
-
-fn client(endpoint: &str) -> Client {
-    let mut cfg = ClientConfig::new([endpoint]);
-    cfg.request_timeout = Duration::from_secs(3);
-    cfg.connect_timeout = Duration::from_secs(1);
-    Client::connect(cfg).expect("client")
-}
-
-fn config(ttl_secs: u64) -> MirrorConfig {
-    let mut cfg = MirrorConfig::new("a");
-    cfg.lease_ttl = Duration::from_secs(ttl_secs);
-    cfg.max_backoff = Duration::from_millis(500);
-    cfg.page_size = 100;
-    cfg
-}
-
-fn key(i: usize) -> String {
-    format!(
-        "/aether/v1/regions/a/clusters/c1/services/s{}/protocols/http/endpoints/10.0.0.{}",
-        i % 13,
-        i
-    )
-}
-
-async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
-    let mut b = TxnBatcher::new(TxnLimits::default());
-    for (k, v) in items {
-        b.put(k, v, 0);
-    }
-    for t in b.finish() {
-        c.txn(t).await.unwrap();
-    }
-}
-
-/// Polls `check` until the copy matches; panics with the last report.
-async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report {
-    let mut last = None;
-    let deadline = tokio::time::Instant::now() + T;
-    while tokio::time::Instant::now() < deadline {
-        match check::compare(src, dst, cfg).await {
-            Ok(r) if r.matches() => return r,
-            Ok(r) => last = Some(r),
-            Err(e) => {
-                last = last
-                    .or(Some(Report::default()))
-                    .inspect(|_| eprintln!("check: {e}"))
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("peer did not converge: {last:#?}");
-}
-
-async fn count(c: &Client, prefix: &str) -> i64 {
-    c.range(Range::prefix(prefix.to_string()).count_only())
-        .await
-        .unwrap()
-        .count
-}
-
-const PREFIX: &str = "/aether/v1/regions/a/";
+const T: Duration = common::mirror::CONVERGE;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initial_sync_repairs_a_stale_peer() {

@@ -13,6 +13,7 @@
 //! Everything binds to 127.0.0.1 only.
 
 pub mod etcd;
+pub mod mirror;
 pub mod proxy;
 pub mod replicator;
 pub mod tls;

@@ -1,0 +1,99 @@
+//! Helpers for tests that run the mirror engine: clients with short
+//! timeouts, a test config, key generation, and the convergence oracle.
+
+use std::time::Duration;
+
+use aether_replicator::etcd::{Client, ClientConfig, Range, TxnBatcher, TxnLimits};
+use aether_replicator::mirror::MirrorConfig;
+use aether_replicator::mirror::check::{self, Report};
+
+/// Bound on every wait for convergence.
+pub const CONVERGE: Duration = Duration::from_secs(30);
+
+/// Region a's subtree.
+pub const PREFIX: &str = "/aether/v1/regions/a/";
+
+/// A client with short timeouts, so faults surface quickly.
+pub fn client(endpoint: &str) -> Client {
+    let mut cfg = ClientConfig::new([endpoint]);
+    cfg.request_timeout = Duration::from_secs(3);
+    cfg.connect_timeout = Duration::from_secs(1);
+    Client::connect(cfg).expect("client")
+}
+
+/// Region a's engine config with a short lease and backoff.
+pub fn config(ttl_secs: u64) -> MirrorConfig {
+    config_for("a", ttl_secs)
+}
+
+/// The same for any region.
+pub fn config_for(region: &str, ttl_secs: u64) -> MirrorConfig {
+    let mut cfg = MirrorConfig::new(region);
+    cfg.lease_ttl = Duration::from_secs(ttl_secs);
+    cfg.max_backoff = Duration::from_millis(500);
+    cfg.page_size = 100;
+    cfg
+}
+
+/// The i-th endpoint key of region a.
+pub fn key(i: usize) -> String {
+    key_in("a", i)
+}
+
+/// The i-th endpoint key of `region`.
+pub fn key_in(region: &str, i: usize) -> String {
+    format!(
+        "/aether/v1/regions/{region}/clusters/c1/services/s{}/protocols/http/endpoints/10.0.{}.{}",
+        i % 13,
+        i / 256,
+        i % 256
+    )
+}
+
+/// Writes `items` in batched txns.
+pub async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for (k, v) in items {
+        b.put(k, v, 0);
+    }
+    for t in b.finish() {
+        c.txn(t).await.expect("txn");
+    }
+}
+
+/// Keys under `prefix`.
+pub async fn count(c: &Client, prefix: &str) -> i64 {
+    c.range(Range::prefix(prefix.to_string()).count_only())
+        .await
+        .map(|r| r.count)
+        .unwrap_or(-1)
+}
+
+/// Polls `check` until the copy matches (same keys and values, every key on
+/// the live lease the state key names); panics with the last report.
+pub async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report {
+    let mut last = None;
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    while tokio::time::Instant::now() < deadline {
+        match check::compare(src, dst, cfg).await {
+            Ok(r) if r.matches() => return r,
+            Ok(r) => last = Some(format!("{r:#?}")),
+            Err(e) => last = Some(format!("check failed: {e}")),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("peer did not converge: {}", last.unwrap_or_default());
+}
+
+/// Byte-for-byte contents under `prefix`.
+pub async fn contents(c: &Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut scan = c.scan_prefix(prefix.to_string(), 1000, 0);
+    while let Some(p) = scan.next_page().await.expect("scan") {
+        out.extend(p.kvs.into_iter().map(|kv| {
+            let (k, v) = kv.into_key_value();
+            (k.to_vec(), v.to_vec())
+        }));
+    }
+    out
+}
