@@ -521,3 +521,141 @@ async fn username_password_auth() {
     let anonymous = client(&etcd);
     assert!(anonymous.range(Range::key("/a/1")).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_token_is_renewed_once() {
+    let etcd = Etcd::builder().extra_args(&["--auth-token-ttl=1"]).start();
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["role", "add", "root"],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        etcd.etcdctl_ok(args);
+    }
+    let mut cfg = ClientConfig::new(etcd.endpoints());
+    cfg.credentials = Some(Credentials {
+        user: "root".into(),
+        password: "rootpw".into(),
+    });
+    let c = Client::connect(cfg).unwrap();
+    c.put(Put::new("/tok", "1")).await.unwrap();
+    assert_eq!(c.authentications(), 1);
+    // The simple token expires after a second of disuse; the next call is
+    // refused with "invalid auth token", re-authenticates, and succeeds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.put(Put::new("/tok", "2")).await.unwrap();
+    assert_eq!(c.authentications(), 2, "renewed exactly once");
+    assert_eq!(
+        c.range(Range::key("/tok")).await.unwrap().kvs()[0].value(),
+        "2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragmented_catch_up_is_reassembled() {
+    // A small request limit makes the server fragment large watch responses.
+    let etcd = Etcd::builder()
+        .extra_args(&["--max-request-bytes=262144"])
+        .start();
+    let c = client(&etcd);
+    let first = c
+        .put(Put::new("/frag/start", "x"))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    let mut revs = Vec::new();
+    for i in 0..40 {
+        let v = vec![i as u8; 200 * 1024];
+        revs.push(
+            c.put(Put::new(format!("/frag/{i:02}"), v))
+                .await
+                .unwrap()
+                .header
+                .revision,
+        );
+    }
+    let (_s, mut w) = c
+        .watch(WatchOptions::prefix("/frag/").start_revision(first + 1))
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(T, async {
+        while got.len() < 40 {
+            let r = w.next().await.unwrap().unwrap();
+            got.extend(
+                r.events
+                    .into_iter()
+                    .map(|e| (e.revision(), e.kv.value().len(), e.kv.value()[0])),
+            );
+        }
+    })
+    .await
+    .expect("all events");
+    let want: Vec<(i64, usize, u8)> = revs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (*r, 200 * 1024, i as u8))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_requests_and_cancel() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let stream = c.watch_stream();
+    let mut keep = stream.watch(WatchOptions::prefix("/p/keep/")).unwrap();
+    let dropped = stream.watch(WatchOptions::prefix("/p/drop/")).unwrap();
+    let rev = c
+        .put(Put::new("/p/keep/1", "a"))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    let first = tokio::time::timeout(T, keep.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.events[0].revision(), rev);
+    // A progress request answers with the current revision and no events.
+    stream.request_progress().unwrap();
+    let p = tokio::time::timeout(T, keep.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(p.events.is_empty());
+    assert!(p.revision >= rev);
+    // Cancelling one watcher leaves the other on the same stream working,
+    // and the server drops the cancelled one.
+    let watchers = || {
+        let page = common::replicator::http_get(
+            std::net::SocketAddr::from(([127, 0, 0, 1], etcd.metrics_port())),
+            "/metrics",
+        )
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+        common::replicator::metric(&page, "etcd_debugging_mvcc_watcher_total").unwrap_or(-1.0)
+    };
+    assert_eq!(watchers(), 2.0);
+    drop(dropped);
+    assert!(
+        common::wait_until(T, || watchers() == 1.0),
+        "server still has {} watchers",
+        watchers()
+    );
+    let rev = c
+        .put(Put::new("/p/keep/2", "b"))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    let next = tokio::time::timeout(T, keep.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.events[0].revision(), rev);
+}

@@ -158,6 +158,7 @@ pub(crate) struct Inner {
     current: AtomicUsize,
     token: Arc<RwLock<Option<AsciiMetadataValue>>>,
     auth_lock: tokio::sync::Mutex<()>,
+    authentications: std::sync::atomic::AtomicU64,
     pub(crate) keeper: OnceLock<LeaseKeeper>,
 }
 
@@ -202,6 +203,7 @@ impl Client {
                 current: AtomicUsize::new(0),
                 token: Arc::new(RwLock::new(None)),
                 auth_lock: tokio::sync::Mutex::new(()),
+                authentications: std::sync::atomic::AtomicU64::new(0),
                 keeper: OnceLock::new(),
             }),
         })
@@ -325,6 +327,7 @@ impl Client {
                     let token = AsciiMetadataValue::try_from(resp.into_inner().token)
                         .map_err(|_| Error::Auth("server sent a token that is not ASCII".into()))?;
                     *self.inner.token.write().unwrap_or_else(|e| e.into_inner()) = Some(token);
+                    self.inner.authentications.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) if e.is_transient() => {
@@ -335,6 +338,12 @@ impl Client {
             }
         }
         Err(last)
+    }
+
+    /// How many tokens this client has fetched (for tests of renewal).
+    #[doc(hidden)]
+    pub fn authentications(&self) -> u64 {
+        self.inner.authentications.load(Ordering::Relaxed)
     }
 
     /// Drops the cached token so the next call authenticates again.

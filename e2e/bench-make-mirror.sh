@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Side by side on this machine: `etcdctl make-mirror` and `aether-replicator`
+# doing the same work on fresh etcd pairs, in one run.
+#
+#   e2e/bench-make-mirror.sh [--keys N] [--burst N] [--writers N] [--rss-keys N]
+#
+# 1. Base sync: N keys (100-byte values) at the source, an empty peer;
+#    time from starting the mirror to the peer holding all N.
+# 2. Live burst: a synced, idle mirror; BURST single-put revisions from
+#    WRITERS concurrent writers at the source; time from the last write
+#    returning to the peer holding everything.
+# 3. With --rss-keys N (e.g. 1000000): the replicator's peak RSS (VmHWM)
+#    during a base sync of N keys.
+# Prints both figures and their ratio. Loopback only; every process it
+# starts is stopped by pid.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KEYS=20000 BURST=20000 WRITERS=64 RSS_KEYS=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --keys) KEYS=$2; shift 2 ;;
+    --burst) BURST=$2; shift 2 ;;
+    --writers) WRITERS=$2; shift 2 ;;
+    --rss-keys) RSS_KEYS=$2; shift 2 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+
+command -v etcd >/dev/null && command -v etcdctl >/dev/null || {
+  echo "etcd not found: apt-get update && apt-get install -y etcd-server etcd-client" >&2; exit 1; }
+cargo build --release --quiet --bin aether-replicator --example loadgen
+BIN=target/release/aether-replicator
+LOAD=target/release/examples/loadgen
+PREFIX=/aether/v1/regions/a/
+
+STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-bench.XXXXXX")
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$STATE"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# start_etcd NAME: starts a fresh member, sets URL and EPID.
+start_etcd() {
+  local name=$1 cp pp dir
+  cp=$(free_port); pp=$(free_port)
+  dir="$STATE/$name"; mkdir -p "$dir"
+  etcd --name "$name" --data-dir "$dir/data" \
+    --listen-client-urls "http://127.0.0.1:$cp" --advertise-client-urls "http://127.0.0.1:$cp" \
+    --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
+    --initial-cluster "$name=http://127.0.0.1:$pp" \
+    --logger=zap --log-outputs=stderr --log-level=error 2>"$dir/etcd.log" &
+  EPID=$!; PIDS+=("$EPID")
+  URL="http://127.0.0.1:$cp"
+  for _ in $(seq 100); do
+    ETCDCTL_API=3 etcdctl --endpoints="$URL" endpoint health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "etcd $name did not start; log:" >&2; tail -20 "$dir/etcd.log" >&2; exit 1
+}
+
+stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+# start_mirror TOOL SRC DST: sets MPID.
+start_mirror() {
+  local tool=$1 src=$2 dst=$3
+  if [ "$tool" = make-mirror ]; then
+    ETCDCTL_API=3 etcdctl --endpoints="$src" make-mirror --prefix="$PREFIX" "$dst" >"$STATE/mm.log" 2>&1 &
+  else
+    AETHER_REPLICATOR_LOG=warn "$BIN" --region a --local-etcd "$src" --peer-etcd "b=$dst" \
+      --metrics-addr "127.0.0.1:$(free_port)" >"$STATE/ar.log" 2>&1 &
+  fi
+  MPID=$!; PIDS+=("$MPID")
+}
+
+now_ms() { date +%s%3N; }
+
+declare -A BASE LIVE
+for tool in make-mirror aether-replicator; do
+  start_etcd "src-$tool-base"; SRC=$URL; S1=$EPID
+  start_etcd "dst-$tool-base"; DST=$URL; D1=$EPID
+  "$LOAD" fill "$SRC" "$PREFIX" "$KEYS"
+  t0=$(now_ms)
+  start_mirror "$tool" "$SRC" "$DST"
+  t1=$("$LOAD" wait "$DST" "$PREFIX" "$KEYS" 600)
+  BASE[$tool]=$(( KEYS * 1000 / (t1 - t0 > 0 ? t1 - t0 : 1) ))
+  echo "base sync  $tool: $KEYS keys in $((t1 - t0)) ms = ${BASE[$tool]} keys/s"
+  stop_pid "$MPID"; stop_pid "$S1"; stop_pid "$D1"
+
+  start_etcd "src-$tool-live"; SRC=$URL; S2=$EPID
+  start_etcd "dst-$tool-live"; DST=$URL; D2=$EPID
+  start_mirror "$tool" "$SRC" "$DST"
+  # Synced and live: one probe key makes it across.
+  ETCDCTL_API=3 etcdctl --endpoints="$SRC" put "${PREFIX}probe" x >/dev/null
+  "$LOAD" wait "$DST" "$PREFIX" 1 60 >/dev/null
+  start=$(now_ms)
+  t_end=$("$LOAD" burst "$SRC" "$PREFIX" "$BURST" "$WRITERS")
+  t_conv=$("$LOAD" wait "$DST" "$PREFIX" $((BURST + 1)) 600)
+  rate=$(( BURST * 1000 / (t_end - start > 0 ? t_end - start : 1) ))
+  LIVE[$tool]=$(( t_conv - t_end ))
+  echo "live burst $tool: $BURST revisions at ~$rate rev/s; peer complete $(( t_conv - t_end )) ms after the last write"
+  stop_pid "$MPID"; stop_pid "$S2"; stop_pid "$D2"
+done
+
+echo
+printf '%-28s %16s %20s %8s\n' "" "make-mirror" "aether-replicator" "ratio"
+printf '%-28s %16s %20s %7sx\n' "base sync (keys/s)" "${BASE[make-mirror]}" "${BASE[aether-replicator]}" \
+  "$(python3 -c "print(round(${BASE[aether-replicator]}/max(${BASE[make-mirror]},1),1))")"
+printf '%-28s %16s %20s %7sx\n' "burst: done after last (ms)" "${LIVE[make-mirror]}" "${LIVE[aether-replicator]}" \
+  "$(python3 -c "print(round(max(${LIVE[make-mirror]},1)/max(${LIVE[aether-replicator]},1),1))")"
+
+if [ "$RSS_KEYS" -gt 0 ]; then
+  start_etcd src-rss; SRC=$URL
+  start_etcd dst-rss; DST=$URL
+  "$LOAD" fill "$SRC" "$PREFIX" "$RSS_KEYS"
+  t0=$(now_ms)
+  start_mirror aether-replicator "$SRC" "$DST"
+  peak=0
+  until "$LOAD" wait "$DST" "$PREFIX" "$RSS_KEYS" 0 >/dev/null 2>&1; do
+    hwm=$(awk '/VmHWM/ {print $2}' "/proc/$MPID/status" 2>/dev/null || echo 0)
+    [ "${hwm:-0}" -gt "$peak" ] && peak=$hwm
+    [ $(( $(now_ms) - t0 )) -gt 600000 ] && { echo "RSS sync timed out" >&2; exit 1; }
+    sleep 0.2
+  done
+  t1=$(now_ms)
+  hwm=$(awk '/VmHWM/ {print $2}' "/proc/$MPID/status")
+  [ "$hwm" -gt "$peak" ] && peak=$hwm
+  echo
+  echo "rss: base sync of $RSS_KEYS keys in $((t1 - t0)) ms ($(( RSS_KEYS * 1000 / (t1 - t0) )) keys/s); replicator peak RSS $((peak / 1024)) MiB"
+fi
