@@ -26,6 +26,8 @@ fn key(i: usize) -> String {
 
 struct Setup {
     rt: tokio::runtime::Runtime,
+    /// Owns the server for the whole run (killed on drop).
+    #[cfg_attr(not(feature = "bench-etcd-client"), allow(dead_code))]
     etcd: Etcd,
     ours: Client,
     /// First and last revision of the watch history.

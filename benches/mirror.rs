@@ -373,5 +373,70 @@ fn handoff(c: &mut Criterion) {
     rt.block_on(engine.take().expect("engine").shutdown());
 }
 
-criterion_group!(benches, base_sync, live, handoff);
+/// The scale model's check: one replicator mirroring to 1 and to 3 peers,
+/// base sync and a saturated live burst, on this machine's shared cores.
+fn fanout(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n = 50_000;
+    let src = Etcd::start();
+    let s = client(&src);
+    rt.block_on(write_batched(&s, 0..n, 16));
+    for peers in [1usize, 3] {
+        let mut dsts: Vec<Etcd> = (0..peers).map(|_| Etcd::start()).collect();
+        let mut g = c.benchmark_group(format!("fanout/{peers}_peers"));
+        g.sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(1))
+            .measurement_time(Duration::from_secs(1))
+            .throughput(Throughput::Elements((n * peers) as u64));
+        let mut rates = Vec::new();
+        let mut live = Vec::new();
+        let mut base = n;
+        g.bench_function("base_sync_50k", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    for d in dsts.iter_mut() {
+                        d.restart_empty();
+                    }
+                    let clients: Vec<(String, Client)> = dsts
+                        .iter()
+                        .enumerate()
+                        .map(|(i, d)| (format!("p{i}"), client(d)))
+                        .collect();
+                    let start = Instant::now();
+                    let engine = Engine::start(s.clone(), clients.clone(), cfg()).expect("engine");
+                    rt.block_on(engine.wait_synced());
+                    let took = start.elapsed();
+                    total += took;
+                    rates.push((n * peers) as f64 / took.as_secs_f64());
+                    // A saturated burst through the same engine: 10k
+                    // single-put revisions, until every peer has them.
+                    let (_, tail, rate) =
+                        rt.block_on(burst(&s, &clients[peers - 1].1, base, 10_000, 64, None));
+                    base += 10_000;
+                    live.push((rate, tail.as_secs_f64()));
+                    rt.block_on(engine.shutdown());
+                }
+                total
+            })
+        });
+        g.finish();
+        if rates.is_empty() {
+            continue;
+        }
+        let mut src_rates: Vec<f64> = live.iter().map(|l| l.0).collect();
+        let mut tails: Vec<f64> = live.iter().map(|l| l.1).collect();
+        println!(
+            "REPORT fanout peers={peers} base_sync_aggregate_keys_per_s={:.0} per_peer={:.0} live_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0}",
+            median(&mut rates),
+            median(&mut rates) / peers as f64,
+            median(&mut src_rates),
+            median(&mut tails) * 1e3
+        );
+    }
+}
+
+criterion_group!(benches, base_sync, live, handoff, fanout);
 criterion_main!(benches);

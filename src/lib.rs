@@ -7,6 +7,8 @@
 //! - [`schema`]: the origin-first key layout of the endpoint registry.
 //! - [`mirror`]: the engine that mirrors one region's subtree into every
 //!   peer region's etcd under an origin-heartbeat lease.
+//! - [`view`]: the consumer side: a live, merged, locality-ranked view of
+//!   the registry in one region's etcd.
 //! - [`error`]: the error type above the client.
 //! - `app` (feature `app`, on by default): the replicator binary's
 //!   config, leader election, metrics and `run`.
@@ -17,5 +19,6 @@ pub mod error;
 pub mod etcd;
 pub mod mirror;
 pub mod schema;
+pub mod view;
 
 pub use error::{Error, Result};

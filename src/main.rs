@@ -3,58 +3,129 @@
 use std::process::ExitCode;
 
 use aether_replicator::app::config::{Cli, Command, LogFormat};
+use aether_replicator::etcd::Client;
 use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    match &cli.command {
+        Some(Command::Endpoints(args)) => return endpoints(args),
+        Some(Command::Migrate(args)) => return migrate(args),
+        Some(Command::Check(_)) | None => {}
+    }
     let config = match cli.run_args().validate() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return refused(e),
     };
-    init_logging(config.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    init_logging(config.log_format, "info");
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
-    match cli.command {
-        None => match runtime.block_on(aether_replicator::app::run(config, shutdown_signal())) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Some(Command::Check(_)) => {
-            match runtime.block_on(aether_replicator::app::check::run(&config)) {
-                Ok((report, all_match)) => {
-                    print!("{report}");
-                    if all_match {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    }
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
+    if let Some(Command::Check(_)) = cli.command {
+        return match runtime.block_on(aether_replicator::app::check::run(&config)) {
+            Ok((report, all_match)) => {
+                print!("{report}");
+                if all_match {
+                    ExitCode::SUCCESS
+                } else {
                     ExitCode::from(1)
                 }
             }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    match runtime.block_on(aether_replicator::app::run(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// `endpoints`: print the view (and its changes with --watch). Exit 0, 1 on
+/// an etcd error, 2 on invalid flags.
+fn endpoints(args: &aether_replicator::app::config::EndpointsArgs) -> ExitCode {
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => return refused(e),
+    };
+    init_logging(LogFormat::Text, "warn");
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(async {
+        let client = Client::connect(config.local.clone())?;
+        let mut out = std::io::stdout().lock();
+        aether_replicator::app::endpoints::run(client, &config.options, &mut out, shutdown_signal())
+            .await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `migrate`: print the report. Exit 0, 1 when --delete-legacy is refused
+/// or on an etcd error, 2 on invalid flags.
+fn migrate(args: &aether_replicator::app::config::MigrateArgs) -> ExitCode {
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => return refused(e),
+    };
+    init_logging(LogFormat::Text, "warn");
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(async {
+        let client = Client::connect(config.local.clone())?;
+        aether_replicator::app::migrate::migrate(&client, &config.options).await
+    });
+    match result {
+        Ok(report) => {
+            print!("{}", report.render());
+            if report.ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Invalid flags: one line naming the flag, exit code 2.
+fn refused(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(2)
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            None
+        }
+    }
+}
+
+/// Logs go to stderr; `AETHER_REPLICATOR_LOG` overrides `default_filter`.
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AETHER_REPLICATOR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

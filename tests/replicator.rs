@@ -355,3 +355,52 @@ fn check_reports_match_and_divergence() {
     );
     assert!(text.contains(&key), "{text}");
 }
+
+#[test]
+fn a_local_etcd_outage_shorter_than_the_lease_keeps_the_copy() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (mut src, dst) = (Etcd::start(), Etcd::start());
+    let (s, d) = (client(&src), client(&dst));
+    rt.block_on(seed(&s, 100));
+    let mut argv = args(&src, &dst, "6s");
+    argv.push("--election-ttl=2s".into());
+    let replicas: Vec<Replicator> = (0..2).map(|_| Replicator::spawn(&argv)).collect();
+    assert!(wait_until(Duration::from_secs(30), || replicas
+        .iter()
+        .any(|r| r.is_leader())
+        && rt.block_on(count(&d)) == 100));
+    // The local etcd goes away for 4 s: longer than the election TTL, so the
+    // leader loses its session, but shorter than the mirror lease.
+    src.kill();
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(4) {
+        assert_eq!(
+            rt.block_on(count(&d)),
+            100,
+            "copy lost while the local etcd was down"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    src.restart();
+    // A leader again, the copy intact throughout, and new writes flow.
+    let s = client(&src);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = rt.block_on(count(&d));
+        assert!(
+            n >= 100,
+            "copy lapsed after the outage: {n} keys; logs:\n{}",
+            replicas[0].log_text()
+        );
+        let _ = rt.block_on(s.put(Put::new(format!("{PREFIX}after-outage"), "1")));
+        if n == 101 && replicas.iter().any(|r| r.is_leader()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mirror did not resume after the outage"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,11 +1,16 @@
 //! The replicator's command line, and its validation into a [`Config`].
 //!
 //! ```text
-//! aether-replicator [FLAGS]          run the replicator
-//! aether-replicator check [FLAGS]    compare once and exit
+//! aether-replicator [FLAGS]            run the replicator
+//! aether-replicator check [FLAGS]      compare once and exit
+//! aether-replicator endpoints [FLAGS]  print (or --watch) the merged registry
+//! aether-replicator migrate [FLAGS]    move the legacy flat layout to v1 keys
 //! ```
 //!
-//! Both take the same flags ([`RunArgs`]), which go after the subcommand:
+//! `endpoints` ([`EndpointsArgs`]) and `migrate` ([`MigrateArgs`]) talk to
+//! the local etcd only and take its flags as a run does ([`LocalEtcdArgs`]).
+//! A run and `check` take the same flags ([`RunArgs`]), which go after the
+//! subcommand:
 //!
 //! - `--region <name>` (required): the region this replicator mirrors.
 //! - `--local-etcd <url>[,<url>...]`: this region's etcd, with
@@ -37,6 +42,10 @@
 //! [`RunArgs::validate`] checks everything else and names the flag at fault
 //! in a one-line [`ConfigError`].
 
+// The doc comments below are the --help text, so their <placeholders> are
+// meant literally, not as HTML.
+#![allow(rustdoc::invalid_html_tags)]
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
@@ -44,12 +53,17 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use super::endpoints::{EndpointsOptions, Output};
+use super::migrate::{DEFAULT_LEGACY_PREFIX, MigrateOptions};
 use crate::etcd::{
     ClientConfig, Credentials, DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TXN_OPS, TlsConfig, TxnLimits,
 };
-use crate::mirror::{DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, MirrorConfig, PeerConfig};
+use crate::mirror::{
+    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_STATE_ROOT, MirrorConfig, PeerConfig,
+};
 use crate::schema::{DEFAULT_ROOT, Schema, SchemaError, validate_segment};
+use crate::view::ViewConfig;
 
 /// Prefix of every flag's environment variable.
 pub const ENV_PREFIX: &str = "AETHER_REPLICATOR_";
@@ -82,10 +96,12 @@ pub struct Cli {
 
 impl Cli {
     /// The flags in effect: the subcommand's, or the top-level ones.
+    /// `endpoints` and `migrate` have their own flags; for them this is the
+    /// (unset) top-level ones.
     pub fn run_args(&self) -> &RunArgs {
         match &self.command {
             Some(Command::Check(check)) => &check.run,
-            None => &self.run,
+            Some(Command::Endpoints(_) | Command::Migrate(_)) | None => &self.run,
         }
     }
 }
@@ -96,6 +112,13 @@ pub enum Command {
     /// Compare this region's subtree in the local etcd with each peer's copy
     /// once, report the differences and exit.
     Check(CheckArgs),
+    /// Print the merged endpoint registry as this region's consumers see
+    /// it: its own endpoints and those mirrored in from other regions,
+    /// ranked by locality. With --watch, keep printing changes.
+    Endpoints(EndpointsArgs),
+    /// Move the legacy flat layout (PREFIX SERVICE/protocols/PROTO/endpoints/IP)
+    /// to the v1 keys. A dry run unless --apply or --delete-legacy.
+    Migrate(MigrateArgs),
 }
 
 /// The flags of `check`.
@@ -104,6 +127,322 @@ pub struct CheckArgs {
     /// The connection and mirror flags, as for a run.
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// The local etcd's connection flags, as a run takes them, for the
+/// subcommands that talk to the local etcd only.
+#[derive(Clone, Debug, Args)]
+pub struct LocalEtcdArgs {
+    /// This region's etcd: comma-separated member URLs.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_ETCD",
+        value_name = "URL[,URL...]",
+        default_value = "http://127.0.0.1:2379",
+        help_heading = "Local etcd"
+    )]
+    pub local_etcd: String,
+
+    /// CA bundle (PEM) for the local etcd's https:// endpoints.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_CA",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_ca: Option<String>,
+
+    /// Client certificate (PEM) for mutual TLS with the local etcd; needs
+    /// --local-key.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_CERT",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_cert: Option<String>,
+
+    /// Private key (PEM) of --local-cert.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_KEY",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_key: Option<String>,
+
+    /// Name to verify the local etcd's certificate against, instead of the
+    /// host in the URL.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_SERVER_NAME",
+        value_name = "NAME",
+        help_heading = "Local etcd"
+    )]
+    pub local_server_name: Option<String>,
+
+    /// etcd user for the local etcd; needs --local-password.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_USER",
+        value_name = "USER",
+        help_heading = "Local etcd"
+    )]
+    pub local_user: Option<String>,
+
+    /// Password of --local-user. Prefer the environment variable: a command
+    /// line is visible to every local user.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD",
+        help_heading = "Local etcd"
+    )]
+    pub local_password: Option<Secret>,
+}
+
+impl LocalEtcdArgs {
+    /// Checks the flags as a run does and builds the client config.
+    pub fn validate(&self) -> Result<ClientConfig, ConfigError> {
+        local_client_config(
+            &self.local_etcd,
+            TlsParts {
+                ca: self.local_ca.clone(),
+                cert: self.local_cert.clone(),
+                key: self.local_key.clone(),
+                server_name: self.local_server_name.clone(),
+            },
+            self.local_user.as_ref(),
+            self.local_password.as_ref(),
+        )
+    }
+}
+
+/// The flags of `endpoints`.
+#[derive(Clone, Debug, Args)]
+pub struct EndpointsArgs {
+    /// The local etcd.
+    #[command(flatten)]
+    pub local: LocalEtcdArgs,
+
+    /// The viewer's region: its endpoints rank before other regions'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_REGION",
+        value_name = "NAME",
+        required = true
+    )]
+    pub region: Option<String>,
+
+    /// The viewer's zone: endpoints of this region in it rank first
+    /// (priority 0).
+    #[arg(long, env = "AETHER_REPLICATOR_ZONE", value_name = "NAME")]
+    pub zone: Option<String>,
+
+    /// Only this service.
+    #[arg(long, env = "AETHER_REPLICATOR_SERVICE", value_name = "NAME")]
+    pub service: Option<String>,
+
+    /// Keep printing changes, one line each, until SIGINT or SIGTERM.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_WATCH",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub watch: bool,
+
+    /// Output format: an aligned table, or JSON (JSON lines with --watch).
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_OUTPUT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t = Output::Table
+    )]
+    pub output: Output,
+
+    /// The registry root: starts and ends with '/'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ROOT",
+        value_name = "PREFIX",
+        default_value = DEFAULT_ROOT
+    )]
+    pub root: String,
+
+    /// Keys per page when reading the registry (at least 1).
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PAGE_SIZE",
+        value_name = "N",
+        default_value_t = DEFAULT_PAGE_SIZE
+    )]
+    pub page_size: usize,
+}
+
+/// The validated settings of `endpoints`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointsConfig {
+    /// The local etcd.
+    pub local: ClientConfig,
+    /// What to show and how.
+    pub options: EndpointsOptions,
+}
+
+impl EndpointsArgs {
+    /// Checks every flag; the first error found is returned.
+    pub fn validate(&self) -> Result<EndpointsConfig, ConfigError> {
+        let Some(region) = &self.region else {
+            return Err(ConfigError::new("--region", "--region: required"));
+        };
+        segment_flag("--region", "region", region)?;
+        if let Some(zone) = &self.zone
+            && zone.is_empty()
+        {
+            return Err(ConfigError::new("--zone", "--zone \"\": must not be empty"));
+        }
+        if let Some(service) = &self.service {
+            segment_flag("--service", "service", service)?;
+        }
+        let schema = prefix_flag("--root", &self.root)?;
+        let page_size = page_size_flag(self.page_size)?;
+        let local = self.local.validate()?;
+        let mut view = ViewConfig::new(region.clone());
+        view.schema = schema;
+        view.zone = self.zone.clone();
+        view.page_size = page_size;
+        Ok(EndpointsConfig {
+            local,
+            options: EndpointsOptions {
+                view,
+                service: self.service.clone(),
+                watch: self.watch,
+                output: self.output,
+            },
+        })
+    }
+}
+
+/// The flags of `migrate`.
+///
+/// `--apply` and `--delete-legacy` have no environment variable: what
+/// writes or deletes is asked for on the command line.
+#[derive(Clone, Debug, Args)]
+pub struct MigrateArgs {
+    /// The local etcd.
+    #[command(flatten)]
+    pub local: LocalEtcdArgs,
+
+    /// Region of the endpoints whose value has no `region` field.
+    #[arg(long, env = "AETHER_REPLICATOR_REGION", value_name = "NAME")]
+    pub region: Option<String>,
+
+    /// Cluster of the endpoints whose value has no `clusterName` field.
+    #[arg(long, env = "AETHER_REPLICATOR_CLUSTER", value_name = "NAME")]
+    pub cluster: Option<String>,
+
+    /// Prefix of the legacy layout: keys are PREFIX followed by
+    /// SERVICE/protocols/PROTO/endpoints/IP.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LEGACY_PREFIX",
+        value_name = "PREFIX",
+        default_value = DEFAULT_LEGACY_PREFIX
+    )]
+    pub legacy_prefix: String,
+
+    /// The registry root: starts and ends with '/'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ROOT",
+        value_name = "PREFIX",
+        default_value = DEFAULT_ROOT
+    )]
+    pub root: String,
+
+    /// Write the v1 keys that do not exist yet. Without it, only report.
+    #[arg(long)]
+    pub apply: bool,
+
+    /// Delete the legacy prefix, only if every legacy key has a v1 key with
+    /// an equal value (after --apply, if given); otherwise refuse and exit 1.
+    #[arg(long)]
+    pub delete_legacy: bool,
+
+    /// Most ops in one txn: the etcd's --max-txn-ops (at least 2). Each key
+    /// costs a put and a compare; at most 64 keys go in one txn.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_TXN_OPS",
+        value_name = "N",
+        default_value_t = DEFAULT_MAX_TXN_OPS
+    )]
+    pub max_txn_ops: usize,
+
+    /// Largest txn request: the etcd's --max-request-bytes, e.g. 1.5MiB.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_REQUEST_BYTES",
+        value_name = "BYTES",
+        default_value_t = DEFAULT_MAX_REQUEST_BYTES.to_string()
+    )]
+    pub max_request_bytes: String,
+
+    /// Keys per page when reading (at least 1).
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PAGE_SIZE",
+        value_name = "N",
+        default_value_t = DEFAULT_PAGE_SIZE
+    )]
+    pub page_size: usize,
+}
+
+/// The validated settings of `migrate`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MigrateConfig {
+    /// The local etcd.
+    pub local: ClientConfig,
+    /// What to migrate and how.
+    pub options: MigrateOptions,
+}
+
+impl MigrateArgs {
+    /// Checks every flag; the first error found is returned.
+    pub fn validate(&self) -> Result<MigrateConfig, ConfigError> {
+        if let Some(region) = &self.region {
+            segment_flag("--region", "region", region)?;
+        }
+        if let Some(cluster) = &self.cluster {
+            segment_flag("--cluster", "cluster", cluster)?;
+        }
+        let schema = prefix_flag("--root", &self.root)?;
+        let legacy = prefix_flag("--legacy-prefix", &self.legacy_prefix)?;
+        let legacy = legacy.root().to_string();
+        for (other, what) in [
+            (schema.root(), "--root"),
+            (DEFAULT_STATE_ROOT, "the replication state prefix"),
+        ] {
+            if legacy.starts_with(other) || other.starts_with(&legacy) {
+                return Err(ConfigError::new(
+                    "--legacy-prefix",
+                    format!("--legacy-prefix {legacy:?}: overlaps {what} {other:?}"),
+                ));
+            }
+        }
+        let limits = RunArgs::txn_limits(self.max_txn_ops, &self.max_request_bytes)?;
+        let page_size = page_size_flag(self.page_size)?;
+        let local = self.local.validate()?;
+        let mut options = MigrateOptions::new(self.region.clone(), self.cluster.clone());
+        options.schema = schema;
+        options.legacy_prefix = legacy;
+        options.apply = self.apply;
+        options.delete_legacy = self.delete_legacy;
+        options.limits = limits;
+        options.page_size = page_size;
+        Ok(MigrateConfig { local, options })
+    }
 }
 
 /// How log lines are written.
@@ -483,17 +822,7 @@ impl RunArgs {
     }
 
     fn validate_root(&self) -> Result<String, ConfigError> {
-        match Schema::new(self.root.as_str()) {
-            Ok(schema) => Ok(schema.root().to_string()),
-            Err(SchemaError::InvalidRoot { root, reason }) => Err(ConfigError::new(
-                "--root",
-                format!("--root {root:?}: {reason}"),
-            )),
-            Err(e) => Err(ConfigError::new(
-                "--root",
-                format!("--root {:?}: {e}", self.root),
-            )),
-        }
+        Ok(prefix_flag("--root", &self.root)?.root().to_string())
     }
 
     fn validate_ttls(&self) -> Result<(Duration, Duration), ConfigError> {
@@ -517,16 +846,17 @@ impl RunArgs {
     }
 
     fn validate_limits(&self) -> Result<TxnLimits, ConfigError> {
-        if self.max_txn_ops < MIN_MAX_TXN_OPS {
+        RunArgs::txn_limits(self.max_txn_ops, &self.max_request_bytes)
+    }
+
+    /// `--max-txn-ops` and `--max-request-bytes`, checked.
+    fn txn_limits(max_txn_ops: usize, raw: &str) -> Result<TxnLimits, ConfigError> {
+        if max_txn_ops < MIN_MAX_TXN_OPS {
             return Err(ConfigError::new(
                 "--max-txn-ops",
-                format!(
-                    "--max-txn-ops {}: must be at least {MIN_MAX_TXN_OPS}",
-                    self.max_txn_ops
-                ),
+                format!("--max-txn-ops {max_txn_ops}: must be at least {MIN_MAX_TXN_OPS}"),
             ));
         }
-        let raw = &self.max_request_bytes;
         let flag = "--max-request-bytes";
         let bytes = parse_byte_size(raw)
             .map_err(|e| ConfigError::new(flag, format!("{flag} {raw:?}: {e}")))?;
@@ -546,56 +876,23 @@ impl RunArgs {
             ));
         }
         Ok(TxnLimits {
-            max_ops: self.max_txn_ops,
+            max_ops: max_txn_ops,
             max_bytes,
         })
     }
 
     fn validate_local(&self) -> Result<ClientConfig, ConfigError> {
-        let endpoints = parse_endpoints("--local-etcd", "--local-etcd", &self.local_etcd)?;
-        let tls = TlsParts {
-            ca: self.local_ca.clone(),
-            cert: self.local_cert.clone(),
-            key: self.local_key.clone(),
-            server_name: self.local_server_name.clone(),
-        }
-        .build(Scope::Local)?;
-        check_tls_for_endpoints(Scope::Local, &endpoints, tls.as_ref())?;
-        let credentials = match (&self.local_user, &self.local_password) {
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(ConfigError::new(
-                    "--local-user",
-                    "--local-user needs --local-password (or AETHER_REPLICATOR_LOCAL_PASSWORD)",
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::new(
-                    "--local-password",
-                    "--local-password needs --local-user",
-                ));
-            }
-            (Some(user), Some(password)) => {
-                if user.is_empty() {
-                    return Err(ConfigError::new("--local-user", "--local-user: empty user"));
-                }
-                if password.expose().is_empty() {
-                    return Err(ConfigError::new(
-                        "--local-password",
-                        "--local-password: empty password",
-                    ));
-                }
-                Some(Credentials {
-                    user: user.clone(),
-                    password: password.expose().to_string(),
-                })
-            }
-        };
-        Ok(ClientConfig {
-            tls,
-            credentials,
-            ..ClientConfig::new(endpoints)
-        })
+        local_client_config(
+            &self.local_etcd,
+            TlsParts {
+                ca: self.local_ca.clone(),
+                cert: self.local_cert.clone(),
+                key: self.local_key.clone(),
+                server_name: self.local_server_name.clone(),
+            },
+            self.local_user.as_ref(),
+            self.local_password.as_ref(),
+        )
     }
 
     fn validate_peers(
@@ -799,6 +1096,82 @@ impl RunArgs {
         }
         Ok(out)
     }
+}
+
+/// The local etcd's client config from its flags (`--local-*`).
+fn local_client_config(
+    local_etcd: &str,
+    tls: TlsParts,
+    local_user: Option<&String>,
+    local_password: Option<&Secret>,
+) -> Result<ClientConfig, ConfigError> {
+    let endpoints = parse_endpoints("--local-etcd", "--local-etcd", local_etcd)?;
+    let tls = tls.build(Scope::Local)?;
+    check_tls_for_endpoints(Scope::Local, &endpoints, tls.as_ref())?;
+    let credentials = match (local_user, local_password) {
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "--local-user",
+                "--local-user needs --local-password (or AETHER_REPLICATOR_LOCAL_PASSWORD)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "--local-password",
+                "--local-password needs --local-user",
+            ));
+        }
+        (Some(user), Some(password)) => {
+            if user.is_empty() {
+                return Err(ConfigError::new("--local-user", "--local-user: empty user"));
+            }
+            if password.expose().is_empty() {
+                return Err(ConfigError::new(
+                    "--local-password",
+                    "--local-password: empty password",
+                ));
+            }
+            Some(Credentials {
+                user: user.clone(),
+                password: password.expose().to_string(),
+            })
+        }
+    };
+    Ok(ClientConfig {
+        tls,
+        credentials,
+        ..ClientConfig::new(endpoints)
+    })
+}
+
+/// A prefix flag (`--root`, `--legacy-prefix`) checked as a schema root:
+/// it starts and ends with '/', has a segment and no empty one.
+fn prefix_flag(flag: &'static str, raw: &str) -> Result<Schema, ConfigError> {
+    match Schema::new(raw) {
+        Ok(schema) => Ok(schema),
+        Err(SchemaError::InvalidRoot { root, reason }) => {
+            Err(ConfigError::new(flag, format!("{flag} {root:?}: {reason}")))
+        }
+        Err(e) => Err(ConfigError::new(flag, format!("{flag} {raw:?}: {e}"))),
+    }
+}
+
+/// A flag holding one key segment (`--region`, `--service`, ...).
+fn segment_flag(flag: &'static str, kind: &'static str, value: &str) -> Result<(), ConfigError> {
+    validate_segment(kind, value)
+        .map_err(|e| ConfigError::new(flag, format!("{flag} {value:?}: {}", segment(&e))))
+}
+
+/// `--page-size`, at least 1.
+fn page_size_flag(page_size: usize) -> Result<usize, ConfigError> {
+    if page_size < 1 {
+        return Err(ConfigError::new(
+            "--page-size",
+            "--page-size 0: must be at least 1",
+        ));
+    }
+    Ok(page_size)
 }
 
 /// The reason in a segment error, without the segment's kind.
@@ -2131,6 +2504,191 @@ mod tests {
             "99999999999999999999999GiB",
         ] {
             assert!(parse_byte_size(raw).is_err(), "{raw}");
+        }
+    }
+
+    fn endpoints_config(args: &[&str]) -> Result<EndpointsConfig, ConfigError> {
+        let mut argv = vec!["endpoints"];
+        argv.extend_from_slice(args);
+        match parse(&argv).expect("clap accepts the args").command {
+            Some(Command::Endpoints(a)) => a.validate(),
+            other => panic!("not endpoints: {other:?}"),
+        }
+    }
+
+    fn migrate_config(args: &[&str]) -> Result<MigrateConfig, ConfigError> {
+        let mut argv = vec!["migrate"];
+        argv.extend_from_slice(args);
+        match parse(&argv).expect("clap accepts the args").command {
+            Some(Command::Migrate(a)) => a.validate(),
+            other => panic!("not migrate: {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn refused_by(err: ConfigError, flag: &str, needle: &str) -> String {
+        let msg = err.to_string();
+        assert_eq!(err.flag(), flag, "{msg}");
+        assert!(msg.starts_with(flag), "{msg:?}");
+        assert!(msg.contains(needle), "{msg:?} does not contain {needle:?}");
+        assert!(!msg.contains('\n'), "{msg:?} is not one line");
+        msg
+    }
+
+    #[test]
+    fn endpoints_flags() {
+        let c = endpoints_config(&[
+            "--region=b",
+            "--zone=b-1",
+            "--service=checkout",
+            "--watch",
+            "--output=json",
+            "--root=/t/aether/v1/regions/",
+            "--local-etcd=http://e1:2379,http://e2:2379",
+            "--page-size=7",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.local,
+            ClientConfig::new(["http://e1:2379", "http://e2:2379"])
+        );
+        let o = c.options;
+        assert_eq!(o.view.region, "b");
+        assert_eq!(o.view.zone.as_deref(), Some("b-1"));
+        assert_eq!(o.view.schema.root(), "/t/aether/v1/regions/");
+        assert_eq!(o.view.page_size, 7);
+        assert_eq!(o.service.as_deref(), Some("checkout"));
+        assert!(o.watch);
+        assert_eq!(o.output, Output::Json);
+        let d = endpoints_config(&["--region=b"]).unwrap().options;
+        assert_eq!(
+            (d.watch, d.output, d.view.zone),
+            (false, Output::Table, None)
+        );
+        assert!(parse(&["endpoints"]).is_err(), "--region is required");
+    }
+
+    #[test]
+    fn endpoints_refusals() {
+        for (args, flag, needle) in [
+            (&["--region=a/b"][..], "--region", "'/'"),
+            (&["--region="][..], "--region", "empty"),
+            (&["--region=b", "--zone="][..], "--zone", "empty"),
+            (&["--region=b", "--service=a/b"][..], "--service", "'/'"),
+            (&["--region=b", "--root=/x"][..], "--root", "end with"),
+            (
+                &["--region=b", "--page-size=0"][..],
+                "--page-size",
+                "at least 1",
+            ),
+            (
+                &["--region=b", "--local-etcd=ftp://x"][..],
+                "--local-etcd",
+                "not a valid URL",
+            ),
+            (
+                &["--region=b", "--local-etcd=https://x:1"][..],
+                "--local-etcd",
+                "--local-ca",
+            ),
+            (
+                &["--region=b", "--local-user=u"][..],
+                "--local-user",
+                "--local-password",
+            ),
+        ] {
+            refused_by(endpoints_config(args).unwrap_err(), flag, needle);
+        }
+    }
+
+    #[test]
+    fn migrate_flags() {
+        let c = migrate_config(&[
+            "--region=a",
+            "--cluster=c1",
+            "--legacy-prefix=/old/services/",
+            "--apply",
+            "--delete-legacy",
+            "--max-txn-ops=32",
+            "--max-request-bytes=64KiB",
+        ])
+        .unwrap();
+        let o = c.options;
+        assert_eq!(o.region.as_deref(), Some("a"));
+        assert_eq!(o.cluster.as_deref(), Some("c1"));
+        assert_eq!(o.legacy_prefix, "/old/services/");
+        assert!(o.apply && o.delete_legacy);
+        assert_eq!(
+            o.limits,
+            TxnLimits {
+                max_ops: 32,
+                max_bytes: 65536
+            }
+        );
+        let d = migrate_config(&[]).unwrap().options;
+        assert_eq!(d, MigrateOptions::new(None, None), "a dry run by default");
+    }
+
+    #[test]
+    fn migrate_refusals() {
+        for (args, flag, needle) in [
+            (&["--region=a/b"][..], "--region", "'/'"),
+            (&["--cluster="][..], "--cluster", "empty"),
+            (
+                &["--legacy-prefix=aether/"][..],
+                "--legacy-prefix",
+                "start with",
+            ),
+            (
+                &["--legacy-prefix=/aether/"][..],
+                "--legacy-prefix",
+                "overlaps --root",
+            ),
+            (
+                &["--legacy-prefix=/aether/v1/regions/x/"][..],
+                "--legacy-prefix",
+                "overlaps --root",
+            ),
+            (
+                &["--legacy-prefix=/aether/v1/replication/"][..],
+                "--legacy-prefix",
+                "replication state",
+            ),
+            (&["--max-txn-ops=1"][..], "--max-txn-ops", "at least 2"),
+            (
+                &["--max-request-bytes=1MB"][..],
+                "--max-request-bytes",
+                "ambiguous",
+            ),
+            (&["--page-size=0"][..], "--page-size", "at least 1"),
+            (
+                &["--local-password=x"][..],
+                "--local-password",
+                "--local-user",
+            ),
+        ] {
+            refused_by(migrate_config(args).unwrap_err(), flag, needle);
+        }
+    }
+
+    #[test]
+    fn subcommand_flags_have_env_vars_except_the_destructive_ones() {
+        let cli = Cli::command();
+        for name in ["endpoints", "migrate"] {
+            let cmd = cli.find_subcommand(name).unwrap();
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                let env = arg.get_env().and_then(|e| e.to_str());
+                if matches!(long, "apply" | "delete-legacy") {
+                    assert_eq!(env, None, "--{long}");
+                    continue;
+                }
+                let want = format!(
+                    "{ENV_PREFIX}{}",
+                    long.to_ascii_uppercase().replace('-', "_")
+                );
+                assert_eq!(env, Some(want.as_str()), "{name} --{long}");
+            }
         }
     }
 }

@@ -87,6 +87,26 @@ impl Election {
                     session,
                 });
             }
+            // A key holding our own id is left from an earlier session of
+            // this process (say, the local etcd restarted and renewed the
+            // old session lease): take it back rather than wait it out.
+            let held = resp.responses.iter().find_map(|r| match r {
+                crate::etcd::OpResponse::Range(r) => r.kvs().first().cloned(),
+                _ => None,
+            });
+            if let Some(kv) = held
+                && kv.value() == &self.id
+            {
+                let reclaim = Txn::new()
+                    .when([Compare::mod_revision(
+                        self.key.clone(),
+                        CompareOp::Equal,
+                        kv.mod_revision(),
+                    )])
+                    .and_then([Delete::key(self.key.clone())]);
+                self.local.txn(reclaim).await?;
+                continue;
+            }
             // Someone leads. Wait for the key to go, from the revision we
             // saw it at, so a deletion in between is not missed.
             let (_stream, mut watcher) = self.local.watch(

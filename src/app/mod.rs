@@ -5,6 +5,10 @@
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
 //! - [`replicator`]: [`run`], which ties them to the mirror engine.
 //! - [`check`]: the one-shot comparison behind `aether-replicator check`.
+//! - [`endpoints`]: `aether-replicator endpoints`, the merged registry as
+//!   one region's consumers see it.
+//! - [`migrate`]: `aether-replicator migrate`, the cutover from the legacy
+//!   flat layout.
 //!
 //! Behind the default `app` feature, so the client and the engine can be
 //! used without clap and the HTTP server.
@@ -12,7 +16,9 @@
 pub mod check;
 pub mod config;
 pub mod election;
+pub mod endpoints;
 pub mod metrics;
+pub mod migrate;
 pub mod replicator;
 
 pub use replicator::run;

@@ -73,6 +73,9 @@ pub async fn run_with_state(
     let election = Election::new(local.clone(), &config.region, id, config.election_ttl);
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(100);
+    // A deposed engine still keeping the peer leases alive (see
+    // `Engine::step_down`); replaced or dropped as leadership changes.
+    let mut stepped_down = None;
     loop {
         // Standby: campaign until we lead.
         state.session_ok.store(true, Relaxed);
@@ -97,6 +100,9 @@ pub async fn run_with_state(
         // Leader: mirror until shutdown, loss of the session, or a fence.
         let mut engine =
             Engine::start_with_stats(local.clone(), peers.clone(), config.mirror.clone())?;
+        // The previous engine's lease keep-alives run until this one has
+        // had the chance to adopt the leases.
+        let _previous = stepped_down.take();
         state.is_leader.store(true, Relaxed);
         tracing::info!(region = %config.region, "leading: mirroring to every peer");
         enum Why {
@@ -118,8 +124,10 @@ pub async fn run_with_state(
                 return Ok(());
             }
             Why::Lost => {
-                // Stop writing at once; the fence covers anything in flight.
-                engine.abort();
+                // Stop writing at once; the fence covers anything in
+                // flight. The peer leases stay alive for one more TTL so
+                // that a successor (maybe this replica) adopts them.
+                stepped_down = Some(engine.step_down());
                 state.session_ok.store(false, Relaxed);
             }
             Why::Fenced(peer) => {

@@ -136,11 +136,15 @@ fn status_is_transport(status: &tonic::Status) -> bool {
 
 /// The status message with its source chain, so "connection refused" is visible.
 fn transport_message(status: &tonic::Status) -> String {
+    // Each layer tends to repeat its source's text; keep only what adds.
     let mut out = status.message().to_string();
     let mut src = std::error::Error::source(status);
     while let Some(e) = src {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
+        let text = e.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         src = e.source();
     }
     out

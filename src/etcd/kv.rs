@@ -350,6 +350,13 @@ impl Compare {
         use pb_compare::{CompareTarget as T, TargetUnion as U};
         Self::new(key.into(), op, T::Mod, U::ModRevision(rev))
     }
+    /// Applies the comparison to every key in `[key, range_end)` instead of
+    /// one key (etcd >= 3.3); all of them must satisfy it.
+    pub fn with_range_end(mut self, range_end: impl Into<Bytes>) -> Self {
+        self.0.range_end = range_end.into();
+        self
+    }
+
     /// Compares the key's lease.
     pub fn lease(key: impl Into<Bytes>, op: CompareOp, lease: i64) -> Self {
         use pb_compare::{CompareTarget as T, TargetUnion as U};
@@ -598,7 +605,7 @@ impl Scan {
     /// The next page, or `None` when the range is exhausted.
     ///
     /// A scan whose revision has been compacted away fails with
-    /// [`Error::Compacted`].
+    /// [`Error::Compacted`](super::Error::Compacted).
     pub async fn next_page(&mut self) -> Result<Option<Page>> {
         let Some(from) = self.next.take() else {
             return Ok(None);

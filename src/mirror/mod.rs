@@ -1,12 +1,12 @@
 //! The mirror engine: this region's subtree, mirrored verbatim into every
 //! peer region's etcd under a lease only this region keeps alive.
 //!
-//! For own region R and each peer P the engine runs one task ([`peer`])
+//! For own region R and each peer P the engine runs one task (`peer`)
 //! that:
 //! - holds a lease on P, kept alive through P's shared keep-alive stream;
 //!   if R stops, the lease lapses and R's copy expires on P by itself;
 //! - brings P's copy of `<root>R/` to the source at one revision with a
-//!   range diff ([`sync`]), comparing the lease as well as the value;
+//!   range diff (`sync`), comparing the lease as well as the value;
 //! - then mirrors R's watch from the next revision, batching consecutive
 //!   revisions into as few txns as P's limits allow ([`batch`]);
 //! - guards every txn with a fence on P's state key ([`state`]), so a
@@ -52,6 +52,7 @@ use crate::schema::{Schema, validate_segment};
 /// also waits for them.
 pub struct Engine {
     cancel: CancellationToken,
+    pause: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     stats: Vec<Arc<PeerStats>>,
     fenced: mpsc::UnboundedReceiver<String>,
@@ -90,6 +91,7 @@ impl Engine {
         let cfg = Arc::new(config);
         let holder = state::new_holder();
         let cancel = CancellationToken::new();
+        let pause = CancellationToken::new();
         let (fenced_tx, fenced) = mpsc::unbounded_channel();
         let mut tasks = Vec::new();
         let mut all_stats = Vec::new();
@@ -102,7 +104,7 @@ impl Engine {
                 cfg.clone(),
                 stats,
                 holder,
-                cancel.child_token(),
+                (cancel.child_token(), pause.clone()),
             );
             let fenced_tx = fenced_tx.clone();
             let span = tracing::info_span!("peer", peer = %region);
@@ -117,6 +119,7 @@ impl Engine {
         }
         Ok(Engine {
             cancel,
+            pause,
             tasks,
             stats: all_stats,
             fenced,
@@ -161,6 +164,31 @@ impl Engine {
         for t in std::mem::take(&mut self.tasks) {
             t.abort();
         }
+        self.mark_unsynced();
+    }
+
+    /// Stops writing to every peer at once (txns in flight are abandoned;
+    /// the fence covers them) but keeps the peer leases alive for one more
+    /// lease TTL, so a successor can adopt them. For a leader that lost its
+    /// election session: a brief outage of the local etcd then does not
+    /// wipe the region's copy from the peers. Dropping the returned
+    /// [`SteppedDown`] ends the keep-alives early.
+    pub fn step_down(mut self) -> SteppedDown {
+        self.pause.cancel();
+        self.mark_unsynced();
+        // Hand the cancel token to the guard so dropping `self` does not
+        // end the grace period.
+        let cancel = std::mem::replace(&mut self.cancel, CancellationToken::new());
+        SteppedDown {
+            _cancel: cancel.drop_guard(),
+            _tasks: std::mem::take(&mut self.tasks),
+        }
+    }
+
+    fn mark_unsynced(&self) {
+        for s in &self.stats {
+            s.synced.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Stops every peer: the watch stops, txns in flight finish (or are
@@ -171,7 +199,15 @@ impl Engine {
         for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
         }
+        self.mark_unsynced();
     }
+}
+
+/// An engine that stepped down: its tasks write nothing and keep the peer
+/// leases alive until one lease TTL has passed or this is dropped.
+pub struct SteppedDown {
+    _cancel: tokio_util::sync::DropGuard,
+    _tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Engine {

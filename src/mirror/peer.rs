@@ -60,6 +60,9 @@ pub(crate) struct Peer {
     pub(crate) prefix: Bytes,
     pub(crate) state_key: Bytes,
     pub(crate) cancel: CancellationToken,
+    /// Set when the owner steps down: stop writing at once, but keep the
+    /// lease alive for one more TTL so a successor can adopt it.
+    pause: CancellationToken,
     lease: Option<LeaseHandle>,
     fence: i64,
     fresh: bool,
@@ -73,7 +76,7 @@ impl Peer {
         cfg: Arc<MirrorConfig>,
         stats: Arc<PeerStats>,
         holder: u64,
-        cancel: CancellationToken,
+        (cancel, pause): (CancellationToken, CancellationToken),
     ) -> Peer {
         Peer {
             prefix: Bytes::from(cfg.prefix()),
@@ -85,6 +88,7 @@ impl Peer {
             stats,
             holder,
             cancel,
+            pause,
             lease: None,
             fence: 0,
             fresh: true,
@@ -93,10 +97,33 @@ impl Peer {
 
     /// Replicates until cancelled, or until another engine fences this one.
     pub(crate) async fn run(mut self) -> Result<()> {
+        let result = self.replicate().await;
+        self.stats.synced.store(false, Relaxed);
+        if result.is_ok() && self.pause.is_cancelled() && self.lease.is_some() {
+            // Stepped down: no more writes, but the peer keeps this
+            // region's copy while a successor is elected and adopts the
+            // lease. Bounded by one TTL, so a region that is really gone
+            // still lapses.
+            tracing::info!(peer = %self.region, "stepped down; keeping the lease alive for one TTL");
+            tokio::select! {
+                _ = self.cancel.cancelled() => {}
+                _ = tokio::time::sleep(self.cfg.lease_ttl) => {}
+            }
+        }
+        result
+    }
+
+    async fn replicate(&mut self) -> Result<()> {
         let mut backoff = Duration::from_millis(100);
         loop {
             let started = Instant::now();
-            let err = match self.session().await {
+            let pause = self.pause.clone();
+            let session = tokio::select! {
+                biased;
+                _ = pause.cancelled() => return Ok(()),
+                r = self.session() => r,
+            };
+            let err = match session {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
@@ -120,6 +147,7 @@ impl Peer {
             tracing::warn!(peer = %self.region, error = %err, retry_in = ?backoff, "peer session ended");
             tokio::select! {
                 _ = self.cancel.cancelled() => return Ok(()),
+                _ = self.pause.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(self.cfg.max_backoff);

@@ -1,0 +1,1087 @@
+#!/usr/bin/env bash
+# A multi-region aether-replicator deployment of real processes on loopback:
+# per region one etcd and two replicator replicas (one leads, one stands by).
+#
+#   e2e/multiregion.sh up      [--state DIR] [--regions 2|3] [--ttl SECONDS] [--bin PATH]
+#   e2e/multiregion.sh verify  [--state DIR]
+#   e2e/multiregion.sh down    [--state DIR]
+#   e2e/multiregion.sh restart REGION [--state DIR]
+#
+# up       starts everything and returns once every region has exactly one
+#          leader whose peers are all synced.
+# verify   runs the end-to-end checks (visibility, data path, leader handoff,
+#          lease-lapse failover, recovery, peer etcd restart), one line per
+#          step, and exits non-zero at the first failure.
+# down     stops every process the harness started (by pid) and removes the
+#          state dir. Idempotent.
+# restart  starts again whichever replicas of REGION are not running (after
+#          a manual `kill`, as the demo suggests).
+#
+# Options:
+#   --state DIR     where pids, ports, data dirs and logs live
+#                   (default ${TMPDIR:-/tmp}/aether-e2e); `down` removes it.
+#   --regions N     2 (regions a, b) or 3 (a, b, c); default 2. up only.
+#   --ttl SECONDS   mirror lease TTL, at least 3; default 6. The election TTL
+#                   is 2s. up only.
+#   --bin PATH      the aether-replicator binary (default
+#                   target/release/aether-replicator, built with
+#                   `cargo build --release` if missing). up only; it is
+#                   copied into the state dir so every replica runs the same
+#                   build and its command line names the state dir.
+#
+# $STATE/env is a sourceable file with every port, pid and URL, for example
+# ETCD_URL_a, REPLICA_PID_a_1, REPLICA_PORT_a_1 (metrics), E2E_BIN.
+# Everything listens on 127.0.0.1 only.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$SCRIPT_DIR/.." && pwd)
+readonly SCRIPT_DIR REPO
+readonly KEY_ROOT=/aether/v1/regions/
+readonly STATE_KEY_ROOT=/aether/v1/replication/
+readonly ELECTION_TTL=2
+readonly MARKER=.aether-e2e-state
+readonly ALL_REGIONS=(a b c)
+readonly SLOTS=(1 2)
+
+export ETCDCTL_API=3
+# Flags of the replicator can come from AETHER_REPLICATOR_* variables; make
+# sure none from the caller's environment changes what the harness runs
+# (the log filter, AETHER_REPLICATOR_LOG, is kept).
+while IFS= read -r _var; do
+  [[ $_var == AETHER_REPLICATOR_LOG ]] || unset "$_var"
+done < <(compgen -e | grep '^AETHER_REPLICATOR_' || true)
+unset _var
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+}
+
+die() {
+  echo "multiregion: $*" >&2
+  exit 1
+}
+
+# ---------------------------------------------------------------- utilities
+
+now_ms() {
+  local t=${EPOCHREALTIME//[!0-9]/}
+  echo $((t / 1000))
+}
+
+fmt_ms() {
+  printf '%d.%01ds' $(($1 / 1000)) $((($1 % 1000) / 100))
+}
+
+getv() {
+  printf '%s' "${!1-}"
+}
+
+# Every variable set through setv is saved in $STATE/env by save_env.
+ENV_VARS=()
+setv() {
+  printf -v "$1" '%s' "$2"
+  local n
+  for n in "${ENV_VARS[@]}"; do
+    [[ $n == "$1" ]] && return 0
+  done
+  ENV_VARS+=("$1")
+}
+
+save_env() {
+  local tmp="$STATE/env.tmp" n
+  {
+    echo "# aether-replicator e2e state ($(date -u +%FT%TZ)); source this file."
+    for n in "${ENV_VARS[@]}"; do
+      printf '%s=%q\n' "$n" "${!n}"
+    done
+  } >"$tmp"
+  mv -f "$tmp" "$STATE/env"
+}
+
+load_env() {
+  [[ -f $STATE/env ]] || return 1
+  # shellcheck source=/dev/null
+  source "$STATE/env"
+  mapfile -t ENV_VARS < <(sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' "$STATE/env")
+  read -r -a REGIONS <<<"$E2E_REGIONS"
+  TTL=$E2E_TTL
+}
+
+peer_list() {
+  peers_of "$1" | paste -sd' ' -
+}
+
+peers_of() {
+  local r=$1 p
+  for p in "${REGIONS[@]}"; do
+    [[ $p == "$r" ]] || echo "$p"
+  done
+}
+
+# alive PID: the process exists and is not a zombie.
+alive() {
+  local pid=$1 st
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  st=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [[ ${st%% *} != Z ]]
+}
+
+# ours PID: alive, and its command line names the state dir (so a recycled
+# pid is never signalled).
+ours() {
+  local cmdline
+  alive "$1" || return 1
+  cmdline=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
+  [[ $cmdline == *"$STATE"* ]]
+}
+
+record_pid() {
+  mkdir -p "$STATE/pids"
+  echo "$2" >"$STATE/pids/$1.pid"
+}
+
+# stop_pids PID...: SIGTERM, wait up to 5 s, then SIGKILL and wait 2 s more.
+stop_pids() {
+  local pid deadline
+  local -a live=() left=()
+  for pid in "$@"; do
+    if ours "$pid"; then
+      kill -TERM "$pid" 2>/dev/null || true
+      live+=("$pid")
+    fi
+  done
+  ((${#live[@]})) || return 0
+  deadline=$(($(now_ms) + 5000))
+  while :; do
+    left=()
+    for pid in "${live[@]}"; do
+      alive "$pid" && left+=("$pid")
+    done
+    ((${#left[@]})) || break
+    if (($(now_ms) >= deadline)); then
+      echo "  SIGKILL after 5s: ${left[*]}" >&2
+      for pid in "${left[@]}"; do
+        if ours "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+      done
+      deadline=$(($(now_ms) + 2000))
+      while (($(now_ms) < deadline)); do
+        left=()
+        for pid in "${live[@]}"; do
+          alive "$pid" && left+=("$pid")
+        done
+        ((${#left[@]})) || break
+        sleep 0.1
+      done
+      break
+    fi
+    sleep 0.1
+  done
+  # Reap the ones that are our own children (no-op for the others).
+  for pid in "${live[@]}"; do
+    alive "$pid" || { wait "$pid"; } 2>/dev/null || true
+  done
+}
+
+# kill9 PID: SIGKILL one of ours and wait (bounded) until it is gone.
+kill9() {
+  local pid=$1 deadline
+  ours "$pid" || return 0
+  kill -KILL "$pid" 2>/dev/null || true
+  deadline=$(($(now_ms) + 5000))
+  while alive "$pid" && (($(now_ms) < deadline)); do
+    sleep 0.05
+  done
+  alive "$pid" && return 1
+  { wait "$pid"; } 2>/dev/null || true
+}
+
+# free_ports N: N distinct loopback ports that were free a moment ago. The
+# starts below check that the intended process owns the port and retry on
+# new ports if not.
+free_ports() {
+  python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# listens PID PORT: PID owns a socket listening on 127.0.0.1:PORT.
+listens() {
+  local pid=$1 port=$2 hex inode fd
+  printf -v hex '0100007F:%04X' "$port"
+  while read -r inode; do
+    for fd in "/proc/$pid/fd/"*; do
+      [[ $(readlink "$fd" 2>/dev/null) == "socket:[$inode]" ]] && return 0
+    done
+  done < <(awk -v a="$hex" '$2 == a && $4 == "0A" { print $10 }' /proc/net/tcp 2>/dev/null)
+  return 1
+}
+
+ectl() {
+  local r=$1
+  shift
+  timeout 15 etcdctl --endpoints="$(getv "ETCD_URL_$r")" --dial-timeout=2s --command-timeout=5s "$@"
+}
+
+http_code() {
+  curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$1$2" 2>/dev/null || true
+}
+
+metrics_of() {
+  curl -s --max-time 2 "http://127.0.0.1:$1/metrics" 2>/dev/null || true
+}
+
+# metric TEXT NAME: the value of the sample NAME (with its labels) in TEXT.
+metric() {
+  awk -v n="$2" '$1 == n { print $2; exit }' <<<"$1"
+}
+
+tail_logs() {
+  local f
+  for f in "$STATE"/logs/*.log; do
+    [[ -e $f ]] || continue
+    echo "---- tail -n ${1:-20} $f" >&2
+    tail -n "${1:-20}" "$f" >&2 || true
+  done
+}
+
+# ---------------------------------------------------------------- etcd
+
+assign_etcd_ports() {
+  local r=$1 cp pp
+  read -r cp pp <<<"$(free_ports 2)"
+  setv "ETCD_CLIENT_PORT_$r" "$cp"
+  setv "ETCD_PEER_PORT_$r" "$pp"
+  setv "ETCD_URL_$r" "http://127.0.0.1:$cp"
+}
+
+etcd_start() {
+  local r=$1 cp pp log pid
+  cp=$(getv "ETCD_CLIENT_PORT_$r")
+  pp=$(getv "ETCD_PEER_PORT_$r")
+  log="$STATE/logs/etcd-$r.log"
+  echo "--- $(date -u +%FT%TZ) start etcd $r client :$cp peer :$pp" >>"$log"
+  setsid etcd --name "$r" --data-dir "$STATE/etcd-$r" \
+    --listen-client-urls "http://127.0.0.1:$cp" --advertise-client-urls "http://127.0.0.1:$cp" \
+    --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
+    --initial-cluster "$r=http://127.0.0.1:$pp" --initial-cluster-state new \
+    --initial-cluster-token "aether-e2e-$r" \
+    --logger=zap --log-outputs=stderr --log-level=error \
+    </dev/null >>"$log" 2>&1 &
+  pid=$!
+  disown "$pid"
+  setv "ETCD_PID_$r" "$pid"
+  record_pid "etcd-$r" "$pid"
+}
+
+# etcd_healthy R: R's etcd process owns its client port and answers.
+etcd_healthy() {
+  local r=$1 pid
+  pid=$(getv "ETCD_PID_$r")
+  alive "$pid" && listens "$pid" "$(getv "ETCD_CLIENT_PORT_$r")" &&
+    ectl "$r" endpoint health >/dev/null 2>&1
+}
+
+# wait_etcds FRESH R...: start (FRESH=1: on new ports, retried on new ports
+# if a port turns out taken) or restart (FRESH=0: same ports and data) the
+# etcds of the regions and wait until they are all healthy.
+wait_etcds() {
+  local fresh=$1 r deadline all
+  shift
+  local -A tries=() healthy=()
+  for r in "$@"; do
+    tries[$r]=1
+    healthy[$r]=0
+    if ((fresh)); then
+      assign_etcd_ports "$r"
+      rm -rf "$STATE/etcd-$r"
+    fi
+    etcd_start "$r"
+  done
+  deadline=$(($(now_ms) + 45000))
+  while :; do
+    all=1
+    for r in "$@"; do
+      ((healthy[$r])) && continue
+      if etcd_healthy "$r"; then
+        healthy[$r]=1
+        echo "  etcd $r: $(getv "ETCD_URL_$r") (pid $(getv "ETCD_PID_$r"))"
+        continue
+      fi
+      all=0
+      if ! alive "$(getv "ETCD_PID_$r")"; then
+        if ((tries[$r] >= 5)); then
+          echo "etcd $r did not start after ${tries[$r]} attempts" >&2
+          return 1
+        fi
+        tries[$r]=$((tries[$r] + 1))
+        echo "  etcd $r exited (port taken?); starting it again (attempt ${tries[$r]})" >&2
+        if ((fresh)); then
+          assign_etcd_ports "$r"
+          rm -rf "$STATE/etcd-$r"
+        else
+          sleep 1
+        fi
+        etcd_start "$r"
+      fi
+    done
+    ((all)) && return 0
+    if (($(now_ms) >= deadline)); then
+      echo "etcd did not become healthy within 45s" >&2
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# ---------------------------------------------------------------- replicas
+
+replica_start() {
+  local r=$1 s=$2 port log pid p
+  local -a args
+  port=$(free_ports 1)
+  setv "REPLICA_PORT_${r}_$s" "$port"
+  args=(--region "$r" --local-etcd "$(getv "ETCD_URL_$r")")
+  for p in $(peers_of "$r"); do
+    args+=(--peer-etcd "$p=$(getv "ETCD_URL_$p")")
+  done
+  args+=(--lease-ttl "${TTL}s" --election-ttl "${ELECTION_TTL}s" --metrics-addr "127.0.0.1:$port")
+  log="$STATE/logs/replica-$r-$s.log"
+  echo "--- $(date -u +%FT%TZ) start replica $r/$s metrics :$port" >>"$log"
+  AETHER_E2E_STATE="$STATE" NO_COLOR=1 setsid "$E2E_BIN" "${args[@]}" </dev/null >>"$log" 2>&1 &
+  pid=$!
+  disown "$pid"
+  setv "REPLICA_PID_${r}_$s" "$pid"
+  record_pid "replica-$r-$s" "$pid"
+}
+
+# start_replicas R/S...: start the replicas and wait until each owns its
+# metrics port; one that exited (port taken) is started again on a new port.
+start_replicas() {
+  local rs r s pid deadline tries
+  for rs in "$@"; do
+    replica_start "${rs%/*}" "${rs#*/}"
+  done
+  for rs in "$@"; do
+    r=${rs%/*}
+    s=${rs#*/}
+    tries=1
+    deadline=$(($(now_ms) + 15000))
+    while :; do
+      pid=$(getv "REPLICA_PID_${r}_$s")
+      if alive "$pid" && listens "$pid" "$(getv "REPLICA_PORT_${r}_$s")" &&
+        [[ $(http_code "$(getv "REPLICA_PORT_${r}_$s")" /healthz) == 200 ]]; then
+        echo "  replica $r/$s: pid $pid, metrics http://127.0.0.1:$(getv "REPLICA_PORT_${r}_$s")/metrics"
+        break
+      fi
+      if ! alive "$pid"; then
+        if ((tries >= 5)); then
+          echo "replica $r/$s did not start after $tries attempts" >&2
+          return 1
+        fi
+        tries=$((tries + 1))
+        echo "  replica $r/$s exited (port taken?); starting it again (attempt $tries)" >&2
+        replica_start "$r" "$s"
+        deadline=$(($(now_ms) + 15000))
+      elif (($(now_ms) >= deadline)); then
+        echo "replica $r/$s did not serve /healthz within 15s" >&2
+        return 1
+      fi
+      sleep 0.1
+    done
+  done
+  save_env
+}
+
+# region_ready R: exactly one of R's replicas leads, the leader reports
+# peer_synced 1 for every peer, and both answer /readyz 200. Sets
+# LEADER_SLOT, or NOT_READY to the reason.
+LEADER_SLOT=""
+NOT_READY=""
+region_ready() {
+  local r=$1 s port m lm="" leaders=0 p code
+  LEADER_SLOT=""
+  NOT_READY=""
+  for s in "${SLOTS[@]}"; do
+    port=$(getv "REPLICA_PORT_${r}_$s")
+    m=$(metrics_of "$port")
+    if [[ $(metric "$m" aether_replicator_is_leader) == 1 ]]; then
+      leaders=$((leaders + 1))
+      LEADER_SLOT=$s
+      lm=$m
+    fi
+    code=$(http_code "$port" /readyz)
+    if [[ $code != 200 ]]; then
+      NOT_READY="$r/$s /readyz $code"
+    fi
+  done
+  if ((leaders != 1)); then
+    NOT_READY="$r has $leaders leaders"
+    LEADER_SLOT=""
+    return 1
+  fi
+  [[ -z $NOT_READY ]] || return 1
+  for p in $(peers_of "$r"); do
+    if [[ $(metric "$lm" "aether_replicator_peer_synced{peer=\"$p\"}") != 1 ]]; then
+      NOT_READY="leader $r/$LEADER_SLOT: peer_synced{peer=\"$p\"} != 1"
+      return 1
+    fi
+  done
+}
+
+# wait_ready SECONDS R...: until every region is ready; prints the leaders.
+wait_ready() {
+  local secs=$1 r deadline all
+  shift
+  deadline=$(($(now_ms) + secs * 1000))
+  while :; do
+    all=1
+    for r in "$@"; do
+      region_ready "$r" || {
+        all=0
+        break
+      }
+    done
+    ((all)) && return 0
+    if (($(now_ms) >= deadline)); then
+      echo "not ready after ${secs}s: $NOT_READY" >&2
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+leader_slot() {
+  local r=$1 s
+  for s in "${SLOTS[@]}"; do
+    if [[ $(metric "$(metrics_of "$(getv "REPLICA_PORT_${r}_$s")")" aether_replicator_is_leader) == 1 ]]; then
+      echo "$s"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------- state dir
+
+resolve_state() {
+  [[ -n $STATE ]] || die "--state must not be empty"
+  case $STATE in
+  /*) ;;
+  *) STATE="$PWD/$STATE" ;;
+  esac
+  while [[ $STATE == */ && $STATE != / ]]; do STATE=${STATE%/}; done
+  [[ $STATE != / ]] || die "--state / is not allowed"
+}
+
+# Every pid the harness recorded, plus any etcd or replica whose command
+# line names this state dir (in case one was started but not recorded).
+harness_pids() {
+  local f pid exe
+  local -A seen=()
+  local -a argv
+  for f in "$STATE"/pids/*.pid; do
+    [[ -e $f ]] || continue
+    pid=$(<"$f")
+    [[ -n ${seen[$pid]-} ]] || {
+      seen[$pid]=1
+      echo "$pid"
+    }
+  done
+  for f in /proc/[0-9]*/cmdline; do
+    pid=${f#/proc/}
+    pid=${pid%/cmdline}
+    [[ -n ${seen[$pid]-} ]] && continue
+    mapfile -d '' -t argv 2>/dev/null <"$f" || continue
+    ((${#argv[@]})) || continue
+    exe=${argv[0]}
+    if [[ $exe == "$STATE/bin/aether-replicator" ]] ||
+      [[ ${exe##*/} == etcd && " ${argv[*]} " == *" --data-dir $STATE/"* ]]; then
+      seen[$pid]=1
+      echo "$pid"
+    fi
+  done
+}
+
+live_harness_pids() {
+  local pid
+  while IFS= read -r pid; do
+    if ours "$pid"; then echo "$pid"; fi
+  done < <(harness_pids)
+}
+
+stop_all() {
+  local pid
+  local -a reps=() etcds=()
+  while IFS= read -r pid; do
+    [[ -n $pid ]] || continue
+    if [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" || true) == "$STATE/bin/aether-replicator"* ]]; then
+      reps+=("$pid")
+    else
+      etcds+=("$pid")
+    fi
+  done < <(harness_pids)
+  # Replicators first, so they do not spend their shutdown on a dead etcd.
+  ((${#reps[@]} == 0)) || stop_pids "${reps[@]}"
+  ((${#etcds[@]} == 0)) || stop_pids "${etcds[@]}"
+}
+
+# ---------------------------------------------------------------- up
+
+cmd_up() {
+  local t0 c r s bin
+  local -a rs=()
+  t0=$(now_ms)
+  for c in etcd etcdctl python3 curl setsid timeout; do
+    command -v "$c" >/dev/null || die "$c is not installed"
+  done
+  [[ $NREGIONS == 2 || $NREGIONS == 3 ]] || die "--regions must be 2 or 3"
+  [[ $TTL =~ ^[0-9]+$ ]] || die "--ttl $TTL: not a whole number of seconds"
+  ((TTL > ELECTION_TTL)) ||
+    die "--ttl must be above the election TTL (${ELECTION_TTL}s)"
+
+  bin=${BIN_ARG:-$REPO/target/release/aether-replicator}
+  if [[ ! -x $bin ]]; then
+    [[ -z $BIN_ARG ]] || die "--bin $BIN_ARG: not an executable"
+    echo "== building $bin (cargo build --release)"
+    (cd "$REPO" && cargo build --release) || die "cargo build --release failed"
+  fi
+
+  if [[ -d $STATE ]]; then
+    if [[ -e $STATE/$MARKER ]]; then
+      [[ -z $(live_harness_pids) ]] ||
+        die "$STATE is already up: run '$0 down --state $STATE' first"
+      rm -rf "${STATE:?}"/*
+    elif [[ -n $(ls -A "$STATE") ]]; then
+      die "$STATE exists and is not an e2e state dir; choose another --state"
+    fi
+  fi
+  mkdir -p "$STATE/logs" "$STATE/pids" "$STATE/bin"
+  : >"$STATE/$MARKER"
+
+  cp -f "$bin" "$STATE/bin/aether-replicator"
+
+  REGIONS=("${ALL_REGIONS[@]:0:NREGIONS}")
+  setv E2E_STATE "$STATE"
+  setv E2E_REGIONS "${REGIONS[*]}"
+  setv E2E_TTL "$TTL"
+  setv E2E_ELECTION_TTL "$ELECTION_TTL"
+  setv E2E_BIN "$STATE/bin/aether-replicator"
+  save_env
+
+  echo "== up: ${#REGIONS[@]} regions (${REGIONS[*]}), lease TTL ${TTL}s, state $STATE"
+  if ! wait_etcds 1 "${REGIONS[@]}"; then
+    save_env
+    up_failed
+  fi
+  save_env
+  for r in "${REGIONS[@]}"; do
+    for s in "${SLOTS[@]}"; do rs+=("$r/$s"); done
+  done
+  start_replicas "${rs[@]}" || up_failed
+  if ! wait_ready 60 "${REGIONS[@]}"; then
+    up_failed
+  fi
+  for r in "${REGIONS[@]}"; do
+    region_ready "$r" || true
+    echo "  region $r: leader $r/$LEADER_SLOT, peers synced: $(peer_list "$r")"
+  done
+  echo "== up in $(fmt_ms $(($(now_ms) - t0))); env: $STATE/env"
+}
+
+up_failed() {
+  tail_logs 20
+  echo "multiregion: up failed; stopping what was started (logs kept in $STATE/logs; '$0 down --state $STATE' removes them)" >&2
+  stop_all
+  exit 1
+}
+
+# ---------------------------------------------------------------- verify
+
+VERIFY_T0=0
+STEP_T0=0
+
+ok() {
+  printf 'ok   %s: %s\n' "$1" "$2"
+}
+
+# A background sampler of key counts (see step_peer_restart); stopped by pid.
+SAMPLER_PID=""
+stop_sampler() {
+  if [[ -n $SAMPLER_PID ]]; then
+    kill "$SAMPLER_PID" 2>/dev/null || true
+    { wait "$SAMPLER_PID"; } 2>/dev/null || true
+    SAMPLER_PID=""
+  fi
+}
+
+fail() {
+  stop_sampler
+  printf 'FAIL %s: %s\n' "$1" "$2"
+  tail_logs 8
+  echo "logs: $STATE/logs (etcd-<region>.log, replica-<region>-<n>.log); state: $STATE/env" >&2
+  exit 1
+}
+
+step_start() {
+  STEP_T0=$(now_ms)
+}
+
+step_time() {
+  fmt_ms $(($(now_ms) - STEP_T0))
+}
+
+prefix_of() {
+  echo "$KEY_ROOT$1/"
+}
+
+# endpoint_key R SVC IP
+endpoint_key() {
+  echo "${KEY_ROOT}$1/clusters/c1/services/$2/protocols/http/endpoints/$3"
+}
+
+endpoint_value() { # R ZONE PORT [EXTRA]
+  printf '{"clusterName":"c1","region":"%s","zone":"%s","port":%s%s}' "$1" "$2" "$3" "${4:-}"
+}
+
+put() { # STEP R KEY VALUE
+  ectl "$2" put "$3" "$4" >/dev/null || fail "$1" "put $3 in $2's etcd failed"
+}
+
+del() { # STEP R KEY
+  ectl "$2" del "$3" >/dev/null || fail "$1" "delete $3 in $2's etcd failed"
+}
+
+# dump E R: R's subtree as stored in E's etcd (keys and values, sorted).
+dump() {
+  ectl "$1" get --prefix "$(prefix_of "$2")"
+}
+
+digest() {
+  local out
+  out=$(dump "$1" "$2") || {
+    echo "unreadable"
+    return 0
+  }
+  sha256sum <<<"$out" | cut -c1-16
+}
+
+count_keys() { # E R
+  local out
+  out=$(ectl "$1" get --prefix --keys-only "$(prefix_of "$2")") || {
+    echo "?"
+    return 0
+  }
+  awk 'NF { n++ } END { print n + 0 }' <<<"$out"
+}
+
+# leased E R: "<keys> <keys without a lease>" of R's subtree in E's etcd.
+leased() {
+  local out
+  out=$(ectl "$1" get --prefix "$(prefix_of "$2")" -w json) || {
+    echo "? ?"
+    return 0
+  }
+  python3 -c '
+import json, sys
+kvs = json.load(sys.stdin).get("kvs") or []
+print(len(kvs), sum(1 for kv in kvs if not kv.get("lease")))' <<<"$out"
+}
+
+value_in() { # E KEY
+  ectl "$1" get "$2" --print-value-only 2>/dev/null || echo "<unreadable>"
+}
+
+# mirrored R: every peer holds R's subtree exactly, on a lease. Sets WHY.
+WHY=""
+mirrored() {
+  local r=$1 p src n un
+  src=$(digest "$r" "$r")
+  for p in $(peers_of "$r"); do
+    if [[ $(digest "$p" "$r") != "$src" ]]; then
+      WHY="$p's copy of $r differs from the source ($(count_keys "$p" "$r") vs $(count_keys "$r" "$r") keys)"
+      return 1
+    fi
+    read -r n un <<<"$(leased "$p" "$r")"
+    if [[ $un != 0 ]]; then
+      WHY="$p's copy of $r: $un of $n keys without a lease"
+      return 1
+    fi
+  done
+}
+
+wait_mirrored() { # STEP SECONDS R...
+  local step=$1 secs=$2 deadline r all
+  shift 2
+  deadline=$(($(now_ms) + secs * 1000))
+  while :; do
+    all=1
+    for r in "$@"; do
+      mirrored "$r" || {
+        all=0
+        break
+      }
+    done
+    ((all)) && return 0
+    (($(now_ms) < deadline)) || fail "$step" "not converged after ${secs}s: $WHY"
+    sleep 0.1
+  done
+}
+
+check_cmd() { # R: run `aether-replicator check` for R against every peer
+  local r=$1 p
+  local -a args=(check --region "$r" --local-etcd "$(getv "ETCD_URL_$r")")
+  for p in $(peers_of "$r"); do
+    args+=(--peer-etcd "$p=$(getv "ETCD_URL_$p")")
+  done
+  timeout 30 "$E2E_BIN" "${args[@]}" 2>&1
+}
+
+# wait_check STEP SECONDS R...: poll `check` for each region until all exit 0.
+CHECK_OUT=""
+wait_check() {
+  local step=$1 secs=$2 deadline r all
+  shift 2
+  deadline=$(($(now_ms) + secs * 1000))
+  while :; do
+    all=1
+    for r in "$@"; do
+      if ! CHECK_OUT=$(check_cmd "$r"); then
+        all=0
+        break
+      fi
+    done
+    ((all)) && return 0
+    (($(now_ms) < deadline)) || fail "$step" "check --region $r still failing after ${secs}s: $(tr '\n' ' ' <<<"$CHECK_OUT")"
+    sleep 0.3
+  done
+}
+
+step_setup() {
+  local r s pid
+  for r in "${REGIONS[@]}"; do
+    pid=$(getv "ETCD_PID_$r")
+    ours "$pid" || fail setup "etcd $r (pid $pid) is not running"
+    for s in "${SLOTS[@]}"; do
+      pid=$(getv "REPLICA_PID_${r}_$s")
+      ours "$pid" || fail setup "replica $r/$s (pid $pid) is not running"
+    done
+  done
+  wait_ready 30 "${REGIONS[@]}" || fail setup "regions not ready: $NOT_READY"
+}
+
+step_visibility() {
+  local r n s i octet detail="" p cnt un
+  step_start
+  octet=0
+  for r in "${REGIONS[@]}"; do
+    octet=$((octet + 1))
+    # 20 endpoints in a, 8 in each other region.
+    if [[ $r == a ]]; then n=5; else n=2; fi
+    for ((s = 0; s < n; s++)); do
+      for i in 1 2 3 4; do
+        put visibility "$r" "$(endpoint_key "$r" "svc-$s" "10.$octet.$s.$i")" \
+          "$(endpoint_value "$r" "$r-$((i % 2 + 1))" 8080)"
+      done
+    done
+  done
+  wait_mirrored visibility 20 "${REGIONS[@]}"
+  for r in "${REGIONS[@]}"; do
+    for p in $(peers_of "$r"); do
+      read -r cnt un <<<"$(leased "$p" "$r")"
+      ((cnt > 0)) || fail visibility "$p holds no keys of $r"
+      detail+="${detail:+, }$r->$p $cnt keys"
+    done
+  done
+  ok visibility "$detail, all on a lease, in $(step_time)"
+}
+
+step_data_path() {
+  local i p key v want
+  step_start
+  # Overwrite svc-0's endpoints, delete svc-4's.
+  for i in 1 2 3 4; do
+    put data-path a "$(endpoint_key a svc-0 "10.1.0.$i")" "$(endpoint_value a a-9 9090 ',"weight":2')"
+    del data-path a "$(endpoint_key a svc-4 "10.1.4.$i")"
+  done
+  wait_mirrored data-path 20 a
+  for p in $(peers_of a); do
+    for i in 1 2 3 4; do
+      key=$(endpoint_key a svc-4 "10.1.4.$i")
+      v=$(ectl "$p" get "$key" --keys-only) || fail data-path "reading $p failed"
+      [[ -z $v ]] || fail data-path "deleted $key still in $p"
+      key=$(endpoint_key a svc-0 "10.1.0.$i")
+      want=$(endpoint_value a a-9 9090 ',"weight":2')
+      v=$(value_in "$p" "$key")
+      [[ $v == "$want" ]] || fail data-path "$key in $p is $v, want $want"
+    done
+  done
+  ok data-path "4 overwritten and 4 deleted in a; copies in $(peer_list a) match a ($(count_keys a a) keys) in $(step_time)"
+}
+
+step_handoff() {
+  local old standby pid expected key val t_kill t_lead="" t_seen="" p c minc="" all_seen samples=0 deadline
+  step_start
+  old=$(leader_slot a) || fail handoff "a has no leader"
+  if [[ $old == 1 ]]; then standby=2; else standby=1; fi
+  pid=$(getv "REPLICA_PID_a_$old")
+  expected=$(count_keys a a)
+  [[ $expected =~ ^[0-9]+$ ]] || fail handoff "cannot count a's keys"
+  key=$(endpoint_key a handoff 10.1.99.1)
+  val=$(endpoint_value a a-1 8080 ",\"gen\":$(now_ms)")
+
+  kill9 "$pid" || fail handoff "leader a/$old (pid $pid) survived SIGKILL"
+  t_kill=$(now_ms)
+  put handoff a "$key" "$val"
+  deadline=$((t_kill + 30000))
+  while :; do
+    all_seen=1
+    for p in $(peers_of a); do
+      c=$(count_keys "$p" a)
+      if [[ $c =~ ^[0-9]+$ ]]; then
+        samples=$((samples + 1))
+        ((c >= expected)) || fail handoff "$p's copy of a dropped to $c keys (expected >= $expected) $(fmt_ms $(($(now_ms) - t_kill))) after the kill"
+        if [[ -z $minc ]] || ((c < minc)); then minc=$c; fi
+      fi
+      [[ $(value_in "$p" "$key") == "$val" ]] || all_seen=0
+    done
+    if [[ -z $t_lead ]] && [[ $(metric "$(metrics_of "$(getv "REPLICA_PORT_a_$standby")")" aether_replicator_is_leader) == 1 ]]; then
+      t_lead=$(($(now_ms) - t_kill))
+    fi
+    if ((all_seen)) && [[ -z $t_seen ]]; then
+      t_seen=$(($(now_ms) - t_kill))
+    fi
+    [[ -n $t_lead && -n $t_seen ]] && break
+    (($(now_ms) < deadline)) ||
+      fail handoff "after 30s: standby a/$standby leader=${t_lead:-no}, fresh write mirrored=${t_seen:-no}"
+    sleep 0.1
+  done
+
+  # a gets its second replica back.
+  start_replicas "a/$old" >/dev/null || fail handoff "could not start a replacement replica a/$old"
+  wait_ready 30 a >/dev/null 2>&1 || fail handoff "a not ready after the replacement: $NOT_READY"
+  [[ $LEADER_SLOT == "$standby" ]] || fail handoff "a/$LEADER_SLOT leads after the replacement, expected a/$standby"
+  ok handoff "killed leader a/$old (pid $pid); a/$standby leads after $(fmt_ms "$t_lead"), fresh write in $(peer_list a) after $(fmt_ms "$t_seen"); copies never below $expected keys (min $minc, $samples samples); replacement a/$old pid $(getv "REPLICA_PID_a_$old")"
+}
+
+step_lease_lapse() {
+  local r e s k t_kill t_gone="" deadline p all_gone d n
+  local -A base=()
+  step_start
+  # Every other region's subtree, in every etcd: must not change.
+  for r in "${REGIONS[@]}"; do
+    [[ $r == a ]] && continue
+    for e in "${REGIONS[@]}"; do
+      base[$e/$r]=$(digest "$e" "$r")
+      [[ ${base[$e/$r]} != unreadable ]] || fail lease-lapse "cannot read $r's subtree in $e"
+    done
+  done
+  for s in "${SLOTS[@]}"; do
+    kill9 "$(getv "REPLICA_PID_a_$s")" || fail lease-lapse "replica a/$s survived SIGKILL"
+  done
+  t_kill=$(now_ms)
+  deadline=$((t_kill + (TTL + 5) * 1000))
+  while :; do
+    all_gone=1
+    for p in $(peers_of a); do
+      n=$(count_keys "$p" a)
+      [[ $n == 0 ]] || all_gone=0
+    done
+    for k in "${!base[@]}"; do
+      d=$(digest "${k%/*}" "${k#*/}")
+      [[ $d == "${base[$k]}" ]] ||
+        fail lease-lapse "${k#*/}'s subtree in ${k%/*}'s etcd changed while a was down ($d != ${base[$k]})"
+    done
+    if ((all_gone)); then
+      t_gone=$(($(now_ms) - t_kill))
+      break
+    fi
+    (($(now_ms) < deadline)) || fail lease-lapse "a's copy still present $((TTL + 5))s after both replicas died: $(for p in $(peers_of a); do printf '%s=%s ' "$p" "$(count_keys "$p" a)"; done)"
+    sleep 0.25
+  done
+  for p in $(peers_of a); do
+    [[ -z $(ectl "$p" get "${STATE_KEY_ROOT}a/state" --keys-only) ]] ||
+      fail lease-lapse "a's state key is still in $p"
+  done
+  ok lease-lapse "killed both a replicas; a's copy gone from $(peer_list a) after $(fmt_ms "$t_gone") (TTL ${TTL}s), state key gone; other regions' subtrees untouched in every etcd"
+}
+
+step_recovery() {
+  local -a others=()
+  local r
+  step_start
+  start_replicas a/1 a/2 >/dev/null || fail recovery "could not restart a's replicas"
+  wait_check recovery 60 a
+  local first
+  first=$(paste -sd';' <<<"$CHECK_OUT" | sed 's/;/; /g')
+  wait_ready 30 a >/dev/null 2>&1 || fail recovery "a not ready: $NOT_READY"
+  for r in "${REGIONS[@]}"; do
+    [[ $r == a ]] || others+=("$r")
+  done
+  wait_check recovery 30 "${others[@]}"
+  ok recovery "a's replicas restarted (leader a/$LEADER_SLOT); check --region a exits 0 after $(step_time): $first"
+}
+
+# sample_counts OUT SECONDS: every 0.2 s, append "<b's keys in a> <a's keys
+# in b>" to OUT ("?" while unreadable), for at most SECONDS.
+sample_counts() {
+  local out=$1 end
+  end=$(($(now_ms) + $2 * 1000))
+  while (($(now_ms) < end)); do
+    echo "$(count_keys a b) $(count_keys b a)" >>"$out"
+    sleep 0.2
+  done
+}
+
+step_peer_restart() {
+  local pid t_down key val bkey bval before samples min_ba note
+  local -a regions_to_check=(a)
+  step_start
+  # Watch b's copy in a while b's etcd is away: informational (b's leader
+  # may lose its election session if the restart is slow, and then b's copy
+  # can lapse in a; see the notes at the end of the line).
+  before=$(count_keys a b)
+  samples="$STATE/peer-restart.samples"
+  : >"$samples"
+  sample_counts "$samples" 120 &
+  SAMPLER_PID=$!
+  pid=$(getv ETCD_PID_b)
+  stop_pids "$pid"
+  alive "$pid" && fail peer-restart "b's etcd (pid $pid) did not stop"
+  t_down=$(now_ms)
+  wait_etcds 0 b >/dev/null || fail peer-restart "b's etcd did not come back on its ports"
+  save_env
+  t_down=$(($(now_ms) - t_down))
+  key=$(endpoint_key a svc-0 10.1.0.99)
+  val=$(endpoint_value a a-1 8080 ",\"gen\":$(now_ms)")
+  put peer-restart a "$key" "$val"
+  # And one in b, which must flow out of the restarted etcd.
+  bkey=$(endpoint_key b svc-0 10.2.0.99)
+  bval=$(endpoint_value b b-1 8080 ",\"gen\":$(now_ms)")
+  put peer-restart b "$bkey" "$bval"
+  regions_to_check+=(b)
+  [[ " ${REGIONS[*]} " == *" c "* ]] && regions_to_check+=(c)
+  wait_check peer-restart 60 "${regions_to_check[@]}"
+  [[ $(value_in b "$key") == "$val" ]] || fail peer-restart "new key of a not in b"
+  [[ $(value_in a "$bkey") == "$bval" ]] || fail peer-restart "new key of b not in a"
+  wait_ready 60 b >/dev/null 2>&1 || fail peer-restart "b's replicators not healthy again: $NOT_READY"
+  stop_sampler
+  min_ba=$(awk '$1 ~ /^[0-9]+$/ { if (m == "" || $1 < m) m = $1 } END { print m }' "$samples")
+  if [[ $min_ba == 0 ]]; then
+    note="; NOTE: b's copy in a lapsed (0 of $before keys) during the restart"
+  else
+    note="; b's copy in a stayed >= ${min_ba:-?} keys (was $before)"
+  fi
+  ok peer-restart "b's etcd restarted (SIGTERM, pid $pid -> $(getv ETCD_PID_b), back in $(fmt_ms "$t_down")); check ${regions_to_check[*]} exits 0 and b's leader b/$LEADER_SLOT is synced to $(peer_list b) after $(step_time)$note"
+}
+
+cmd_verify() {
+  if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
+    die "$STATE is not up: run '$0 up --state $STATE' first"
+  fi
+  VERIFY_T0=$(now_ms)
+  trap stop_sampler EXIT
+  step_setup
+  step_visibility
+  step_data_path
+  step_handoff
+  step_lease_lapse
+  step_recovery
+  step_peer_restart
+  echo "== verify: all steps passed in $(fmt_ms $(($(now_ms) - VERIFY_T0))) (${#REGIONS[@]} regions)"
+}
+
+# ---------------------------------------------------------------- down
+
+cmd_down() {
+  local t0 left
+  t0=$(now_ms)
+  if [[ ! -d $STATE ]]; then
+    echo "== down: nothing at $STATE"
+    return 0
+  fi
+  if [[ ! -e $STATE/$MARKER ]]; then
+    if [[ -z $(ls -A "$STATE") ]]; then
+      rmdir "$STATE"
+      echo "== down: removed empty $STATE"
+      return 0
+    fi
+    die "$STATE is not an e2e state dir; not touching it"
+  fi
+  stop_all
+  left=$(live_harness_pids)
+  [[ -z $left ]] || die "processes still running after down: $left"
+  rm -rf "${STATE:?}"
+  echo "== down: stopped and removed $STATE in $(fmt_ms $(($(now_ms) - t0)))"
+}
+
+# ---------------------------------------------------------------- restart
+
+cmd_restart() {
+  local r=$1 s
+  local -a dead=()
+  if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
+    die "$STATE is not up"
+  fi
+  [[ " ${REGIONS[*]} " == *" $r "* ]] || die "no region $r (regions: ${REGIONS[*]})"
+  for s in "${SLOTS[@]}"; do
+    ours "$(getv "REPLICA_PID_${r}_$s")" || dead+=("$r/$s")
+  done
+  if ((${#dead[@]} == 0)); then
+    echo "both replicas of $r are running"
+    return 0
+  fi
+  start_replicas "${dead[@]}"
+}
+
+# ---------------------------------------------------------------- main
+
+CMD=""
+REGION_ARG=""
+STATE="${TMPDIR:-/tmp}/aether-e2e"
+NREGIONS=2
+TTL=6
+BIN_ARG=""
+REGIONS=()
+while (($#)); do
+  case $1 in
+  up | verify | down | restart)
+    [[ -z $CMD ]] || die "one command at a time"
+    CMD=$1
+    if [[ $1 == restart ]]; then
+      (($# >= 2)) || die "restart needs a region"
+      REGION_ARG=$2
+      shift
+    fi
+    ;;
+  --state) (($# >= 2)) || die "--state needs a value"; STATE=$2; shift ;;
+  --state=*) STATE=${1#*=} ;;
+  --regions) (($# >= 2)) || die "--regions needs a value"; NREGIONS=$2; shift ;;
+  --regions=*) NREGIONS=${1#*=} ;;
+  --ttl) (($# >= 2)) || die "--ttl needs a value"; TTL=$2; shift ;;
+  --ttl=*) TTL=${1#*=} ;;
+  --bin) (($# >= 2)) || die "--bin needs a value"; BIN_ARG=$2; shift ;;
+  --bin=*) BIN_ARG=${1#*=} ;;
+  -h | --help) usage; exit 0 ;;
+  *) usage >&2; exit 2 ;;
+  esac
+  shift
+done
+resolve_state
+if [[ -n $BIN_ARG && $BIN_ARG != /* ]]; then BIN_ARG="$PWD/$BIN_ARG"; fi
+TTL=${TTL%s}
+
+case $CMD in
+up) cmd_up ;;
+verify) cmd_verify ;;
+down) cmd_down ;;
+restart) cmd_restart "$REGION_ARG" ;;
+*) usage >&2; exit 2 ;;
+esac
