@@ -438,5 +438,163 @@ fn fanout(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, base_sync, live, handoff, fanout);
+/// End-to-end latency against offered load, as p50/p99 per rate, drawn as
+/// an SVG (`target/criterion/latency-vs-load.svg`) for BENCHMARKS.md.
+fn load_curve(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let src = Etcd::start();
+    let dst = Etcd::start();
+    let (s, d) = (client(&src), client(&dst));
+    let engine = Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg()).expect("engine");
+    rt.block_on(engine.wait_synced());
+    let mut g = c.benchmark_group("load_curve");
+    g.sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+    let mut points = Vec::new();
+    let mut base = 0;
+    g.bench_function("sweep", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                points.clear();
+                for rate in [
+                    250.0,
+                    500.0,
+                    1000.0,
+                    2000.0,
+                    3000.0,
+                    4000.0,
+                    6000.0,
+                    f64::INFINITY,
+                ] {
+                    let n = if rate.is_finite() {
+                        (rate * 1.5) as usize
+                    } else {
+                        10_000
+                    };
+                    let limit = rate.is_finite().then_some(rate);
+                    let (lat, _, achieved) = rt.block_on(burst(&s, &d, base, n, 64, limit));
+                    base += n;
+                    points.push((achieved, percentile(&lat, 0.5), percentile(&lat, 0.99)));
+                }
+            }
+            start.elapsed()
+        })
+    });
+    g.finish();
+    if points.is_empty() {
+        return;
+    }
+    for (rate, p50, p99) in &points {
+        println!(
+            "REPORT load_curve offered_rev_per_s={rate:.0} p50_ms={:.2} p99_ms={:.2}",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
+    }
+    let svg = svg_plot(&points);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("latency-vs-load.svg");
+    if std::fs::write(&path, svg).is_ok() {
+        println!("REPORT load_curve plot={}", path.display());
+    }
+    rt.block_on(engine.shutdown());
+}
+
+/// A small line chart: source rate (x) against p50 and p99 latency (y, log).
+fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
+    use std::fmt::Write as _;
+    let (w, h, left, bottom, top, right) = (640.0, 400.0, 70.0, 50.0, 30.0, 20.0);
+    let max_x = points.iter().map(|p| p.0).fold(1.0, f64::max) * 1.05;
+    let ms = |d: &Duration| (d.as_secs_f64() * 1e3).max(0.1);
+    let (lo, hi) = (
+        0.1f64.log10(),
+        points
+            .iter()
+            .map(|p| ms(&p.2))
+            .fold(1.0, f64::max)
+            .log10()
+            .ceil()
+            .max(1.0),
+    );
+    let x = |v: f64| left + (w - left - right) * v / max_x;
+    let y = |v: f64| h - bottom - (h - bottom - top) * (v.log10() - lo) / (hi - lo);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\
+         <rect width='100%' height='100%' fill='white'/>\
+         <text x='{}' y='18' text-anchor='middle' font-size='14'>aether-replicator: write-to-peer latency against source rate</text>",
+        w / 2.0
+    );
+    let mut decade = lo;
+    while decade <= hi + 1e-9 {
+        let v = 10f64.powf(decade);
+        let _ = write!(
+            out,
+            "<line x1='{left}' x2='{}' y1='{y0}' y2='{y0}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>{v} ms</text>",
+            w - right,
+            left - 6.0,
+            y(v) + 4.0,
+            y0 = y(v)
+        );
+        decade += 1.0;
+    }
+    for i in 0..=5 {
+        let v = max_x * f64::from(i) / 5.0;
+        let _ = write!(
+            out,
+            "<text x='{}' y='{}' text-anchor='middle'>{:.0}</text>",
+            x(v),
+            h - bottom + 18.0,
+            v
+        );
+    }
+    let _ = write!(
+        out,
+        "<text x='{}' y='{}' text-anchor='middle'>source writes (single-put revisions/s, 64 writers)</text>\
+         <line x1='{left}' x2='{left}' y1='{top}' y2='{}' stroke='black'/><line x1='{left}' x2='{}' y1='{}' y2='{}' stroke='black'/>",
+        (left + w - right) / 2.0,
+        h - 12.0,
+        h - bottom,
+        w - right,
+        h - bottom,
+        h - bottom
+    );
+    for (name, color, pick) in [("p50", "#1f77b4", 1usize), ("p99", "#d62728", 2)] {
+        let pts: Vec<String> = points
+            .iter()
+            .map(|p| {
+                let d = if pick == 1 { &p.1 } else { &p.2 };
+                format!("{:.1},{:.1}", x(p.0), y(ms(d)))
+            })
+            .collect();
+        let _ = write!(
+            out,
+            "<polyline fill='none' stroke='{color}' stroke-width='2' points='{}'/>",
+            pts.join(" ")
+        );
+        for pt in &pts {
+            let (px, py) = pt.split_once(',').unwrap_or(("0", "0"));
+            let _ = write!(out, "<circle cx='{px}' cy='{py}' r='3' fill='{color}'/>");
+        }
+        let ly = if pick == 1 { 45.0 } else { 62.0 };
+        let _ = write!(
+            out,
+            "<line x1='{}' x2='{}' y1='{ly}' y2='{ly}' stroke='{color}' stroke-width='2'/><text x='{}' y='{}'>{name}</text>",
+            left + 10.0,
+            left + 30.0,
+            left + 35.0,
+            ly + 4.0
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+criterion_group!(benches, base_sync, live, handoff, fanout, load_curve);
 criterion_main!(benches);

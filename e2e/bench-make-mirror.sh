@@ -2,7 +2,7 @@
 # Side by side on this machine: `etcdctl make-mirror` and `aether-replicator`
 # doing the same work on fresh etcd pairs, in one run.
 #
-#   e2e/bench-make-mirror.sh [--keys N] [--burst N] [--writers N] [--rss-keys N]
+#   e2e/bench-make-mirror.sh [--keys N] [--burst N] [--writers N] [--rss-keys N] [--rss-only]
 #
 # 1. Base sync: N keys (100-byte values) at the source, an empty peer;
 #    time from starting the mirror to the peer holding all N.
@@ -16,13 +16,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-KEYS=20000 BURST=20000 WRITERS=64 RSS_KEYS=0
+KEYS=20000 BURST=20000 WRITERS=64 RSS_KEYS=0 RSS_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --keys) KEYS=$2; shift 2 ;;
     --burst) BURST=$2; shift 2 ;;
     --writers) WRITERS=$2; shift 2 ;;
     --rss-keys) RSS_KEYS=$2; shift 2 ;;
+    --rss-only) RSS_ONLY=1; shift ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -83,7 +84,9 @@ start_mirror() {
 now_ms() { date +%s%3N; }
 
 declare -A BASE LIVE
-for tool in make-mirror aether-replicator; do
+tools=(make-mirror aether-replicator)
+[ "$RSS_ONLY" = 1 ] && tools=()
+for tool in "${tools[@]}"; do
   start_etcd "src-$tool-base"; SRC=$URL; S1=$EPID
   start_etcd "dst-$tool-base"; DST=$URL; D1=$EPID
   "$LOAD" fill "$SRC" "$PREFIX" "$KEYS"
@@ -109,12 +112,14 @@ for tool in make-mirror aether-replicator; do
   stop_pid "$MPID"; stop_pid "$S2"; stop_pid "$D2"
 done
 
+if [ "$RSS_ONLY" = 0 ]; then
 echo
 printf '%-28s %16s %20s %8s\n' "" "make-mirror" "aether-replicator" "ratio"
 printf '%-28s %16s %20s %7sx\n' "base sync (keys/s)" "${BASE[make-mirror]}" "${BASE[aether-replicator]}" \
   "$(python3 -c "print(round(${BASE[aether-replicator]}/max(${BASE[make-mirror]},1),1))")"
 printf '%-28s %16s %20s %7sx\n' "burst: done after last (ms)" "${LIVE[make-mirror]}" "${LIVE[aether-replicator]}" \
   "$(python3 -c "print(round(max(${LIVE[make-mirror]},1)/max(${LIVE[aether-replicator]},1),1))")"
+fi
 
 if [ "$RSS_KEYS" -gt 0 ]; then
   start_etcd src-rss; SRC=$URL

@@ -4,6 +4,7 @@
 //! loadgen fill  <endpoint> <prefix> <n>            # n keys (100-byte values) in 128-put txns
 //! loadgen burst <endpoint> <prefix> <n> <writers>  # n single-put revisions from <writers> tasks
 //! loadgen wait  <endpoint> <prefix> <n> <timeout-s> # until <prefix> holds n keys
+//! loadgen scan  <endpoint> <prefix> <page-size>     # pages through <prefix>, prints keys and ms
 //! ```
 //!
 //! `burst` prints the Unix time in ms when its last write returned, `wait`
@@ -95,6 +96,19 @@ async fn main() {
                 r.expect("writer");
             }
             println!("{}", now_ms());
+        }
+        "scan" => {
+            let start = std::time::Instant::now();
+            let mut scan = client.scan_prefix(prefix.clone(), n, 0);
+            let (mut keys, mut pages) = (0, 0);
+            while let Some(p) = scan.next_page().await.expect("scan") {
+                keys += p.kvs.len();
+                pages += 1;
+            }
+            println!(
+                "{keys} keys in {pages} pages, {} ms",
+                start.elapsed().as_millis()
+            );
         }
         "wait" => {
             let deadline = std::time::Instant::now() + Duration::from_secs(extra as u64);

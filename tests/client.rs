@@ -659,3 +659,52 @@ async fn progress_requests_and_cancel() {
         .unwrap();
     assert_eq!(next.events[0].revision(), rev);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_windows_cover_uneven_and_binary_key_spaces() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let mut want: Vec<Vec<u8>> = Vec::new();
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    // Dense, sparse, dense again, and binary keys near 0xff.
+    for i in 0..700 {
+        want.push(format!("/u/a/{i:05}").into_bytes());
+    }
+    for i in 0..3 {
+        want.push(format!("/u/m{i}").into_bytes());
+    }
+    for i in 0..700 {
+        want.push(format!("/u/z/{:x}/{i}", i % 7).into_bytes());
+    }
+    for i in 0..50u8 {
+        want.push([b"/u/".as_slice(), &[0xff, 0xff, i, 0]].concat());
+    }
+    for k in &want {
+        b.put(k.clone(), "v", 0);
+    }
+    for t in b.finish() {
+        c.txn(t).await.unwrap();
+    }
+    want.sort();
+    for page_size in [1, 7, 50, 1000] {
+        let mut scan = c.scan_prefix("/u/", page_size, 0);
+        let mut got = Vec::new();
+        while let Some(p) = scan.next_page().await.unwrap() {
+            assert!(p.kvs.len() <= page_size);
+            got.extend(p.kvs.into_iter().map(|kv| kv.key().to_vec()));
+        }
+        assert_eq!(got, want, "page size {page_size}");
+    }
+    // A scan to the end of the keyspace works the same way.
+    let mut scan = c.scan(b"/u/z/".to_vec(), vec![0u8], 64, 0);
+    let mut n = 0;
+    while let Some(p) = scan.next_page().await.unwrap() {
+        n += p.kvs.len();
+    }
+    assert_eq!(
+        n,
+        want.iter()
+            .filter(|k| k.as_slice() >= b"/u/z/".as_slice())
+            .count()
+    );
+}
