@@ -17,6 +17,10 @@ if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
   # The package may start a system etcd on 2379; the tests never use it.
   command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null || true
 fi
+# The e2e harness talks HTTP to the replicas' metrics endpoints.
+if ! command -v curl >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq curl >/dev/null
+fi
 etcd --version | head -1
 
 echo "== cargo fmt --check"

@@ -12,7 +12,8 @@ use std::time::Duration;
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn};
 use aether_replicator::mirror::{Engine, ErrorKind};
 use common::mirror::{
-    CONVERGE, PREFIX, client, config, config_for, contents, converged, count, key, key_in, put_many,
+    CONVERGE, PREFIX, client, config, config_for, contents, converged, count, key, key_in,
+    put_many, start_synced,
 };
 use common::{Etcd, FaultProxy};
 
@@ -50,16 +51,7 @@ async fn short_cut_keeps_every_key_and_converges() {
     let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
     put_many(&src, (0..200).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(8);
-    let engine = Engine::start(
-        src.clone(),
-        vec![("b".into(), client(&proxy.endpoint()))],
-        cfg.clone(),
-    )
-    .unwrap();
-    tokio::time::timeout(CONVERGE, engine.wait_synced())
-        .await
-        .unwrap();
-    converged(&src, &dst, &cfg).await;
+    let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
     let stop = Arc::new(AtomicBool::new(false));
     let min = min_count(dst.clone(), PREFIX, stop.clone());
     proxy.cut();
@@ -133,11 +125,7 @@ async fn peer_data_loss_is_refilled() {
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
     put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(5);
-    let engine = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
-    tokio::time::timeout(CONVERGE, engine.wait_synced())
-        .await
-        .unwrap();
-    converged(&src, &dst, &cfg).await;
+    let engine = start_synced(&src, dst.clone(), &dst, &cfg).await;
     dst_etcd.restart_empty();
     src.put(Put::new(key(300), "after loss")).await.unwrap();
     let report = converged(&src, &dst, &cfg).await;
@@ -152,11 +140,7 @@ async fn source_restart_loses_and_duplicates_nothing() {
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
     put_many(&src, (0..100).map(|i| (key(i), "v".to_string()))).await;
     let cfg = config(6);
-    let engine = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
-    tokio::time::timeout(CONVERGE, engine.wait_synced())
-        .await
-        .unwrap();
-    converged(&src, &dst, &cfg).await;
+    let engine = start_synced(&src, dst.clone(), &dst, &cfg).await;
     let events_before = engine.stats()[0].events.load(Ordering::Relaxed);
     src_etcd.kill();
     src_etcd.restart();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::{Engine, ResyncReason};
-use common::mirror::{PREFIX, client, config, converged, count, key, put_many};
+use common::mirror::{PREFIX, client, config, converged, count, key, put_many, start_synced};
 use common::{Etcd, FaultProxy};
 
 const T: Duration = common::mirror::CONVERGE;
@@ -75,17 +75,13 @@ async fn adopted_lease_means_only_changed_keys_are_rewritten() {
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
     put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(10);
-    let e1 = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
-    tokio::time::timeout(T, e1.wait_synced()).await.unwrap();
-    converged(&src, &dst, &cfg).await;
+    let e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
     e1.shutdown().await;
     // Changes while no engine runs; the state revision is still in history,
     // so the successor resumes by watch.
     src.put(Put::new(key(1), "changed")).await.unwrap();
     src.delete(Delete::key(key(2))).await.unwrap();
-    let e2 = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
-    tokio::time::timeout(T, e2.wait_synced()).await.unwrap();
-    converged(&src, &dst, &cfg).await;
+    let e2 = start_synced(&src, dst.clone(), &dst, &cfg).await;
     let s = &e2.stats()[0];
     assert_eq!(
         s.sync_puts.load(Ordering::Relaxed),
@@ -195,9 +191,7 @@ async fn handoff_after_a_crash_never_drops_a_key() {
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
     put_many(&src, (0..400).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(4);
-    let e1 = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
-    tokio::time::timeout(T, e1.wait_synced()).await.unwrap();
-    converged(&src, &dst, &cfg).await;
+    let e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
     let stop = Arc::new(AtomicBool::new(false));
     let poll = watch_count(dst.clone(), stop.clone());
     // Writes in flight when the first engine dies.
@@ -208,9 +202,7 @@ async fn handoff_after_a_crash_never_drops_a_key() {
     for i in 450..470 {
         src.put(Put::new(key(i), "new")).await.unwrap();
     }
-    let e2 = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
-    tokio::time::timeout(T, e2.wait_synced()).await.unwrap();
-    converged(&src, &dst, &cfg).await;
+    let e2 = start_synced(&src, dst.clone(), &dst, &cfg).await;
     // Outlive the first lease's TTL: nothing may expire with it.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let report = converged(&src, &dst, &cfg).await;
@@ -264,14 +256,7 @@ async fn compaction_while_the_peer_is_cut_off_forces_a_resync() {
     let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
     put_many(&src, (0..100).map(|i| (key(i), "v".to_string()))).await;
     let cfg = config(20);
-    let engine = Engine::start(
-        src.clone(),
-        vec![("b".into(), client(&proxy.endpoint()))],
-        cfg.clone(),
-    )
-    .unwrap();
-    tokio::time::timeout(T, engine.wait_synced()).await.unwrap();
-    converged(&src, &dst, &cfg).await;
+    let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
     proxy.cut();
     for i in 0..30 {
         src.delete(Delete::key(key(i))).await.unwrap();

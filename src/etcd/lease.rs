@@ -260,17 +260,9 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
                     Ok(Err(s)) => Error::from(s),
                     _ => Error::Timeout(client.config().request_timeout),
                 };
-                tracing::debug!(error = %err, "lease keep-alive stream failed to open");
-                if err.is_invalid_token() {
-                    client.clear_token();
+                if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
+                    return;
                 }
-                client.rotate(idx);
-                mark_failure(&mut leases);
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(MAX_KEEPALIVE_BACKOFF);
                 continue 'reconnect;
             }
         };
@@ -327,17 +319,9 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
                             Err(s) => Error::from(s),
                             _ => Error::Unavailable("keep-alive stream ended".into()),
                         };
-                        tracing::debug!(error = %err, "lease keep-alive stream broke; reopening");
-                        if err.is_invalid_token() {
-                            client.clear_token();
+                        if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
+                            return;
                         }
-                        client.rotate(idx);
-                        mark_failure(&mut leases);
-                        tokio::select! {
-                            _ = cancel.cancelled() => return,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(MAX_KEEPALIVE_BACKOFF);
                         continue 'reconnect;
                     }
                 },
@@ -380,8 +364,28 @@ fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {
     }
 }
 
-fn mark_failure(leases: &mut HashMap<i64, Kept>) {
+/// After the stream failed to open or broke: count it against every lease,
+/// move to the next endpoint, and back off. False if cancelled meanwhile.
+async fn stream_failed(
+    client: &Client,
+    idx: usize,
+    err: &Error,
+    leases: &HashMap<i64, Kept>,
+    cancel: &CancellationToken,
+    backoff: &mut Duration,
+) -> bool {
+    tracing::debug!(error = %err, "lease keep-alive stream failed; reopening");
+    if err.is_invalid_token() {
+        client.clear_token();
+    }
+    client.rotate(idx);
     for k in leases.values() {
         k.status.send_modify(|s| s.failures += 1);
+    }
+    let wait = *backoff;
+    *backoff = (*backoff * 2).min(MAX_KEEPALIVE_BACKOFF);
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(wait) => true,
     }
 }

@@ -97,3 +97,25 @@ pub async fn contents(c: &Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     }
     out
 }
+
+/// Starts region a's engine mirroring `src` into `peer` (as region b),
+/// waits until it is live and `observe` (the peer as seen directly, not
+/// through a proxy) holds an exact copy.
+pub async fn start_synced(
+    src: &Client,
+    peer: Client,
+    observe: &Client,
+    cfg: &MirrorConfig,
+) -> aether_replicator::mirror::Engine {
+    let engine = aether_replicator::mirror::Engine::start(
+        src.clone(),
+        vec![("b".into(), peer)],
+        cfg.clone(),
+    )
+    .expect("engine");
+    tokio::time::timeout(CONVERGE, engine.wait_synced())
+        .await
+        .expect("engine synced");
+    converged(src, observe, cfg).await;
+    engine
+}
