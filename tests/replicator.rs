@@ -404,3 +404,40 @@ fn a_local_etcd_outage_shorter_than_the_lease_keeps_the_copy() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn an_unreachable_peer_at_startup_holds_back_nothing() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    let (s, d) = (client(&src), client(&dst));
+    rt.block_on(seed(&s, 30));
+    let dead = common::replicator::free_addr();
+    let mut argv = args(&src, &dst, "6s");
+    argv.push(format!("--peer-etcd=c=http://{dead}"));
+    let r = Replicator::spawn(&argv);
+    // b is mirrored in full while c cannot be reached; the process serves
+    // health and metrics throughout and reports c as down, not ready.
+    assert!(wait_until(Duration::from_secs(30), || rt
+        .block_on(count(&d))
+        == 30));
+    assert!(wait_until(Duration::from_secs(10), || {
+        r.scrape().is_some_and(|p| {
+            metric(&p, "aether_replicator_peer_synced{peer=\"b\"}") == Some(1.0)
+                && metric(&p, "aether_replicator_peer_up{peer=\"c\"}") == Some(0.0)
+                && metric(
+                    &p,
+                    "aether_replicator_errors_total{peer=\"c\",kind=\"unavailable\"}",
+                )
+                .unwrap_or(0.0)
+                    >= 1.0
+        })
+    }));
+    assert_eq!(http_get(r.metrics, "/healthz").map(|x| x.0), Some(200));
+    assert_eq!(http_get(r.metrics, "/readyz").map(|x| x.0), Some(503));
+    rt.block_on(s.put(Put::new(format!("{PREFIX}live"), "1")))
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || rt
+        .block_on(count(&d))
+        == 31));
+}
