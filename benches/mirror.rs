@@ -208,7 +208,12 @@ async fn burst(
     let mut arrived: Vec<Option<Instant>> = vec![None; revisions];
     let mut remaining = revisions;
     let mut last_write_done = None;
+    let give_up = Instant::now() + Duration::from_secs(120);
     while remaining > 0 {
+        assert!(
+            Instant::now() < give_up,
+            "burst: {remaining} of {revisions} keys never reached the peer"
+        );
         tokio::select! {
             r = watcher.next() => {
                 let r = r.expect("watch").expect("watch");
@@ -223,7 +228,7 @@ async fn burst(
                     }
                 }
             }
-            _ = tokio::time::sleep(Duration::from_millis(5)), if last_write_done.is_none() => {}
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
         }
         if last_write_done.is_none() && tasks.iter().all(|t| t.is_finished()) {
             last_write_done = Some(Instant::now());
