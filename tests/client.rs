@@ -695,6 +695,20 @@ async fn scan_windows_cover_uneven_and_binary_key_spaces() {
         }
         assert_eq!(got, want, "page size {page_size}");
     }
+    // As a stream.
+    use futures_util::TryStreamExt;
+    let pages: Vec<_> = c
+        .scan_prefix("/u/", 100, 0)
+        .into_stream()
+        .try_collect()
+        .await
+        .unwrap();
+    let streamed: Vec<Vec<u8>> = pages
+        .into_iter()
+        .flat_map(|p| p.kvs)
+        .map(|kv| kv.key().to_vec())
+        .collect();
+    assert_eq!(streamed, want);
     // A scan to the end of the keyspace works the same way.
     let mut scan = c.scan(b"/u/z/".to_vec(), vec![0u8], 64, 0);
     let mut n = 0;

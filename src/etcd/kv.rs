@@ -678,6 +678,21 @@ impl Scan {
     }
 }
 
+impl Scan {
+    /// The pages as a `Stream`, ending after the last page or the first
+    /// error. Still one page at a time in memory.
+    pub fn into_stream(self) -> impl futures_util::Stream<Item = Result<Page>> + Send {
+        futures_util::stream::unfold(Some(self), |scan| async move {
+            let mut scan = scan?;
+            match scan.next_page().await {
+                Ok(Some(page)) => Some((Ok(page), Some(scan))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
+}
+
 /// The key `f` times the distance from `a` to `b` beyond `b`, measured in
 /// the eight bytes after their common prefix. `None` when that cannot be
 /// told (no distance), or past the end of the keyspace.
