@@ -172,14 +172,20 @@ async fn burst(
 ) -> (Vec<Duration>, Duration, f64) {
     let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; revisions]));
     let (_stream, mut watcher) = dst.watch(WatchOptions::prefix(PREFIX)).expect("watch");
-    // Make sure the peer watch is live before writing.
-    dst.put(Put::new(format!("{PREFIX}probe/{base}"), "p"))
+    // Make sure the peer watch is live before writing: the create request
+    // is pipelined, so a single probe could land before the watch exists.
+    'live: for attempt in 0..100 {
+        dst.put(Put::new(
+            format!("{PREFIX}probe/{base}"),
+            format!("{attempt}"),
+        ))
         .await
         .expect("probe");
-    loop {
-        let r = watcher.next().await.expect("watch open").expect("watch");
-        if !r.events.is_empty() {
-            break;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        while let Ok(r) = tokio::time::timeout_at(deadline, watcher.next()).await {
+            if !r.expect("watch open").expect("watch").events.is_empty() {
+                break 'live;
+            }
         }
     }
     let next = Arc::new(AtomicUsize::new(0));

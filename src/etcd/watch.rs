@@ -226,6 +226,11 @@ impl Client {
 impl WatchStream {
     /// Adds a watcher. The create request is queued at once; errors such as
     /// a compacted start revision arrive on the watcher.
+    ///
+    /// Without a start revision, "now" is when the server processes the
+    /// create, which can be after a write the caller makes right after this
+    /// returns. To see a write for certain, watch from a known revision
+    /// (for example one past a read's header revision).
     pub fn watch(&self, opts: WatchOptions) -> Result<Watcher> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(WATCHER_QUEUE);
