@@ -220,7 +220,11 @@ async fn a_thousand_watchers_on_one_stream() {
     for (i, w) in watchers.iter_mut().enumerate() {
         let ev = tokio::time::timeout(T, async {
             loop {
-                let r = w.next().await.unwrap().unwrap();
+                let r = w
+                    .next()
+                    .await
+                    .expect("watcher open")
+                    .expect("no watch error");
                 if let Some(e) = r.events.into_iter().find(|e| e.kv.value() != "probe") {
                     return e;
                 }
@@ -577,7 +581,11 @@ async fn fragmented_catch_up_is_reassembled() {
         );
     }
     let (_s, mut w) = c
-        .watch(WatchOptions::prefix("/frag/").start_revision(first + 1))
+        .watch(
+            WatchOptions::prefix("/frag/")
+                .start_revision(first + 1)
+                .fragment(),
+        )
         .unwrap();
     let mut got = Vec::new();
     tokio::time::timeout(T, async {

@@ -119,7 +119,6 @@ impl WatchOptions {
     pub fn key(key: impl Into<Bytes>) -> Self {
         WatchOptions(PbWatchCreateRequest {
             key: key.into(),
-            fragment: true,
             ..Default::default()
         })
     }
@@ -130,7 +129,6 @@ impl WatchOptions {
         WatchOptions(PbWatchCreateRequest {
             key,
             range_end,
-            fragment: true,
             ..Default::default()
         })
     }
@@ -142,6 +140,15 @@ impl WatchOptions {
     /// Include the previous key-value in each event.
     pub fn prev_kv(mut self) -> Self {
         self.0.prev_kv = true;
+        self
+    }
+    /// Let the server split responses larger than its request size limit;
+    /// the stream reassembles them. Off by default: the client accepts
+    /// large messages anyway, and etcd 3.4 builds fragments in time
+    /// quadratic in the events per fragment (50k small events take 2.7 s
+    /// fragmented, 0.2 s whole).
+    pub fn fragment(mut self) -> Self {
+        self.0.fragment = true;
         self
     }
     /// Ask the server for periodic progress notices.
