@@ -202,7 +202,7 @@ impl Peer {
         self.stats.synced.store(false, Relaxed);
         tracing::info!(peer = %self.region, reason = reason.as_str(), "range-diff sync");
         let lease = self.lease_id();
-        let fut = super::sync::run(self, self.fence, lease);
+        let fut = super::sync::run(self, lease);
         let rev = tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
@@ -228,10 +228,11 @@ impl Peer {
             && own_lease_alive
             && st.lease == self.lease_id()
         {
+            // Revision 0: an earlier sync under this claim did not finish.
             let start = if st.revision > 0 {
                 self.check_lag(st.revision).await?
             } else {
-                Start::Sync(ResyncReason::Fenced)
+                Start::Sync(ResyncReason::Initial)
             };
             return Ok((None, start));
         }

@@ -89,7 +89,7 @@ impl Prefetch {
 }
 
 /// Syncs the peer to the source; returns the source revision S it reflects.
-pub(crate) async fn run(peer: &Peer, _fence: i64, lease: i64) -> Result<i64> {
+pub(crate) async fn run(peer: &Peer, lease: i64) -> Result<i64> {
     let page_size = peer.cfg.page_size;
     let mut src = Prefetch::start(&peer.local, peer.prefix.clone(), page_size);
     let mut dst = Prefetch::start(&peer.peer, peer.prefix.clone(), page_size);
