@@ -247,7 +247,7 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
         .unwrap()
         .header
         .revision;
-    let (_stream, mut w) = c
+    let (stream, mut w) = c
         .watch(
             WatchOptions::prefix("/r/")
                 .start_revision(start + 1)
@@ -289,7 +289,12 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
                 ));
             }
         }
+        assert!(stream.is_connected());
         etcd.kill();
+        assert!(
+            common::wait_until_async(T, || !stream.is_connected()).await,
+            "the stream noticed the loss"
+        );
         etcd.restart();
     }
     let last = *expected.last().unwrap();
@@ -307,6 +312,7 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
     })
     .await
     .expect("caught up after restarts");
+    assert!(stream.is_connected(), "reconnected");
     // Deletes of absent keys make no event, so compare against the store's
     // own history: every revision once, in order.
     let revs: Vec<i64> = got.iter().map(|g| g.0).collect();

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -206,6 +206,7 @@ enum Cmd {
 pub struct WatchStream {
     next_id: Arc<AtomicI64>,
     cmds: mpsc::UnboundedSender<Cmd>,
+    connected: Arc<AtomicBool>,
     _guard: Arc<DropGuard>,
 }
 
@@ -214,10 +215,12 @@ impl Client {
     pub fn watch_stream(&self) -> WatchStream {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
-        tokio::spawn(run(self.clone(), rx, cancel.clone()));
+        let connected = Arc::new(AtomicBool::new(false));
+        tokio::spawn(run(self.clone(), rx, cancel.clone(), connected.clone()));
         WatchStream {
             next_id: Arc::new(AtomicI64::new(1)),
             cmds: tx,
+            connected,
             _guard: Arc::new(cancel.drop_guard()),
         }
     }
@@ -251,6 +254,13 @@ impl WatchStream {
             rx,
             cmds: self.cmds.clone(),
         })
+    }
+
+    /// Whether the stream is open right now. False before the first watcher
+    /// connects and while the task is reconnecting after a failure, so a
+    /// consumer can tell a quiet watch from a dead one.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
     }
 
     /// Asks the server for a progress notice. etcd 3.4 broadcasts it to
@@ -287,7 +297,12 @@ fn cancel_msg(id: i64) -> PbWatchRequest {
     }
 }
 
-async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: CancellationToken) {
+async fn run(
+    client: Client,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    cancel: CancellationToken,
+    connected: Arc<AtomicBool>,
+) {
     let mut watchers: HashMap<i64, State> = HashMap::new();
     let mut backoff = Duration::from_millis(50);
     let mut commands_open = true;
@@ -325,7 +340,10 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
             r = tokio::time::timeout(client.config().request_timeout, open) => r,
         };
         let mut inbound = match opened {
-            Ok(Ok(resp)) => resp.into_inner(),
+            Ok(Ok(resp)) => {
+                connected.store(true, Ordering::Relaxed);
+                resp.into_inner()
+            }
             failed => {
                 let err = match failed {
                     Ok(Err(s)) => Error::from(s),
@@ -376,6 +394,7 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
                             Err(s) => Error::from(s),
                             _ => Error::Unavailable("watch stream ended".into()),
                         };
+                        connected.store(false, Ordering::Relaxed);
                         tracing::debug!(error = %err, watchers = watchers.len(), "watch stream broke; resuming");
                         if err.is_invalid_token() {
                             client.clear_token();
