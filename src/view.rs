@@ -496,6 +496,8 @@ struct Shared {
     changes: broadcast::Sender<Change>,
     skipped: AtomicU64,
     resyncs: AtomicU64,
+    /// The watch stream in use, for its connection state.
+    stream: std::sync::Mutex<Option<etcd::WatchStream>>,
 }
 
 impl Shared {
@@ -536,6 +538,7 @@ impl RegistryView {
             changes,
             skipped: AtomicU64::new(skipped),
             resyncs: AtomicU64::new(0),
+            stream: std::sync::Mutex::new(None),
         });
         let cancel = CancellationToken::new();
         let task = Task {
@@ -579,6 +582,17 @@ impl RegistryView {
     /// The revision the view reflects.
     pub fn revision(&self) -> i64 {
         self.shared.snapshot().revision()
+    }
+
+    /// Whether the view's watch is connected right now. While it is not,
+    /// the view still serves its last state, which may be going stale.
+    pub fn is_connected(&self) -> bool {
+        self.shared
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(etcd::WatchStream::is_connected)
     }
 
     /// Key-values under the root skipped because their key is not an
@@ -650,9 +664,10 @@ impl Task {
         loop {
             let opts = WatchOptions::prefix(self.config.schema.root().to_owned())
                 .start_revision(self.current.revision + 1);
-            let Ok((_stream, mut watcher)) = self.client.watch(opts) else {
+            let Ok((stream, mut watcher)) = self.client.watch(opts) else {
                 return;
             };
+            *self.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
             let compacted = loop {
                 let msg = tokio::select! {
                     _ = self.cancel.cancelled() => return,

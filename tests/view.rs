@@ -297,12 +297,17 @@ async fn compaction_while_cut_off_forces_a_resync_with_the_diff() {
         .await
         .unwrap();
     assert_eq!(describe(&next(&mut rx).await), "added b/s/10.0.0.5 1");
+    assert!(view.is_connected());
 
     let accepted = proxy.accepted_connections();
     proxy.cut();
     // The view's watch reconnecting (into the black hole) shows that its
     // stream is gone: nothing written from here on reaches it live.
     assert!(common::wait_until_async(T, || proxy.accepted_connections() > accepted).await);
+    assert!(
+        common::wait_until_async(T, || !view.is_connected()).await,
+        "the view reports its watch as down"
+    );
     b.put(Put::new(key("b", "s", "10.0.0.6"), value("b", "b-1", "")))
         .await
         .unwrap();
