@@ -566,6 +566,7 @@ impl Client {
             next: Some(from.into()),
             end: to.into(),
             page_size: page_size.max(1) as i64,
+            limit: page_size.max(1) as i64,
             revision,
             hint: None,
             started: false,
@@ -594,6 +595,8 @@ pub struct Scan {
     next: Option<Bytes>,
     end: Bytes,
     page_size: i64,
+    /// The limit of the next request: ramps up to `page_size`.
+    limit: i64,
     revision: i64,
     /// Where the next window ends: extrapolated from `(a, b)` by `factor`
     /// times their distance beyond `b`. None: to the end of the range.
@@ -616,6 +619,13 @@ impl Scan {
         self.revision
     }
 
+    /// Starts with pages of `first` keys and doubles them up to the page
+    /// size, so a consumer that works page by page starts sooner.
+    pub fn ramp_up(mut self, first: usize) -> Self {
+        self.limit = (first.max(1) as i64).min(self.page_size);
+        self
+    }
+
     /// The next page, or `None` when the range is exhausted. The first call
     /// always returns a page (maybe empty), which pins the revision; later
     /// pages are never empty and hold at most `page_size` keys.
@@ -633,7 +643,7 @@ impl Scan {
             };
             let bounded = window_end != self.end;
             let req = Range::between(from.clone(), window_end.clone())
-                .limit(self.page_size)
+                .limit(self.limit)
                 .revision(self.revision);
             let resp = match self.client.range(req).await {
                 Ok(r) => r,
@@ -662,12 +672,15 @@ impl Scan {
                 // The window is exhausted: the next one starts where it
                 // ended, scaled to hold about a page.
                 let n = kvs.len().max(1) as f64;
-                let grow = (self.page_size as f64 / n).clamp(1.0, 8.0);
+                let grow = ((self.limit * 2).min(self.page_size) as f64 / n).clamp(1.0, 8.0);
                 self.hint = Some((from, window_end.clone(), grow));
                 self.next = Some(window_end);
             }
             let first_call = !self.started;
             self.started = true;
+            if !kvs.is_empty() {
+                self.limit = (self.limit * 2).min(self.page_size);
+            }
             if !kvs.is_empty() || first_call {
                 return Ok(Some(Page {
                     revision: self.revision,

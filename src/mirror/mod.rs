@@ -147,7 +147,7 @@ impl Engine {
     /// Resolves once every peer is in the live phase. Wrap it in a timeout.
     pub async fn wait_synced(&self) {
         while !self.is_synced() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 

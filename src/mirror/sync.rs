@@ -28,6 +28,9 @@ use crate::etcd::{
 
 /// Pages read ahead per side.
 const PREFETCH_PAGES: usize = 2;
+/// Keys in the first page of each scan; pages then double up to the page
+/// size.
+const FIRST_PAGE: usize = 256;
 
 /// A scan running in its own task, yielding keys in order.
 struct Prefetch {
@@ -48,7 +51,9 @@ impl Drop for AbortOnDrop {
 impl Prefetch {
     fn start(client: &Client, prefix: Bytes, page_size: usize) -> Prefetch {
         let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
-        let mut scan = client.scan_prefix(prefix, page_size, 0);
+        // Small first pages: the writes start after a few ms, not after
+        // reading a full page.
+        let mut scan = client.scan_prefix(prefix, page_size, 0).ramp_up(FIRST_PAGE);
         let task = tokio::spawn(async move {
             loop {
                 let page = scan.next_page().await;
