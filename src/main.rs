@@ -22,26 +22,31 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     if let Some(Command::Check(_)) = cli.command {
-        return match runtime.block_on(aether_replicator::app::check::run(&config)) {
-            Ok((report, all_match)) => {
-                print!("{report}");
-                if all_match {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
+        let result = runtime.block_on(aether_replicator::app::check::run(&config));
+        return exit(result, |(report, all_match)| {
+            print!("{report}");
+            all_match
+        });
+    }
+    exit(
+        runtime.block_on(aether_replicator::app::run(config, shutdown_signal())),
+        |()| true,
+    )
+}
+
+/// Exit 0 when `ok` says so, 1 when it does not or on an error.
+fn exit<T, E: std::fmt::Display>(result: Result<T, E>, ok: impl FnOnce(T) -> bool) -> ExitCode {
+    match result {
+        Ok(v) => {
+            if ok(v) {
+                ExitCode::SUCCESS
+            } else {
                 ExitCode::from(1)
             }
-        };
-    }
-    match runtime.block_on(aether_replicator::app::run(config, shutdown_signal())) {
-        Ok(()) => ExitCode::SUCCESS,
+        }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(1)
         }
     }
 }
@@ -63,13 +68,7 @@ fn endpoints(args: &aether_replicator::app::config::EndpointsArgs) -> ExitCode {
         aether_replicator::app::endpoints::run(client, &config.options, &mut out, shutdown_signal())
             .await
     });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(1)
-        }
-    }
+    exit(result, |()| true)
 }
 
 /// `migrate`: print the report. Exit 0, 1 when --delete-legacy is refused
@@ -87,20 +86,10 @@ fn migrate(args: &aether_replicator::app::config::MigrateArgs) -> ExitCode {
         let client = Client::connect(config.local.clone())?;
         aether_replicator::app::migrate::migrate(&client, &config.options).await
     });
-    match result {
-        Ok(report) => {
-            print!("{}", report.render());
-            if report.ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(1)
-        }
-    }
+    exit(result, |report| {
+        print!("{}", report.render());
+        report.ok()
+    })
 }
 
 /// Invalid flags: one line naming the flag, exit code 2.

@@ -3,13 +3,15 @@
 
 mod common;
 
+use common::mirror::{count, put_many};
+
 use std::process::Command;
 use std::time::Duration;
 
 use aether_replicator::app::migrate::{
     self, Deletion, MigrateOptions, MigrateReport, Status, apply, delete_legacy, plan,
 };
-use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits};
+use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range, TxnLimits};
 use aether_replicator::schema::{EndpointKey, Schema};
 use common::Etcd;
 use common::replicator::binary;
@@ -70,23 +72,6 @@ fn target(i: usize) -> String {
         1000..1100 => v1_key("b", "c1", i),
         _ => v1_key("a", "c1", i),
     }
-}
-
-async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
-    let mut b = TxnBatcher::new(TxnLimits::default());
-    for (k, v) in items {
-        b.put(k, v, 0);
-    }
-    for t in b.finish() {
-        c.txn(t).await.unwrap();
-    }
-}
-
-async fn count(c: &Client, prefix: &str) -> i64 {
-    c.range(Range::prefix(prefix.to_string()).count_only())
-        .await
-        .unwrap()
-        .count
 }
 
 async fn get(c: &Client, key: &str) -> Option<String> {

@@ -3,13 +3,15 @@
 
 mod common;
 
+use common::mirror::{count, put_many};
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use aether_replicator::app::endpoints::{self, EndpointsOptions, Output};
-use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits};
+use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range};
 use aether_replicator::mirror::{Engine, MirrorConfig};
 use aether_replicator::schema::{EndpointKey, Schema};
 use aether_replicator::view::{
@@ -36,23 +38,6 @@ fn key(region: &str, service: &str, ip: &str) -> String {
 
 fn value(region: &str, zone: &str, extra: &str) -> String {
     format!(r#"{{"clusterName":"c1","region":"{region}","zone":"{zone}"{extra}}}"#)
-}
-
-async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
-    let mut b = TxnBatcher::new(TxnLimits::default());
-    for (k, v) in items {
-        b.put(k, v, 0);
-    }
-    for t in b.finish() {
-        c.txn(t).await.unwrap();
-    }
-}
-
-async fn count(c: &Client, prefix: &str) -> i64 {
-    c.range(Range::prefix(prefix.to_string()).count_only())
-        .await
-        .unwrap()
-        .count
 }
 
 /// The next change, within a bounded wait.

@@ -1,20 +1,19 @@
 //! Comparing a peer's copy with the source: the `check` command and the
 //! tests' convergence oracle.
 //!
-//! Both sides are scanned in pages and merge-joined, like the sync, so a
-//! check of a large subtree holds two pages at a time. The source is read at
+//! Both sides are scanned in pages and merge-joined by the same code as the
+//! sync ([`super::diff`]), so a check of a large subtree holds a few pages. The source is read at
 //! its latest revision; while it changes, a check can report differences
 //! that the engine is about to apply, so callers poll until it comes back
 //! clean.
 
-use std::cmp::Ordering;
-
 use bytes::Bytes;
 
 use super::config::MirrorConfig;
+use super::diff::{Diff, Merge};
 use super::state::{self, State};
 use crate::error::Result;
-use crate::etcd::{Client, KeyValue, Scan};
+use crate::etcd::Client;
 
 /// Most keys listed per category in a [`Report`]; the counts are exact.
 pub const MAX_LISTED: usize = 10;
@@ -61,25 +60,6 @@ impl Report {
     }
 }
 
-struct Cursor {
-    scan: Scan,
-    page: std::vec::IntoIter<KeyValue>,
-}
-
-impl Cursor {
-    async fn next(&mut self) -> Result<Option<KeyValue>> {
-        loop {
-            if let Some(kv) = self.page.next() {
-                return Ok(Some(kv));
-            }
-            match self.scan.next_page().await? {
-                Some(p) if !p.kvs.is_empty() => self.page = p.kvs.into_iter(),
-                _ => return Ok(None),
-            }
-        }
-    }
-}
-
 /// Compares this region's subtree at `local` with its copy on `peer`.
 pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Result<Report> {
     let prefix = Bytes::from(cfg.prefix());
@@ -90,52 +70,30 @@ pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Resul
         report.lease_ttl = Some(peer.lease_time_to_live(st.lease, false).await?.ttl);
     }
     let lease = stored.state.map_or(0, |s| s.lease);
-    let mut src = Cursor {
-        scan: local.scan_prefix(prefix.clone(), cfg.page_size, 0),
-        page: Vec::new().into_iter(),
-    };
-    let mut dst = Cursor {
-        scan: peer.scan_prefix(prefix, cfg.page_size, 0),
-        page: Vec::new().into_iter(),
-    };
-    let mut s = src.next().await?;
-    let mut d = dst.next().await?;
-    loop {
-        let order = match (&s, &d) {
-            (None, None) => break,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some(a), Some(b)) => a.key().cmp(b.key()),
-        };
-        match order {
-            Ordering::Less => {
-                let a = s.take().expect("source key");
+    let mut merge = Merge::start(local, peer, prefix, cfg.page_size);
+    while let Some(diff) = merge.next().await? {
+        match diff {
+            Diff::Missing(src) => {
                 report.source_keys += 1;
                 report.missing += 1;
-                report.note("missing", a.key());
-                s = src.next().await?;
+                report.note("missing", src.key());
             }
-            Ordering::Greater => {
-                let b = d.take().expect("peer key");
+            Diff::Extra(dst) => {
                 report.peer_keys += 1;
                 report.extra += 1;
-                report.note("extra", b.key());
-                d = dst.next().await?;
+                report.note("extra", dst.key());
             }
-            Ordering::Equal => {
-                let (a, b) = (s.take().expect("source key"), d.take().expect("peer key"));
+            Diff::Both(src, dst) => {
                 report.source_keys += 1;
                 report.peer_keys += 1;
-                if a.value() != b.value() {
+                if src.value() != dst.value() {
                     report.value_differs += 1;
-                    report.note("value differs", a.key());
+                    report.note("value differs", src.key());
                 }
-                if b.lease() != lease || lease == 0 {
+                if dst.lease() != lease || lease == 0 {
                     report.wrong_lease += 1;
-                    report.note("wrong lease", a.key());
+                    report.note("wrong lease", src.key());
                 }
-                s = src.next().await?;
-                d = dst.next().await?;
             }
         }
     }

@@ -26,6 +26,7 @@
 pub mod batch;
 pub mod check;
 mod config;
+mod diff;
 mod peer;
 pub mod state;
 pub mod stats;
