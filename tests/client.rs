@@ -501,13 +501,16 @@ async fn username_password_auth() {
         password: "secret".into(),
     });
     let c = Client::connect(cfg.clone()).unwrap();
-    c.put(Put::new("/a/1", "v")).await.unwrap();
+    let first = c.put(Put::new("/a/1", "v")).await.unwrap().header.revision;
     assert!(matches!(
         c.put(Put::new("/b/1", "v")).await,
         Err(Error::PermissionDenied)
     ));
-    // Watches and keep-alives carry the token too.
-    let (_s, mut w) = c.watch(WatchOptions::prefix("/a/")).unwrap();
+    // Watches carry the token too. The watch starts at an explicit revision:
+    // a pipelined watch "from now" may be created after the next put lands.
+    let (_s, mut w) = c
+        .watch(WatchOptions::prefix("/a/").start_revision(first + 1))
+        .unwrap();
     c.put(Put::new("/a/2", "w")).await.unwrap();
     let ev = tokio::time::timeout(T, async {
         loop {
@@ -619,7 +622,12 @@ async fn progress_requests_and_cancel() {
     let etcd = Etcd::start();
     let c = client(&etcd);
     let stream = c.watch_stream();
-    let mut keep = stream.watch(WatchOptions::prefix("/p/keep/")).unwrap();
+    // An explicit start revision: the first put may land before the
+    // pipelined create reaches the server.
+    let now = c.range(Range::key("/p/")).await.unwrap().header.revision;
+    let mut keep = stream
+        .watch(WatchOptions::prefix("/p/keep/").start_revision(now + 1))
+        .unwrap();
     let dropped = stream.watch(WatchOptions::prefix("/p/drop/")).unwrap();
     let rev = c
         .put(Put::new("/p/keep/1", "a"))

@@ -441,3 +441,28 @@ fn an_unreachable_peer_at_startup_holds_back_nothing() {
         .block_on(count(&d))
         == 31));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_campaign_key_ends_leadership_even_right_after_winning() {
+    use aether_replicator::app::election::Election;
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let ttl = Duration::from_secs(10);
+    for delay in [Duration::ZERO, Duration::from_millis(300)] {
+        let election = Election::new(c.clone(), "a", "replica-1", ttl);
+        let mut leadership = election.campaign().await.unwrap();
+        // Delete the key before `lost()` has even created its watch.
+        c.delete(Delete::key(election.key().clone())).await.unwrap();
+        tokio::time::sleep(delay).await;
+        tokio::time::timeout(Duration::from_secs(20), leadership.lost())
+            .await
+            .expect("leadership ends when its campaign key is removed");
+        // The key is free: another candidate wins at once, not after a TTL.
+        let other = Election::new(c.clone(), "a", "replica-2", ttl);
+        let won = tokio::time::timeout(Duration::from_secs(5), other.campaign())
+            .await
+            .expect("campaign does not wait")
+            .unwrap();
+        won.resign().await;
+    }
+}

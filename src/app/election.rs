@@ -39,6 +39,9 @@ pub struct Leadership {
     key: Bytes,
     id: Bytes,
     session: LeaseHandle,
+    /// The revision that created the campaign key; the watch for its
+    /// removal starts after it, so a deletion right after winning counts.
+    won_at: i64,
 }
 
 impl Election {
@@ -85,6 +88,7 @@ impl Election {
                     key: self.key.clone(),
                     id: self.id.clone(),
                     session,
+                    won_at: resp.header.revision,
                 });
             }
             // A key holding our own id is left from an earlier session of
@@ -136,16 +140,27 @@ impl Leadership {
     pub async fn lost(&mut self) {
         let status = self.session.subscribe();
         let key_gone = async {
-            let Ok((_s, mut w)) = self.local.watch(WatchOptions::key(self.key.clone())) else {
-                return;
-            };
-            while let Some(Ok(r)) = w.next().await {
-                if r.events.iter().any(|e| e.kind == EventKind::Delete) {
-                    return;
+            let mut from = self.won_at + 1;
+            loop {
+                let opts = WatchOptions::key(self.key.clone()).start_revision(from);
+                if let Ok((_s, mut w)) = self.local.watch(opts) {
+                    while let Some(Ok(r)) = w.next().await {
+                        if r.events.iter().any(|e| e.kind == EventKind::Delete) {
+                            return;
+                        }
+                    }
+                }
+                // The watch failed (say, compacted during a disconnection):
+                // look at the key itself, then watch again from there. An
+                // unreachable etcd proves nothing; the session check covers it.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if let Ok(r) = self.local.range(Range::key(self.key.clone())).await {
+                    match r.kvs().first() {
+                        Some(kv) if kv.value() == &self.id => from = r.header.revision + 1,
+                        _ => return,
+                    }
                 }
             }
-            // The watch ended with an error: do not conclude anything from it.
-            std::future::pending::<()>().await
         };
         let expired = async {
             loop {
