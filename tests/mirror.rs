@@ -274,6 +274,51 @@ async fn compaction_while_the_peer_is_cut_off_forces_a_resync() {
     engine.shutdown().await;
 }
 
+/// etcd-io/etcd#18089: etcd 3.4.23 accepts a watch that starts exactly at
+/// the compaction revision, but the compaction has already dropped the
+/// deletes of that revision. An engine resuming there must resync rather
+/// than lose the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_at_exactly_the_compaction_revision_is_not_lost() {
+    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
+    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    put_many(&src, (0..10).map(|i| (key(i), "v".to_string()))).await;
+    let cfg = config(20);
+    let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
+    // The state names the source's last revision: a resume starts at the
+    // next one.
+    let applied = src.range(Range::key("x")).await.unwrap().header.revision;
+    let at_head = tokio::time::timeout(T, async {
+        loop {
+            let r = converged(&src, &dst, &cfg).await;
+            if r.state.is_some_and(|s| s.revision == applied) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(at_head.is_ok(), "state never reached revision {applied}");
+    proxy.cut();
+    let deleted = src
+        .delete(Delete::key(key(0)))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    assert_eq!(deleted, applied + 1);
+    let s = engine.stats()[0].clone();
+    assert!(common::wait_until_async(T, || !s.synced.load(Ordering::Relaxed)).await);
+    // Compact at the delete itself: its tombstone is gone from history.
+    src.compact(deleted, true).await.unwrap();
+    proxy.heal();
+    let report = converged(&src, &dst, &cfg).await;
+    assert_eq!(report.source_keys, 9);
+    assert!(s.resyncs(ResyncReason::Compacted) >= 1);
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_restart_and_a_cut_longer_than_the_ttl() {
     let (src_etcd, mut dst_etcd) = (Etcd::start(), Etcd::start());

@@ -122,6 +122,14 @@ async fn metrics_and_health_over_http() {
             .unwrap()
     };
     assert_eq!(get("/healthz").await.map(|r| r.0), Some(200));
+    // A standby is ready too; wait for the campaign so that ready means
+    // "leading and synced".
+    assert!(
+        common::wait_until_async(Duration::from_secs(20), || state
+            .is_leader
+            .load(std::sync::atomic::Ordering::Relaxed))
+        .await
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while get("/readyz").await.map(|r| r.0) != Some(200) {
         assert!(Instant::now() < deadline, "never ready");

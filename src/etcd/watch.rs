@@ -16,6 +16,14 @@
 //! revision and sees each event exactly once. A resume revision that has
 //! been compacted meanwhile ends that watcher with [`Error::Compacted`].
 //!
+//! Every create (the first and each resume) asks the server for one
+//! revision *before* the start and drops that revision's events here. etcd
+//! without the fix for etcd-io/etcd#18089 (Debian's 3.4.23 among them)
+//! accepts a watch that starts exactly at the compaction revision but has
+//! already dropped that revision's delete events; starting one earlier
+//! turns that silent loss into [`Error::Compacted`]. The cost is one
+//! revision's events sent twice per create.
+//!
 //! Each watcher has a bounded queue. A consumer that stops reading holds
 //! back the whole stream (HTTP/2 flow control then holds back the server),
 //! so consumers that must not slow each other down use separate streams:
@@ -282,7 +290,10 @@ fn create_msg(id: i64, st: &State) -> PbWatchRequest {
     let mut req = st.req.clone();
     req.watch_id = id;
     if st.resume > 0 {
-        req.start_revision = st.resume;
+        // One revision early, so that a start at the compaction revision
+        // is refused instead of silently missing its deletes; `dispatch`
+        // drops the replayed revision.
+        req.start_revision = (st.resume - 1).max(1);
     }
     PbWatchRequest {
         request_union: Some(PbWatchRequestUnion::CreateRequest(req)),
@@ -478,6 +489,16 @@ async fn dispatch(
     if resp.fragment {
         st.fragments = events;
         return;
+    }
+    if events.first().is_some_and(|e| e.revision() < st.resume) {
+        // The revision before the start, asked for by `create_msg`. Events
+        // come in revision order, so they are a prefix.
+        let keep = events.partition_point(|e| e.revision() < st.resume);
+        events.drain(..keep);
+        if events.is_empty() {
+            // Not a progress notice: say nothing rather than look like one.
+            return;
+        }
     }
     if let Some(last) = events.last() {
         st.resume = last.revision() + 1;

@@ -465,6 +465,7 @@ impl Peer {
                 for k in &batch.keys {
                     *inflight_keys.entry(k.clone()).or_default() += 1;
                 }
+                tracing::trace!(peer = %self.region, seq = next_seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
                 let txn = self.txn(batch.ops.clone(), Some(state_rev));
                 inflight.push(send(&self.peer, txn, next_seq, batch));
                 next_seq += 1;
@@ -505,12 +506,16 @@ impl Peer {
                             None => return Err(Error::Etcd(etcd::Error::Closed)),
                             Some(Err(e)) => return Err(Error::Etcd(e)),
                             Some(Ok(resp)) => {
+                                tracing::trace!(peer = %self.region, rev = resp.revision, events = resp.events.len(), first = resp.events.first().map(|e| e.revision()), "watch");
                                 if let Some(last) = resp.events.last() {
                                     self.stats.source_revision.fetch_max(last.revision(), Relaxed);
                                     batcher.push(resp.events, Instant::now());
                                 } else if batcher.is_idle() && inflight.is_empty() {
                                     // A per-watcher progress notice: etcd only
                                     // sends those once the watcher has caught up.
+                                    // (This stream is the session's own and never
+                                    // asks for the broadcast kind, which 3.4 also
+                                    // sends to watchers still catching up.)
                                     watermark = watermark.max(resp.revision);
                                 }
                             }
@@ -553,6 +558,7 @@ impl Peer {
                 .apply_latency
                 .observe(done.received.elapsed(), done.events);
         }
+        tracing::trace!(peer = %self.region, seq = done.seq, through = done.complete_through, "acked");
         acked.insert(done.seq, done.complete_through);
         while let Some(rev) = acked.remove(floor_seq) {
             *watermark = (*watermark).max(rev);

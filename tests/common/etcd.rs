@@ -70,6 +70,7 @@ impl EtcdBuilder {
     /// Starts etcd and waits until it is ready; panics (with the log tail) if
     /// it cannot be started.
     pub fn start(self) -> Etcd {
+        crate::common::init_logging();
         let bin = etcd_bin();
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = format!("etcd-{}-{id}", std::process::id());

@@ -24,6 +24,20 @@ pub use etcd::{Etcd, EtcdBuilder, etcdctl_command};
 pub use proxy::FaultProxy;
 pub use tls::{TlsFiles, generate_mtls, generate_tls};
 
+/// With `RUST_LOG` set, the library's tracing goes to the test's captured
+/// output, so a failing run shows what the engine was doing.
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
 /// Polls `cond` every 20ms until it returns true or `timeout` elapses.
 /// Returns whether the condition became true. Blocking: do not use it on a
 /// current-thread runtime while async tasks (e.g. a [`FaultProxy`]) must run;
