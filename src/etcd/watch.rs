@@ -140,7 +140,8 @@ impl WatchOptions {
             ..Default::default()
         })
     }
-    /// Start at this revision (inclusive); 0 means "from now".
+    /// Start at this revision (inclusive); 0 means "from now" (see
+    /// [`WatchStream::watch`] for what "now" is).
     pub fn start_revision(mut self, rev: i64) -> Self {
         self.0.start_revision = rev;
         self
