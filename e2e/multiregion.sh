@@ -21,8 +21,8 @@
 #   --state DIR     where pids, ports, data dirs and logs live
 #                   (default ${TMPDIR:-/tmp}/aether-e2e); `down` removes it.
 #   --regions N     2 (regions a, b) or 3 (a, b, c); default 2. up only.
-#   --ttl SECONDS   mirror lease TTL, at least 3; default 6. The election TTL
-#                   is 2s. up only.
+#   --ttl SECONDS   mirror lease TTL, at least 4; default 6. The election TTL
+#                   is 2s (at most half the lease TTL). up only.
 #   --bin PATH      the aether-replicator binary (default
 #                   target/release/aether-replicator, built with
 #                   `cargo build --release` if missing). up only; it is
@@ -544,8 +544,8 @@ cmd_up() {
   done
   [[ $NREGIONS == 2 || $NREGIONS == 3 ]] || die "--regions must be 2 or 3"
   [[ $TTL =~ ^[0-9]+$ ]] || die "--ttl $TTL: not a whole number of seconds"
-  ((TTL > ELECTION_TTL)) ||
-    die "--ttl must be above the election TTL (${ELECTION_TTL}s)"
+  ((TTL >= 2 * ELECTION_TTL)) ||
+    die "--ttl must be at least twice the election TTL (${ELECTION_TTL}s)"
 
   bin=${BIN_ARG:-$REPO/target/release/aether-replicator}
   if [[ ! -x $bin ]]; then
@@ -906,9 +906,11 @@ step_lease_lapse() {
     (($(now_ms) < deadline)) || fail lease-lapse "a's copy still present $((TTL + 5))s after both replicas died: $(for p in $(peers_of a); do printf '%s=%s ' "$p" "$(count_keys "$p" a)"; done)"
     sleep 0.25
   done
+  local st
   for p in $(peers_of a); do
-    [[ -z $(ectl "$p" get "${STATE_KEY_ROOT}a/state" --keys-only) ]] ||
-      fail lease-lapse "a's state key is still in $p"
+    st=$(ectl "$p" get "${STATE_KEY_ROOT}a/state" --keys-only) ||
+      fail lease-lapse "cannot read a's state key in $p"
+    [[ -z $st ]] || fail lease-lapse "a's state key is still in $p"
   done
   ok lease-lapse "killed both a replicas; a's copy gone from $(peer_list a) after $(fmt_ms "$t_gone") (TTL ${TTL}s), state key gone; other regions' subtrees untouched in every etcd"
 }

@@ -17,9 +17,19 @@ if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
   # The package may start a system etcd on 2379; the tests never use it.
   command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null || true
 fi
-# The e2e harness talks HTTP to the replicas' metrics endpoints.
-if ! command -v curl >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq curl >/dev/null
+# The e2e harness talks HTTP to the replicas' metrics endpoints (curl) and
+# picks free ports with python3.
+missing=()
+for c in curl python3; do
+  command -v "$c" >/dev/null || missing+=("$c")
+done
+if ((${#missing[@]})); then
+  echo "== installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "${missing[*]} missing and this is not root: run apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 etcd --version | head -1
 
@@ -44,19 +54,20 @@ cargo check --lib --no-default-features
 echo "== benches compile"
 cargo bench --no-run
 
-if [ -x e2e/multiregion.sh ]; then
-  echo "== multi-region e2e"
-  state=$(mktemp -d)
-  trap 'e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true' EXIT
-  e2e/multiregion.sh up --state "$state"
-  e2e/multiregion.sh verify --state "$state"
-  e2e/multiregion.sh down --state "$state"
-  trap - EXIT
-  # The harness must not leave anything behind.
+echo "== multi-region e2e"
+state=$(mktemp -d)
+# The harness must not leave anything behind, whether verify passed or not.
+leftovers() {
   if pgrep -f "$state" >/dev/null; then
     echo "FAIL: processes left behind by the e2e harness:" >&2
     pgrep -af "$state" >&2
-    exit 1
+    return 1
   fi
-fi
+}
+trap 'bash e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
+bash e2e/multiregion.sh up --state "$state"
+bash e2e/multiregion.sh verify --state "$state"
+bash e2e/multiregion.sh down --state "$state"
+trap - EXIT
+leftovers
 echo "== all tests passed"

@@ -474,3 +474,64 @@ async fn a_removed_campaign_key_ends_leadership_even_right_after_winning() {
         won.resign().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_cut_off_from_its_etcd_is_not_ready() {
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    let mut argv = args(&src, &dst, "6s");
+    argv.push("--election-ttl=2s".into());
+    let leader = Replicator::spawn(&argv);
+    assert!(
+        common::wait_until_async(Duration::from_secs(30), || leader.is_leader()).await,
+        "no leader"
+    );
+    // A second replica, in-process, reaching the local etcd through a proxy.
+    let proxy = common::FaultProxy::start(src.client_addr()).await;
+    let mut standby_argv: Vec<String> = vec!["aether-replicator".into()];
+    standby_argv.extend(argv.iter().map(|a| {
+        if a.starts_with("--local-etcd=") {
+            format!("--local-etcd={}", proxy.endpoint())
+        } else {
+            a.clone()
+        }
+    }));
+    standby_argv.push("--metrics-addr=127.0.0.1:0".into());
+    let config = Cli::try_parse_from(standby_argv)
+        .unwrap()
+        .run_args()
+        .validate()
+        .unwrap();
+    let state = Arc::new(AppState::default());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(aether_replicator::app::replicator::run_with_state(
+        config,
+        state.clone(),
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    let standby = || state.ready() && !state.is_leader.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        common::wait_until_async(Duration::from_secs(20), standby).await,
+        "the standby never became ready"
+    );
+    // Cut off: within a session TTL or so it stops being ready, while the
+    // leader, which still reaches etcd, stays ready.
+    proxy.cut();
+    assert!(
+        common::wait_until_async(Duration::from_secs(20), || !state.ready()).await,
+        "a standby without its etcd still says ready"
+    );
+    assert!(leader.ready());
+    proxy.heal();
+    assert!(
+        common::wait_until_async(Duration::from_secs(20), standby).await,
+        "the standby did not recover"
+    );
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("standby stops")
+        .unwrap()
+        .unwrap();
+}

@@ -627,9 +627,9 @@ pub struct RunArgs {
     pub lease_ttl: String,
 
     /// TTL of the leader-election session in the local etcd: how long a dead
-    /// leader blocks a successor. Whole seconds, shorter than --lease-ttl so
-    /// a successor takes over before the peers' copies expire. [default: a
-    /// third of --lease-ttl, rounded up]
+    /// leader blocks a successor. Whole seconds, at most half of --lease-ttl
+    /// so a successor takes over before the peers' copies expire. [default:
+    /// a third of --lease-ttl, rounded up]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_ELECTION_TTL",
@@ -834,11 +834,14 @@ impl RunArgs {
                 " (the default, a third of --lease-ttl rounded up)",
             ),
         };
-        if election >= lease {
+        // After a crash the peers' copies may have only two thirds of the
+        // lease TTL left (keep-alives go every third); a successor needs the
+        // election TTL and a moment to adopt them. Half leaves a sixth spare.
+        if election * 2 > lease {
             return Err(ConfigError::new(
                 "--election-ttl",
                 format!(
-                    "--election-ttl {election:?}{default} must be shorter than --lease-ttl {lease:?}"
+                    "--election-ttl {election:?}{default} must be at most half of --lease-ttl {lease:?}, so a successor takes over before the peers' copies can expire"
                 ),
             ));
         }
@@ -2112,20 +2115,22 @@ mod tests {
     }
 
     #[test]
-    fn election_ttl_not_below_lease_ttl() {
+    fn election_ttl_at_most_half_the_lease_ttl() {
         assert_eq!(
             refused(
-                &["--region=a", "--lease-ttl=30s", "--election-ttl=30s"],
+                &["--region=a", "--lease-ttl=30s", "--election-ttl=16s"],
                 "--election-ttl",
-                "shorter"
+                "at most half"
             ),
-            "--election-ttl 30s must be shorter than --lease-ttl 30s"
+            "--election-ttl 16s must be at most half of --lease-ttl 30s, so a successor takes over before the peers' copies can expire"
         );
         refused(
             &["--region=a", "--lease-ttl=30s", "--election-ttl=1m"],
             "--election-ttl",
-            "must be shorter than --lease-ttl 30s",
+            "must be at most half of --lease-ttl 30s",
         );
+        let c = config(&["--region=a", "--lease-ttl=30s", "--election-ttl=15s"]).unwrap();
+        assert_eq!(c.election_ttl, Duration::from_secs(15));
         refused(
             &["--region=a", "--lease-ttl=1s"],
             "--election-ttl",

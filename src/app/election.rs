@@ -4,7 +4,7 @@
 //! created with a txn that succeeds only if the key does not exist, under a
 //! session lease with the election TTL. The winner mirrors; the others watch
 //! the key and campaign again when it is deleted (resignation) or expires
-//! with its lease (a crashed leader). The election TTL is shorter than the
+//! with its lease (a crashed leader). The election TTL is at most half the
 //! mirror lease TTL, so a standby takes over before the mirror can lapse.
 //!
 //! A leader that loses its session, because the lease expired or because
@@ -12,6 +12,8 @@
 //! mirroring at once; [`Leadership::lost`] resolves then. The engine's fence
 //! covers the moment between a new leader's claim and the old one noticing.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -64,6 +66,15 @@ impl Election {
     /// Campaigns until this replica leads. Errors (an unreachable etcd) are
     /// returned so the caller can back off and count them.
     pub async fn campaign(&self) -> Result<Leadership> {
+        self.campaign_reporting(&AtomicBool::new(false)).await
+    }
+
+    /// [`Election::campaign`], keeping `healthy` true while this candidate
+    /// holds a live session: a standby that can no longer reach its etcd
+    /// stops counting as one within a session TTL (and the campaign
+    /// returns an error).
+    pub async fn campaign_reporting(&self, healthy: &AtomicBool) -> Result<Leadership> {
+        healthy.store(false, Relaxed);
         let ttl = self.ttl.as_secs().max(1) as i64;
         let grant = self.local.lease_grant(ttl, 0).await?;
         let session = self
@@ -71,6 +82,13 @@ impl Election {
             .lease_keeper()
             .keep_alive(grant.id, grant.ttl)
             .await?;
+        healthy.store(true, Relaxed);
+        let result = self.contend(session).await;
+        healthy.store(result.is_ok(), Relaxed);
+        result
+    }
+
+    async fn contend(&self, session: LeaseHandle) -> Result<Leadership> {
         loop {
             let txn = Txn::new()
                 .when([Compare::create_revision(
@@ -78,7 +96,7 @@ impl Election {
                     CompareOp::Equal,
                     0,
                 )])
-                .and_then([Put::new(self.key.clone(), self.id.clone()).lease(grant.id)])
+                .and_then([Put::new(self.key.clone(), self.id.clone()).lease(session.id())])
                 .or_else([Range::key(self.key.clone())]);
             let resp = self.local.txn(txn).await?;
             if resp.succeeded {
@@ -117,16 +135,20 @@ impl Election {
                 WatchOptions::key(self.key.clone()).start_revision(resp.header.revision + 1),
             )?;
             loop {
-                match watcher.next().await {
-                    Some(Ok(r)) if r.events.iter().any(|e| e.kind == EventKind::Delete) => break,
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(e.into()),
-                    None => return Err(crate::etcd::Error::Closed.into()),
-                }
-                if session.status().lost {
-                    return Err(crate::Error::LeaseLost {
-                        peer: "local".into(),
-                    });
+                tokio::select! {
+                    msg = watcher.next() => match msg {
+                        Some(Ok(r)) if r.events.iter().any(|e| e.kind == EventKind::Delete) => break,
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => return Err(e.into()),
+                        None => return Err(crate::etcd::Error::Closed.into()),
+                    },
+                    // The watch reconnects quietly; the session says whether
+                    // the local etcd still answers.
+                    _ = session_ends(&session) => {
+                        return Err(crate::Error::LeaseLost {
+                            peer: "local".into(),
+                        });
+                    }
                 }
             }
         }
@@ -138,7 +160,6 @@ impl Leadership {
     /// session lease is lost, or no keep-alive has been answered for a TTL,
     /// or the campaign key was removed.
     pub async fn lost(&mut self) {
-        let status = self.session.subscribe();
         let key_gone = async {
             let mut from = self.won_at + 1;
             loop {
@@ -162,15 +183,7 @@ impl Leadership {
                 }
             }
         };
-        let expired = async {
-            loop {
-                let s = *status.borrow();
-                if s.lost || s.ttl_left() == Duration::ZERO {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
+        let expired = session_ends(&self.session);
         tokio::select! {
             _ = key_gone => tracing::warn!("campaign key removed; stepping down"),
             _ = expired => tracing::warn!("election session lost; stepping down"),
@@ -191,5 +204,17 @@ impl Leadership {
             tracing::warn!(error = %e, "could not delete the campaign key; it expires with the session");
         }
         let _ = self.local.lease_revoke(self.session.id()).await;
+    }
+}
+
+/// Resolves once `session` is lost or has gone a whole TTL without an
+/// answered keep-alive.
+async fn session_ends(session: &LeaseHandle) {
+    loop {
+        let s = session.status();
+        if s.lost || s.ttl_left() == Duration::ZERO {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -77,11 +77,11 @@ pub async fn run_with_state(
     // `Engine::step_down`); replaced or dropped as leadership changes.
     let mut stepped_down = None;
     loop {
-        // Standby: campaign until we lead.
-        state.session_ok.store(true, Relaxed);
+        // Standby: campaign until we lead. `session_ok` says whether the
+        // campaign holds a live session (a healthy standby).
         let mut leadership = tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            r = election.campaign() => match r {
+            r = election.campaign_reporting(&state.session_ok) => match r {
                 Ok(l) => l,
                 Err(e) => {
                     state.session_ok.store(false, Relaxed);
