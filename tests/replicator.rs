@@ -535,3 +535,42 @@ async fn a_standby_cut_off_from_its_etcd_is_not_ready() {
         .unwrap()
         .unwrap();
 }
+
+#[test]
+fn sigterm_with_a_hung_peer_still_exits_promptly() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    let s = client(&src);
+    rt.block_on(seed(&s, 20));
+    let proxy = rt.block_on(common::FaultProxy::start(dst.client_addr()));
+    let argv = vec![
+        "--region=a".to_string(),
+        format!("--local-etcd={}", src.endpoint()),
+        format!("--peer-etcd=b={}", proxy.endpoint()),
+        "--lease-ttl=6s".into(),
+        "--election-ttl=2s".into(),
+    ];
+    let mut r = Replicator::spawn(&argv);
+    assert!(wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()));
+    // The peer stops answering: the next txns hang in flight.
+    proxy.set_latency(Duration::from_secs(120));
+    rt.block_on(seed(&s, 40));
+    let lag = |r: &Replicator| {
+        r.scrape()
+            .and_then(|p| metric(&p, "aether_replicator_lag_revisions{peer=\"b\"}"))
+            .unwrap_or(0.0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || lag(&r) > 0.0),
+        "the engine never saw the writes"
+    );
+    // The request timeout is 10 s; a clean exit must not wait it out
+    // (twice: the drain, then the final state write).
+    let status = r.terminate(Duration::from_secs(8));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        r.log_text()
+    );
+}

@@ -23,6 +23,9 @@ use crate::etcd::{
     Client, Compare, CompareOp, Delete, EventKind, LeaseHandle, Put, Range, Txn, WatchOptions,
 };
 
+/// Longest a resignation waits for the local etcd.
+pub const RESIGN_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Default prefix of the campaign keys.
 pub const DEFAULT_ELECTION_ROOT: &str = "/aether/v1/replicator/";
 
@@ -192,6 +195,8 @@ impl Leadership {
 
     /// Gives up leadership: deletes the campaign key if it is still ours and
     /// revokes the session lease, so a standby takes over at once.
+    /// Bounded by [`RESIGN_TIMEOUT`]: an unreachable etcd lets the key
+    /// expire with the session instead of holding up the exit.
     pub async fn resign(self) {
         let txn = Txn::new()
             .when([Compare::value(
@@ -200,10 +205,19 @@ impl Leadership {
                 self.id.clone(),
             )])
             .and_then([Delete::key(self.key.clone())]);
-        if let Err(e) = self.local.txn(txn).await {
-            tracing::warn!(error = %e, "could not delete the campaign key; it expires with the session");
+        let resign = async {
+            self.local.txn(txn).await?;
+            self.local.lease_revoke(self.session.id()).await
+        };
+        match tokio::time::timeout(RESIGN_TIMEOUT, resign).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not resign; the campaign key expires with the session")
+            }
+            Err(_) => {
+                tracing::warn!("resigning timed out; the campaign key expires with the session")
+            }
         }
-        let _ = self.local.lease_revoke(self.session.id()).await;
     }
 }
 

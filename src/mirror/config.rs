@@ -22,6 +22,11 @@ pub const DEFAULT_STATE_ROOT: &str = "/aether/v1/replication/";
 /// instead of catching up through the watch (etcd replays history at about
 /// 6k revisions/s, a range diff reads tens of thousands of keys/s).
 pub const DEFAULT_RESYNC_LAG: i64 = 100_000;
+/// Default time a clean shutdown gives the txns in flight, and the final
+/// state write, before abandoning them. Abandoning is safe (the successor's
+/// fence refuses anything late, and it replays from the state revision);
+/// waiting longer only delays the process manager.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// What the engine mirrors, and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +50,8 @@ pub struct MirrorConfig {
     /// Resume lag (in revisions) past which a range diff replaces the
     /// watch catch-up.
     pub resync_lag: i64,
+    /// How long a clean shutdown waits for txns in flight.
+    pub shutdown_grace: Duration,
 }
 
 impl MirrorConfig {
@@ -60,6 +67,7 @@ impl MirrorConfig {
             max_backoff: DEFAULT_MAX_BACKOFF,
             state_root: DEFAULT_STATE_ROOT.to_string(),
             resync_lag: DEFAULT_RESYNC_LAG,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 

@@ -193,8 +193,8 @@ impl Engine {
     }
 
     /// Stops every peer: the watch stops, txns in flight finish (or are
-    /// abandoned after the request timeout), keep-alives stop. Leases are
-    /// never revoked.
+    /// abandoned after [`MirrorConfig::shutdown_grace`]), keep-alives stop.
+    /// Leases are never revoked.
     pub async fn shutdown(mut self) {
         self.cancel.cancel();
         for t in std::mem::take(&mut self.tasks) {

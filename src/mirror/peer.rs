@@ -568,9 +568,9 @@ impl Peer {
         Ok(())
     }
 
-    /// On shutdown: let the txns in flight finish (bounded by the request
-    /// timeout), then record the final watermark so a successor resumes
-    /// without replay.
+    /// On shutdown: let the txns in flight finish, then record the final
+    /// watermark so a successor resumes without replay; all within the
+    /// shutdown grace (or the request timeout, if shorter).
     async fn drain(
         &self,
         inflight: &mut FuturesUnordered<impl Future<Output = Done>>,
@@ -579,7 +579,11 @@ impl Peer {
         acked: &mut BTreeMap<u64, i64>,
         floor_seq: &mut u64,
     ) {
-        let deadline = tokio::time::sleep(self.peer.config().request_timeout);
+        let grace = self
+            .cfg
+            .shutdown_grace
+            .min(self.peer.config().request_timeout);
+        let deadline = tokio::time::sleep(grace);
         tokio::pin!(deadline);
         let mut clean = true;
         while !inflight.is_empty() {
@@ -593,7 +597,11 @@ impl Peer {
             }
         }
         if clean && watermark > state_written {
-            let _ = self.peer.txn(self.txn(Vec::new(), Some(watermark))).await;
+            let write = self.peer.txn(self.txn(Vec::new(), Some(watermark)));
+            tokio::select! {
+                _ = &mut deadline => {}
+                _ = write => {}
+            }
         }
     }
 }
