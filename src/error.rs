@@ -24,6 +24,15 @@ pub enum Error {
         /// The peer region.
         peer: String,
     },
+    /// The state key on a peer changed while this engine was claiming it:
+    /// a predecessor's last txns landing, or another engine's claim. The
+    /// engine looks again; only a claim it then sees held by another
+    /// engine, after its own, fences it.
+    #[error("claim of peer {peer} raced another write to its state key")]
+    ClaimRaced {
+        /// The peer region.
+        peer: String,
+    },
     /// The state key on a peer vanished (data loss, or an operator).
     #[error("state key on peer {peer} is gone")]
     StateGone {

@@ -249,6 +249,64 @@ async fn two_engines_at_once_are_fenced_and_the_copy_stays_exact() {
     e2.shutdown().await;
 }
 
+/// A successor whose claim races the predecessor's own writes to the state
+/// key (say, txns still in flight from an aborted engine) looks again
+/// rather than taking itself for fenced; once it holds the peer, the
+/// predecessor is the one fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_racing_the_predecessors_writes_is_retried() {
+    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
+    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let cfg = config(20);
+    let mut e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
+    // e1 writes the state key with every batch, many times a second.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (src, stop) = (src.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) && i < 100_000 {
+                src.put(Put::new(key(i % 50), format!("{i}")))
+                    .await
+                    .unwrap();
+                i += 1;
+            }
+        })
+    };
+    // e2 reaches the peer slowly: between its read of the state key and
+    // its compare-and-delete, e1 moves the key on.
+    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    proxy.set_latency(Duration::from_millis(50));
+    let e2 = Engine::start(
+        src.clone(),
+        vec![("b".into(), client(&proxy.endpoint()))],
+        cfg.clone(),
+    )
+    .unwrap();
+    let raced = tokio::time::timeout(T, async {
+        while e2.stats()[0].errors(aether_replicator::mirror::ErrorKind::Other) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    assert!(raced.is_ok(), "e2's claim never raced e1's writes");
+    tokio::time::timeout(T, e2.wait_synced())
+        .await
+        .expect("e2 claims the peer once it is quiet");
+    // e1 notices at its next write.
+    src.put(Put::new(key(0), "last")).await.unwrap();
+    let fenced = tokio::time::timeout(T, e1.fenced())
+        .await
+        .expect("the predecessor is fenced");
+    assert_eq!(fenced.as_deref(), Some("b"));
+    let report = converged(&src, &dst, &cfg).await;
+    assert_eq!(report.state.map(|s| s.holder), Some(e2.holder()));
+    e1.shutdown().await;
+    e2.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_the_peer_is_cut_off_forces_a_resync() {
     let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());

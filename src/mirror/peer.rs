@@ -302,7 +302,10 @@ impl Peer {
                 }
                 Ok((new_handle, start))
             }
-            None => Err(Error::Fenced {
+            // Not necessarily a rival: an aborted predecessor's txns in
+            // flight still pass its fence and move the state key. The next
+            // session reads it again.
+            None => Err(Error::ClaimRaced {
                 peer: self.region.clone(),
             }),
         }
@@ -639,7 +642,7 @@ pub(crate) fn classify(err: &Error) -> ErrorKind {
     match err {
         Error::Fenced { .. } => ErrorKind::Fenced,
         Error::LeaseLost { .. } => ErrorKind::LeaseLost,
-        Error::StateGone { .. } => ErrorKind::Other,
+        Error::StateGone { .. } | Error::ClaimRaced { .. } => ErrorKind::Other,
         Error::Etcd(e) if e.is_transient() => ErrorKind::Unavailable,
         Error::Etcd(etcd::Error::Compacted { .. }) => ErrorKind::Compacted,
         Error::Etcd(etcd::Error::RequestTooLarge) => ErrorKind::TooLarge,
