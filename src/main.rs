@@ -7,7 +7,15 @@ use aether_replicator::etcd::Client;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            eprintln!("{}", one_line(&e.render().to_string()));
+            return ExitCode::from(2);
+        }
+    };
     match &cli.command {
         Some(Command::Endpoints(args)) => return endpoints(args),
         Some(Command::Migrate(args)) => return migrate(args),
@@ -32,6 +40,19 @@ fn main() -> ExitCode {
         runtime.block_on(aether_replicator::app::run(config, shutdown_signal())),
         |()| true,
     )
+}
+
+/// clap's error text up to its usage block, on one line: "error: ... (see
+/// --help)".
+fn one_line(text: &str) -> String {
+    let mut line = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    line.push_str(" (see --help)");
+    line
 }
 
 /// Exit 0 when `ok` says so, 1 when it does not or on an error.

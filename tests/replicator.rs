@@ -79,6 +79,20 @@ fn cli_refusals_exit_2_with_one_line() {
         (&["--region=a/b"], "--region"),
         (&["--region="], "--region"),
         (&["--peer-etcd=b=http://127.0.0.1:1"], "--region"),
+        // Refused by clap itself: still one line.
+        (&["--region=a", "--no-such-flag"], "--no-such-flag"),
+        (&["--region=a", "--max-txn-ops=many"], "--max-txn-ops"),
+        (&["--region=a", "--log-format=xml"], "--log-format"),
+        (&["--region=a", "--metrics-addr=nowhere"], "--metrics-addr"),
+        (
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://127.0.0.1:1",
+                "--peer-tls=b=ca=/no/such/ca.pem",
+            ],
+            "/no/such/ca.pem",
+        ),
+        (&["endpoints", "--no-such-flag"], "--no-such-flag"),
     ];
     for (argv, flag) in cases {
         let out = Command::new(binary()).args(*argv).output().unwrap();
@@ -86,9 +100,14 @@ fn cli_refusals_exit_2_with_one_line() {
         assert_eq!(out.status.code(), Some(2), "{argv:?}: {stderr}");
         assert!(stderr.contains(flag), "{argv:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{argv:?}: {stderr}");
-        let first = stderr.lines().next().unwrap_or_default();
-        assert!(first.starts_with("error"), "{argv:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{argv:?}: {stderr}");
+        assert!(lines[0].starts_with("error"), "{argv:?}: {stderr}");
     }
+    // Help is not an error.
+    let out = Command::new(binary()).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--peer-etcd"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

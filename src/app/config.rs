@@ -1378,11 +1378,30 @@ impl TlsParts {
             }
             _ => {}
         }
-        for (field, path) in [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)] {
+        // Read now, so that an unreadable or non-PEM file is refused before
+        // anything connects rather than failing the first TLS handshake.
+        let pem = [
+            ("ca", &self.ca, "CERTIFICATE-----"),
+            ("cert", &self.cert, "CERTIFICATE-----"),
+            ("key", &self.key, "PRIVATE KEY-----"),
+        ];
+        for (field, path, marker) in pem {
             if let Some(path) = path {
-                let problem = match std::fs::metadata(path) {
-                    Ok(m) if m.is_file() => continue,
-                    Ok(_) => "not a file".to_string(),
+                let problem = match std::fs::metadata(path).and_then(|m| {
+                    if m.is_file() {
+                        std::fs::read(path).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                }) {
+                    Ok(Some(bytes))
+                        if contains(&bytes, b"-----BEGIN ")
+                            && contains(&bytes, marker.as_bytes()) =>
+                    {
+                        continue;
+                    }
+                    Ok(Some(_)) => format!("no PEM \"-----BEGIN ...{marker}\" block"),
+                    Ok(None) => "not a file".to_string(),
                     Err(e) => e.to_string(),
                 };
                 return Err(ConfigError::new(
@@ -1607,6 +1626,10 @@ fn scale(int: &str, frac: &str, unit: u128) -> Result<u128, ScaleError> {
     whole.checked_add(numerator / denominator).ok_or(TooLarge)
 }
 
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -1642,7 +1665,8 @@ mod tests {
         msg
     }
 
-    /// Files that exist, for the TLS flags.
+    /// PEM-shaped files for the TLS flags (validation reads only the
+    /// framing; the handshake tests use real certificates).
     struct Pki {
         _dir: tempfile::TempDir,
         ca: String,
@@ -1652,17 +1676,48 @@ mod tests {
 
     fn pki() -> Pki {
         let dir = tempfile::tempdir().unwrap();
-        let file = |name: &str| {
+        let file = |name: &str, kind: &str| {
             let path = dir.path().join(name);
-            std::fs::write(&path, "pem").unwrap();
+            std::fs::write(
+                &path,
+                format!("-----BEGIN {kind}-----\nAA==\n-----END {kind}-----\n"),
+            )
+            .unwrap();
             path.to_str().unwrap().to_string()
         };
         Pki {
-            ca: file("ca.pem"),
-            cert: file("cert.pem"),
-            key: file("key.pem"),
+            ca: file("ca.pem", "CERTIFICATE"),
+            cert: file("cert.pem", "CERTIFICATE"),
+            key: file("key.pem", "PRIVATE KEY"),
             _dir: dir,
         }
+    }
+
+    #[test]
+    fn tls_files_that_are_not_pem() {
+        let pki = pki();
+        let local_ca = format!("--local-ca={}", pki.key);
+        assert_eq!(
+            refused(
+                &["--region=a", "--local-etcd=https://x:1", &local_ca],
+                "--local-ca",
+                "no PEM",
+            ),
+            format!(
+                "--local-ca {:?}: no PEM \"-----BEGIN ...CERTIFICATE-----\" block",
+                pki.key
+            )
+        );
+        let peer_tls = format!("b=ca={},cert={},key={}", pki.ca, pki.cert, pki.cert);
+        refused(
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                &format!("--peer-tls={peer_tls}"),
+            ],
+            "--peer-tls",
+            "PRIVATE KEY",
+        );
     }
 
     #[test]
