@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -206,7 +207,9 @@ impl LeaseKeeper {
     fn spawn(client: Client) -> LeaseKeeper {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
-        tokio::spawn(run(client, rx, cancel.clone()));
+        // The task logs under the span of whoever first needed it (the
+        // engine's per-peer span, for a peer's client).
+        tokio::spawn(run(client, rx, cancel.clone()).instrument(tracing::Span::current()));
         LeaseKeeper {
             cmds: tx,
             _guard: std::sync::Arc::new(cancel.drop_guard()),

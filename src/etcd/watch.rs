@@ -37,6 +37,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tracing::Instrument;
 
 use super::client::Client;
 use super::error::{Error, Result};
@@ -225,7 +226,11 @@ impl Client {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let connected = Arc::new(AtomicBool::new(false));
-        tokio::spawn(run(self.clone(), rx, cancel.clone(), connected.clone()));
+        // Logs under the caller's span (the engine's per-peer span).
+        tokio::spawn(
+            run(self.clone(), rx, cancel.clone(), connected.clone())
+                .instrument(tracing::Span::current()),
+        );
         WatchStream {
             next_id: Arc::new(AtomicI64::new(1)),
             cmds: tx,
