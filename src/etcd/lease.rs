@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::client::Client;
@@ -247,15 +247,19 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
             }
         }
         let _ = client.ensure_token().await;
-        let (out_tx, out_rx) = mpsc::channel::<PbLeaseKeepAliveRequest>(1024);
+        // Unbounded: each request is a lease id, at most one per lease per
+        // interval, and a bounded queue would leave leases past its size
+        // waiting a whole interval after a reconnect. A stalled stream is
+        // found out by the HTTP/2 keep-alive.
+        let (out_tx, out_rx) = mpsc::unbounded_channel::<PbLeaseKeepAliveRequest>();
         let now = Instant::now();
         for (id, k) in leases.iter_mut() {
             k.due = now + k.interval;
-            let _ = out_tx.try_send(PbLeaseKeepAliveRequest { id: *id });
+            let _ = out_tx.send(PbLeaseKeepAliveRequest { id: *id });
         }
         let (idx, svc) = client.svc();
         let mut lc = LeaseClient::new(svc);
-        let open = lc.lease_keep_alive(ReceiverStream::new(out_rx));
+        let open = lc.lease_keep_alive(UnboundedReceiverStream::new(out_rx));
         let mut inbound = match tokio::time::timeout(client.config().request_timeout, open).await {
             Ok(Ok(r)) => r.into_inner(),
             failed => {
@@ -282,7 +286,7 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
                 cmd = cmds.recv() => match cmd {
                     Some(Cmd::Add { id, ttl, reply }) => {
                         apply(&mut leases, Cmd::Add { id, ttl, reply });
-                        let _ = out_tx.try_send(PbLeaseKeepAliveRequest { id });
+                        let _ = out_tx.send(PbLeaseKeepAliveRequest { id });
                     }
                     Some(cmd) => apply(&mut leases, cmd),
                     None => return,
@@ -291,9 +295,7 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
                     let now = Instant::now();
                     for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
                         k.due = now + k.interval;
-                        if out_tx.try_send(PbLeaseKeepAliveRequest { id: *id }).is_err() {
-                            break;
-                        }
+                        let _ = out_tx.send(PbLeaseKeepAliveRequest { id: *id });
                     }
                 }
                 msg = inbound.message() => match msg {
