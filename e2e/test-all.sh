@@ -32,6 +32,17 @@ if ((${#missing[@]})); then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 etcd --version | head -1
+# rustfmt and clippy, if this toolchain lacks them.
+for c in rustfmt clippy; do
+  sub=${c/rustfmt/fmt}
+  if ! cargo "$sub" --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || {
+      echo "cargo $sub is missing and there is no rustup to add $c" >&2
+      exit 1
+    }
+    rustup component add "$c"
+  fi
+done
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
