@@ -291,6 +291,7 @@ fn live(c: &mut Criterion) {
         let mut all_lat = Vec::new();
         let mut tails = Vec::new();
         let mut rates = Vec::new();
+        let mut applied = Vec::new();
         g.bench_function("burst_to_convergence", |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -302,6 +303,10 @@ fn live(c: &mut Criterion) {
                     all_lat.extend(lat);
                     tails.push(tail.as_secs_f64());
                     rates.push(rate);
+                    // The peer's apply rate: every revision, from the first
+                    // write until the peer holds the last one.
+                    let n = revisions as f64;
+                    applied.push(n / (n / rate + tail.as_secs_f64()));
                 }
                 total
             })
@@ -313,8 +318,11 @@ fn live(c: &mut Criterion) {
         all_lat.sort();
         let st = &engine.stats()[0];
         println!(
-            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={}",
+            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} peer_apply_rev_per_s={:.0} peer_apply_keys_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={}",
             median(&mut rates),
+            median(&mut applied.clone()),
+            // Every revision here puts one key.
+            median(&mut applied),
             percentile(&all_lat, 0.5).as_secs_f64() * 1e3,
             percentile(&all_lat, 0.99).as_secs_f64() * 1e3,
             all_lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,

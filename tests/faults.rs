@@ -1,7 +1,9 @@
 //! Fault injection: partitions, data loss, restarts, oversized values,
 //! binary data and mirrors in both directions. After each heal the peer's
-//! copy must equal the source byte for byte, on the current lease, and no
-//! other peer may have stalled.
+//! copy must equal the source byte for byte, on the current lease. The
+//! faults that hit one peer (cuts, data loss, a crawling link) run with a
+//! second, healthy peer too, which must converge *during* the fault: no
+//! other peer may stall.
 
 mod common;
 
@@ -44,14 +46,35 @@ async fn exact(src: &Client, dst: &Client) {
     );
 }
 
+/// An engine mirroring to `b` (through `b_client`) and to a healthy `c`.
+async fn with_healthy_peer(
+    src: &Client,
+    b_client: Client,
+    c: &Client,
+    cfg: &aether_replicator::mirror::MirrorConfig,
+) -> Engine {
+    let engine = Engine::start(
+        src.clone(),
+        vec![("b".into(), b_client), ("c".into(), c.clone())],
+        cfg.clone(),
+    )
+    .unwrap();
+    tokio::time::timeout(CONVERGE, engine.wait_synced())
+        .await
+        .unwrap();
+    engine
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_cut_keeps_every_key_and_converges() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
+    let (src_etcd, dst_etcd, c_etcd) = (Etcd::start(), Etcd::start(), Etcd::start());
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let c = client(&c_etcd.endpoint());
     let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
     put_many(&src, (0..200).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(8);
-    let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
+    let engine = with_healthy_peer(&src, client(&proxy.endpoint()), &c, &cfg).await;
+    converged(&src, &dst, &cfg).await;
     let stop = Arc::new(AtomicBool::new(false));
     let min = min_count(dst.clone(), PREFIX, stop.clone());
     proxy.cut();
@@ -61,9 +84,13 @@ async fn short_cut_keeps_every_key_and_converges() {
     }
     put_many(&src, (200..260).map(|i| (key(i), "new".to_string()))).await;
     src.put(Put::new(key(100), "overwritten")).await.unwrap();
+    // The healthy peer has it all while b is still cut off.
+    converged(&src, &c, &cfg).await;
+    assert!(proxy.is_cut());
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.heal();
     converged(&src, &dst, &cfg).await;
+    exact(&src, &c).await;
     stop.store(true, Ordering::Relaxed);
     assert!(
         min.await.unwrap() >= 200,
@@ -79,20 +106,13 @@ async fn short_cut_keeps_every_key_and_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_cut_with_deletes_and_compaction_is_fully_restored() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
+    let (src_etcd, dst_etcd, c_etcd) = (Etcd::start(), Etcd::start(), Etcd::start());
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let c = client(&c_etcd.endpoint());
     let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
     put_many(&src, (0..150).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(2);
-    let engine = Engine::start(
-        src.clone(),
-        vec![("b".into(), client(&proxy.endpoint()))],
-        cfg.clone(),
-    )
-    .unwrap();
-    tokio::time::timeout(CONVERGE, engine.wait_synced())
-        .await
-        .unwrap();
+    let engine = with_healthy_peer(&src, client(&proxy.endpoint()), &c, &cfg).await;
     let before = converged(&src, &dst, &cfg).await.state.unwrap().lease;
     proxy.cut();
     for i in 0..30 {
@@ -101,12 +121,14 @@ async fn long_cut_with_deletes_and_compaction_is_fully_restored() {
     put_many(&src, (150..170).map(|i| (key(i), "during".to_string()))).await;
     let rev = src.range(Range::key("x")).await.unwrap().header.revision;
     src.compact(rev, true).await.unwrap();
-    // The copy lapses on the peer with the lease.
+    // The copy lapses on the peer with the lease...
     let deadline = tokio::time::Instant::now() + CONVERGE;
     while count(&dst, PREFIX).await > 0 {
         assert!(tokio::time::Instant::now() < deadline, "copy never lapsed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // ...while the healthy peer's stays whole and current.
+    assert_eq!(converged(&src, &c, &cfg).await.source_keys, 140);
     proxy.heal();
     let after = converged(&src, &dst, &cfg).await;
     assert_eq!(after.source_keys, 140);
@@ -116,21 +138,26 @@ async fn long_cut_with_deletes_and_compaction_is_fully_restored() {
         "a new lease after the lapse"
     );
     exact(&src, &dst).await;
+    exact(&src, &c).await;
     engine.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_data_loss_is_refilled() {
-    let (src_etcd, mut dst_etcd) = (Etcd::start(), Etcd::start());
+    let (src_etcd, mut dst_etcd, c_etcd) = (Etcd::start(), Etcd::start(), Etcd::start());
     let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let c = client(&c_etcd.endpoint());
     put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(5);
-    let engine = start_synced(&src, dst.clone(), &dst, &cfg).await;
+    let engine = with_healthy_peer(&src, dst.clone(), &c, &cfg).await;
+    converged(&src, &dst, &cfg).await;
     dst_etcd.restart_empty();
     src.put(Put::new(key(300), "after loss")).await.unwrap();
     let report = converged(&src, &dst, &cfg).await;
     assert_eq!(report.source_keys, 301);
     exact(&src, &dst).await;
+    converged(&src, &c, &cfg).await;
+    exact(&src, &c).await;
     engine.shutdown().await;
 }
 
