@@ -304,7 +304,10 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
     })
     .await
     .expect("caught up after restarts");
-    assert!(stream.is_connected(), "reconnected");
+    assert!(
+        common::wait_until_async(T, || stream.is_connected()).await,
+        "reconnected"
+    );
     // Event by event: each write exactly once, in order, nothing else.
     assert_eq!(got, expected);
 }

@@ -541,7 +541,10 @@ async fn a_standby_cut_off_from_its_etcd_is_not_ready() {
         common::wait_until_async(Duration::from_secs(20), || !state.ready()).await,
         "a standby without its etcd still says ready"
     );
-    assert!(leader.ready());
+    assert!(
+        common::wait_until_async(Duration::from_secs(20), || leader.ready()).await,
+        "the leader, which reaches etcd, is ready"
+    );
     proxy.heal();
     assert!(
         common::wait_until_async(Duration::from_secs(20), standby).await,
@@ -582,7 +585,8 @@ fn sigterm_with_a_hung_peer_still_exits_promptly() {
     };
     assert!(
         wait_until(Duration::from_secs(20), || lag(&r) > 0.0),
-        "the engine never saw the writes"
+        "the engine never saw the writes\n{}",
+        r.log_text()
     );
     // The request timeout is 10 s; a clean exit must not wait it out
     // (twice: the drain, then the final state write).
