@@ -97,6 +97,44 @@ async fn adopted_lease_means_only_changed_keys_are_rewritten() {
     e2.shutdown().await;
 }
 
+/// Writes to one key wait for the txn in flight on that key, and pile up in
+/// the batcher meanwhile: twenty of them reach the peer as one txn holding
+/// the last value (etcd refuses a key twice in one txn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_writes_to_one_key_coalesce_into_one_txn() {
+    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
+    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    // A slow link to the peer keeps the first txn in flight while the
+    // other nineteen writes arrive.
+    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let cfg = config(20);
+    let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
+    let s = engine.stats()[0].clone();
+    let txns_before = s.txns.load(Ordering::Relaxed);
+    let events_before = s.events.load(Ordering::Relaxed);
+    proxy.set_latency(Duration::from_millis(300));
+    src.put(Put::new(key(0), "first")).await.unwrap();
+    for i in 1..20 {
+        src.put(Put::new(key(0), format!("w{i}"))).await.unwrap();
+    }
+    let done = tokio::time::timeout(T, async {
+        while s.events.load(Ordering::Relaxed) < events_before + 20 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "all twenty events applied");
+    proxy.set_latency(Duration::ZERO);
+    let v = dst.range(Range::key(key(0))).await.unwrap();
+    assert_eq!(v.kvs()[0].value(), "w19");
+    // One txn when the watch hands over all twenty together; otherwise the
+    // first goes alone and the rest wait for it and coalesce (two, or three
+    // if the watch split them across responses). Never one per write.
+    let txns = s.txns.load(Ordering::Relaxed) - txns_before;
+    assert!((1..=3).contains(&txns), "{txns} txns for 20 writes");
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_puts_overwrites_deletes_and_large_values() {
     let src_etcd = Etcd::builder().extra_args(&["--max-txn-ops=1000"]).start();
