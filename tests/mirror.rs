@@ -3,7 +3,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn, TxnBatcher, TxnLimits};
@@ -232,6 +232,26 @@ async fn handoff_after_a_crash_never_drops_a_key() {
     let e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
     let stop = Arc::new(AtomicBool::new(false));
     let poll = watch_count(dst.clone(), stop.clone());
+    // The source deletes nothing, so the peer must not either: not a key
+    // expiring with the first lease, not a re-sync removing and re-adding.
+    let from = dst.range(Range::key("x")).await.unwrap().header.revision + 1;
+    let (_ws, mut peer_events) = dst
+        .watch(aether_replicator::etcd::WatchOptions::prefix(PREFIX).start_revision(from))
+        .unwrap();
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let counter = {
+        let deletes = deletes.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(r)) = peer_events.next().await {
+                let n = r
+                    .events
+                    .iter()
+                    .filter(|e| e.kind == aether_replicator::etcd::EventKind::Delete)
+                    .count();
+                deletes.fetch_add(n, Ordering::Relaxed);
+            }
+        })
+    };
     // Writes in flight when the first engine dies.
     for i in 400..450 {
         src.put(Put::new(key(i), "new")).await.unwrap();
@@ -251,6 +271,12 @@ async fn handoff_after_a_crash_never_drops_a_key() {
         "peer dropped keys during the handoff: min {min}"
     );
     assert_eq!(report.source_keys, 470);
+    counter.abort();
+    assert_eq!(
+        deletes.load(Ordering::Relaxed),
+        0,
+        "the peer deleted keys during the handoff"
+    );
     let s = &e2.stats()[0];
     assert_eq!(
         s.sync_puts.load(Ordering::Relaxed),
