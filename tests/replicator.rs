@@ -266,8 +266,26 @@ fn election_handoff_on_sigkill_and_sigterm() {
         .iter()
         .all(|r| r.ready())));
 
-    // SIGKILL the leader: a standby takes over within the election TTL
-    // (plus detection slack), and the peer never loses a key.
+    // SIGKILL the leader mid-stream, under load: a standby takes over
+    // within the election TTL (plus detection slack), and the peer never
+    // loses a key.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (s, stop) = (s.clone(), stop.clone());
+        rt.spawn(async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 20_000 {
+                s.put(Put::new(format!("{PREFIX}load/{n}"), "x"))
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    assert!(wait_until(Duration::from_secs(10), || rt
+        .block_on(count(&d))
+        > 250));
     let leader = replicas.iter().position(|r| r.is_leader()).unwrap();
     replicas[leader].kill();
     let killed = Instant::now();
@@ -288,11 +306,23 @@ fn election_handoff_on_sigkill_and_sigterm() {
     );
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(2 + 3), "takeover took {took:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let loaded = rt.block_on(writer).unwrap();
+    // The successor's copy is exact: what the killed leader had in flight
+    // either landed or was replayed, and nothing it sent late got through
+    // the fence.
+    let cfg = aether_replicator::mirror::MirrorConfig::new("a");
+    rt.block_on(common::mirror::converged(&s, &d, &cfg));
+    assert_eq!(
+        rt.block_on(common::mirror::contents(&s, PREFIX)),
+        rt.block_on(common::mirror::contents(&d, PREFIX))
+    );
     rt.block_on(s.put(Put::new(format!("{PREFIX}after-kill"), "1")))
         .unwrap();
+    let base = 200 + loaded as i64;
     assert!(wait_until(Duration::from_secs(10), || rt
         .block_on(count(&d))
-        == 201));
+        == base + 1));
 
     // SIGTERM the new leader: it exits 0 within a few seconds and the last
     // standby takes over at once (the campaign key is deleted).
@@ -311,7 +341,7 @@ fn election_handoff_on_sigkill_and_sigterm() {
         rt.handle(),
         &d,
         &replicas[other..=other],
-        201,
+        base + 1,
         Duration::from_secs(10),
         |rs| rs[0].is_leader(),
     );
@@ -324,7 +354,7 @@ fn election_handoff_on_sigkill_and_sigterm() {
         .unwrap();
     assert!(wait_until(Duration::from_secs(10), || rt
         .block_on(count(&d))
-        == 200));
+        == base));
 }
 
 #[test]
