@@ -65,8 +65,6 @@ cargo check --lib --no-default-features
 echo "== benches compile"
 cargo bench --no-run
 
-echo "== multi-region e2e"
-state=$(mktemp -d)
 # The harness must not leave anything behind, whether verify passed or not.
 leftovers() {
   if pgrep -f "$state" >/dev/null; then
@@ -75,10 +73,14 @@ leftovers() {
     return 1
   fi
 }
-trap 'bash e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
-bash e2e/multiregion.sh up --state "$state"
-bash e2e/multiregion.sh verify --state "$state"
-bash e2e/multiregion.sh down --state "$state"
-trap - EXIT
-leftovers
+for regions in 2 3; do
+  echo "== multi-region e2e, $regions regions"
+  state=$(mktemp -d)
+  trap 'bash e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
+  bash e2e/multiregion.sh up --state "$state" --regions "$regions"
+  bash e2e/multiregion.sh verify --state "$state"
+  bash e2e/multiregion.sh down --state "$state"
+  trap - EXIT
+  leftovers
+done
 echo "== all tests passed"
