@@ -119,6 +119,12 @@ fn base_sync(c: &mut Criterion) {
             })
         });
         let mut ceiling_rates = Vec::new();
+        // 64 in flight unless told otherwise: the fastest in the sweep of
+        // BENCHMARKS.md §1 (8, 16, 32, 64).
+        let inflight = std::env::var("AETHER_BENCH_CEILING_INFLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64);
         g.bench_function("write_ceiling", |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -126,7 +132,7 @@ fn base_sync(c: &mut Criterion) {
                     dst.restart_empty();
                     let d = client(&dst);
                     let start = Instant::now();
-                    rt.block_on(write_batched(&d, 0..n, 16));
+                    rt.block_on(write_batched(&d, 0..n, inflight));
                     let took = start.elapsed();
                     total += took;
                     ceiling_rates.push(n as f64 / took.as_secs_f64());
