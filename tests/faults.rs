@@ -269,6 +269,34 @@ async fn a_cut_or_crawling_peer_does_not_stall_a_healthy_one() {
         put_many(&src, (0..400).map(|i| (key(i), format!("slow{round}-{i}")))).await;
         converged(&src, &b, &cfg).await;
     }
+    // End to end, from the source put to the key on the healthy peer,
+    // while c still crawls: each of twenty probes within a second.
+    let from = b.range(Range::key("x")).await.unwrap().header.revision + 1;
+    let (_ws, mut on_b) = b
+        .watch(aether_replicator::etcd::WatchOptions::key(key(9999)).start_revision(from))
+        .unwrap();
+    for i in 0..20 {
+        let value = format!("probe{i}");
+        let sent = tokio::time::Instant::now();
+        src.put(Put::new(key(9999), value.clone())).await.unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                let r = on_b.next().await.unwrap().unwrap();
+                if r.events.iter().any(|e| e.kv.value() == value.as_str()) {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(
+            seen.is_ok(),
+            "probe {i} not on the healthy peer 1 s after the write"
+        );
+        println!(
+            "REPORT faults scenario=8 probe={i} ms={}",
+            sent.elapsed().as_millis()
+        );
+    }
     let rss_after = peak_rss_kib();
     let b_stats = &engine.stats()[0];
     let (buckets, n, _) = b_stats.apply_latency.snapshot();
