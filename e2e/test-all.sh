@@ -59,6 +59,9 @@ else
   cargo test --no-fail-fast
 fi
 
+echo "== docs (broken links are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+
 echo "== client crate alone (no app feature)"
 cargo check --lib --no-default-features
 

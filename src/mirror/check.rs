@@ -2,8 +2,8 @@
 //! tests' convergence oracle.
 //!
 //! Both sides are scanned in pages and merge-joined by the same code as the
-//! sync ([`super::diff`]), so a check of a large subtree holds a few pages. The source is read at
-//! its latest revision; while it changes, a check can report differences
+//! sync (`mirror/diff.rs`), so a check of a large subtree holds a few
+//! pages. The source is read at its latest revision; while it changes, a check can report differences
 //! that the engine is about to apply, so callers poll until it comes back
 //! clean.
 
