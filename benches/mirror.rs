@@ -322,13 +322,14 @@ fn live(c: &mut Criterion) {
             continue;
         }
         all_lat.sort();
+        let applied_median = median(&mut applied);
         let st = &engine.stats()[0];
         println!(
             "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} peer_apply_rev_per_s={:.0} peer_apply_keys_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={}",
             median(&mut rates),
-            median(&mut applied.clone()),
+            applied_median,
             // Every revision here puts one key.
-            median(&mut applied),
+            applied_median,
             percentile(&all_lat, 0.5).as_secs_f64() * 1e3,
             percentile(&all_lat, 0.99).as_secs_f64() * 1e3,
             all_lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,

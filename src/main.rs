@@ -75,13 +75,9 @@ fn exit<T, E: std::fmt::Display>(result: Result<T, E>, ok: impl FnOnce(T) -> boo
 /// `endpoints`: print the view (and its changes with --watch). Exit 0, 1 on
 /// an etcd error, 2 on invalid flags.
 fn endpoints(args: &aether_replicator::app::config::EndpointsArgs) -> ExitCode {
-    let config = match args.validate() {
-        Ok(c) => c,
-        Err(e) => return refused(e),
-    };
-    init_logging(LogFormat::Text, "warn");
-    let Some(runtime) = runtime() else {
-        return ExitCode::FAILURE;
+    let (config, runtime) = match one_shot(args.validate()) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         let client = Client::connect(config.local.clone())?;
@@ -95,13 +91,9 @@ fn endpoints(args: &aether_replicator::app::config::EndpointsArgs) -> ExitCode {
 /// `migrate`: print the report. Exit 0, 1 when --delete-legacy is refused
 /// or on an etcd error, 2 on invalid flags.
 fn migrate(args: &aether_replicator::app::config::MigrateArgs) -> ExitCode {
-    let config = match args.validate() {
-        Ok(c) => c,
-        Err(e) => return refused(e),
-    };
-    init_logging(LogFormat::Text, "warn");
-    let Some(runtime) = runtime() else {
-        return ExitCode::FAILURE;
+    let (config, runtime) = match one_shot(args.validate()) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         let client = Client::connect(config.local.clone())?;
@@ -111,6 +103,17 @@ fn migrate(args: &aether_replicator::app::config::MigrateArgs) -> ExitCode {
         print!("{}", report.render());
         report.ok()
     })
+}
+
+/// The set-up of the one-shot commands (`endpoints`, `migrate`): refuse
+/// invalid flags, log warnings only, start a runtime.
+fn one_shot<C, E: std::fmt::Display>(
+    validated: Result<C, E>,
+) -> Result<(C, tokio::runtime::Runtime), ExitCode> {
+    let config = validated.map_err(refused)?;
+    init_logging(LogFormat::Text, "warn");
+    let runtime = runtime().ok_or(ExitCode::FAILURE)?;
+    Ok((config, runtime))
 }
 
 /// Invalid flags: one line naming the flag, exit code 2.

@@ -110,13 +110,15 @@ fn cli_refusals_exit_2_with_one_line() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--peer-etcd"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_and_health_over_http() {
-    let (src, dst) = (Etcd::start(), Etcd::start());
-    seed(&client(&src), 20).await;
-    let mut argv = vec!["aether-replicator".to_string()];
-    argv.extend(args(&src, &dst, "6s"));
-    argv.push("--metrics-addr=127.0.0.1:0".into());
+/// `app::run` in this process, with `argv` (program name first): its state,
+/// the sender that stops it, and its task.
+fn in_process(
+    argv: Vec<String>,
+) -> (
+    Arc<AppState>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<aether_replicator::Result<()>>,
+) {
     let config = Cli::try_parse_from(argv)
         .unwrap()
         .run_args()
@@ -131,6 +133,17 @@ async fn metrics_and_health_over_http() {
             let _ = stop_rx.await;
         },
     ));
+    (state, stop_tx, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_over_http() {
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    seed(&client(&src), 20).await;
+    let mut argv = vec!["aether-replicator".to_string()];
+    argv.extend(args(&src, &dst, "6s"));
+    argv.push("--metrics-addr=127.0.0.1:0".into());
+    let (state, stop_tx, task) = in_process(argv);
     assert!(
         common::wait_until_async(Duration::from_secs(20), || state.bound.get().is_some()).await
     );
@@ -545,20 +558,7 @@ async fn a_standby_cut_off_from_its_etcd_is_not_ready() {
         }
     }));
     standby_argv.push("--metrics-addr=127.0.0.1:0".into());
-    let config = Cli::try_parse_from(standby_argv)
-        .unwrap()
-        .run_args()
-        .validate()
-        .unwrap();
-    let state = Arc::new(AppState::default());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(aether_replicator::app::replicator::run_with_state(
-        config,
-        state.clone(),
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    let (state, stop_tx, task) = in_process(standby_argv);
     let standby = || state.ready() && !state.is_leader.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
         common::wait_until_async(Duration::from_secs(20), standby).await,

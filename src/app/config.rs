@@ -1387,22 +1387,18 @@ impl TlsParts {
         ];
         for (field, path, marker) in pem {
             if let Some(path) = path {
-                let problem = match std::fs::metadata(path).and_then(|m| {
-                    if m.is_file() {
-                        std::fs::read(path).map(Some)
-                    } else {
-                        Ok(None)
-                    }
-                }) {
-                    Ok(Some(bytes))
-                        if contains(&bytes, b"-----BEGIN ")
-                            && contains(&bytes, marker.as_bytes()) =>
-                    {
-                        continue;
-                    }
-                    Ok(Some(_)) => format!("no PEM \"-----BEGIN ...{marker}\" block"),
-                    Ok(None) => "not a file".to_string(),
+                let problem = match std::fs::metadata(path) {
                     Err(e) => e.to_string(),
+                    Ok(m) if !m.is_file() => "not a file".to_string(),
+                    Ok(_) => match std::fs::read(path) {
+                        Err(e) => e.to_string(),
+                        Ok(b)
+                            if contains(&b, b"-----BEGIN ") && contains(&b, marker.as_bytes()) =>
+                        {
+                            continue;
+                        }
+                        Ok(_) => format!("no PEM \"-----BEGIN ...{marker}\" block"),
+                    },
                 };
                 return Err(ConfigError::new(
                     scope.flag(field),
