@@ -800,3 +800,83 @@ async fn many_small_frames_unread_do_not_reset_the_connection() {
     let want: Vec<i64> = (rev + 1..=rev + N as i64).collect();
     assert_eq!(revisions, want);
 }
+
+/// One owner per task: the keep-alive and watch tasks hold the client's
+/// connections, never the client, so dropping the last handle stops them
+/// and closes the connections (before, the keeper's task held a `Client`
+/// that held the keeper: a client that had kept a lease alive never freed
+/// anything).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
+    let etcd = Etcd::start();
+    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let observer = client(&etcd);
+    let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
+    let g = c.lease_grant(2, 0).await.unwrap();
+    let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let (stream, mut watcher) = c.watch(WatchOptions::prefix("/owner/")).unwrap();
+    c.put(Put::new("/owner/a", "1")).await.unwrap();
+    let first = tokio::time::timeout(T, watcher.next()).await.unwrap();
+    assert_eq!(first.unwrap().unwrap().events.len(), 1);
+    assert!(proxy.active_connections() >= 1);
+
+    // The client goes first: the watcher still works, its stream is alive.
+    drop(c);
+    drop(stream);
+    observer.put(Put::new("/owner/b", "2")).await.unwrap();
+    let second = tokio::time::timeout(T, watcher.next()).await.unwrap();
+    assert_eq!(second.unwrap().unwrap().events[0].kv.key(), "/owner/b");
+    // So does the lease: its handle keeps the keep-alive task running.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0);
+
+    // The last handles go: both tasks stop and the connection closes.
+    drop(watcher);
+    drop(lease);
+    assert!(
+        common::wait_until_async(T, || proxy.active_connections() == 0).await,
+        "{} connections still open after every handle was dropped",
+        proxy.active_connections()
+    );
+    // Not revoked, only no longer kept alive: the lease runs out by itself.
+    let mut expired = false;
+    for _ in 0..100 {
+        if observer.lease_time_to_live(g.id, false).await.unwrap().ttl == -1 {
+            expired = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        expired,
+        "lease {} still alive 10 s after its handle was dropped",
+        g.id
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_is_a_stream_that_keeps_its_watch_stream_alive() {
+    use futures_util::StreamExt;
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let start = c.put(Put::new("/s/0", "x")).await.unwrap().header.revision + 1;
+    // The stream handle is dropped at once: the watcher must keep it alive.
+    let (_, watcher) = c
+        .watch(WatchOptions::prefix("/s/").start_revision(start))
+        .unwrap();
+    for i in 1..=5 {
+        c.put(Put::new(format!("/s/{i}"), "v")).await.unwrap();
+    }
+    let keys: Vec<String> = tokio::time::timeout(
+        T,
+        watcher
+            .map(|r| r.unwrap().events)
+            .flat_map(futures_util::stream::iter)
+            .map(|e| String::from_utf8_lossy(e.kv.key()).into_owned())
+            .take(5)
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .expect("five events");
+    assert_eq!(keys, ["/s/1", "/s/2", "/s/3", "/s/4", "/s/5"]);
+}

@@ -9,7 +9,7 @@
 //! Auth is a token in the `token` metadata header. It is fetched on first use
 //! and fetched again, once, when etcd says it is no longer valid.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -111,6 +111,10 @@ pub struct ClientConfig {
     pub stream_window: u32,
     /// HTTP/2 window of each connection, in bytes.
     pub connection_window: u32,
+    /// Ask etcd to serve watches only from a member that has a leader
+    /// (`hasleader` metadata), so a partitioned member's watch fails over
+    /// instead of going quiet. On by default.
+    pub watch_require_leader: bool,
 }
 
 impl Default for ClientConfig {
@@ -127,6 +131,7 @@ impl Default for ClientConfig {
             max_encoding_message_size: DEFAULT_MAX_ENCODING_MESSAGE_SIZE,
             stream_window: DEFAULT_STREAM_WINDOW,
             connection_window: DEFAULT_CONNECTION_WINDOW,
+            watch_require_leader: true,
         }
     }
 }
@@ -160,6 +165,12 @@ impl Interceptor for TokenInterceptor {
 /// An etcd v3 client. Cheap to clone; clones share connections, the auth
 /// token and the lease keep-alive stream.
 ///
+/// **Ownership.** The client's background tasks (the lease keep-alive, each
+/// watch stream, endpoint auto-sync) hold the connections, never a `Client`:
+/// dropping the last clone stops the keep-alive task and closes the
+/// connections once no [`super::WatchStream`] or [`super::Watcher`] is left.
+/// A watcher keeps its own stream alive.
+///
 /// ```no_run
 /// # async fn demo() -> aether_replicator::etcd::Result<()> {
 /// use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
@@ -172,17 +183,48 @@ impl Interceptor for TokenInterceptor {
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Handle>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) config: ClientConfig,
-    channels: Vec<Channel>,
+/// What the `Client` clones share: the transport, and the tasks that only
+/// live as long as some clone does.
+struct Handle {
+    transport: Transport,
+    keeper: OnceLock<LeaseKeeper>,
+}
+
+/// The connections, token and config: what a background task needs to make
+/// calls. Tasks hold this, never a [`Client`], so that a task never keeps
+/// alive the handle whose drop is meant to stop it.
+#[derive(Clone)]
+pub(crate) struct Transport(Arc<Shared>);
+
+struct Shared {
+    config: ClientConfig,
+    endpoints: RwLock<Arc<Endpoints>>,
     current: AtomicUsize,
     token: Arc<RwLock<Option<AsciiMetadataValue>>>,
+    credentials: RwLock<Option<Credentials>>,
     auth_lock: tokio::sync::Mutex<()>,
-    authentications: std::sync::atomic::AtomicU64,
-    pub(crate) keeper: OnceLock<LeaseKeeper>,
+    authentications: AtomicU64,
+}
+
+/// One set of endpoints and their lazily connected channels. Replaced as a
+/// whole by [`Client::set_endpoints`] and [`Client::reload_tls`]; calls and
+/// streams already under way keep the old channels until they end.
+struct Endpoints {
+    urls: Vec<String>,
+    channels: Vec<Channel>,
+    tls: Option<TlsMaterial>,
+}
+
+/// The TLS files' contents as last read, to tell whether a reload changed
+/// anything.
+#[derive(Clone, PartialEq, Eq)]
+struct TlsMaterial {
+    ca: Option<Vec<u8>>,
+    cert: Option<Vec<u8>>,
+    key: Option<Vec<u8>>,
 }
 
 impl Client {
@@ -190,68 +232,159 @@ impl Client {
     /// unreachable cluster is not an error here; a malformed config is.
     /// Call it inside a Tokio runtime: the connections are driven by tasks.
     pub fn connect(config: ClientConfig) -> Result<Client> {
-        if config.endpoints.is_empty() {
-            return Err(Error::InvalidConfig("no endpoints".into()));
-        }
         let tls = match &config.tls {
-            Some(tls) => Some(tls_config(tls)?),
+            Some(tls) => Some(TlsMaterial::read(tls)?),
             None => None,
         };
-        let mut channels = Vec::with_capacity(config.endpoints.len());
-        for url in &config.endpoints {
-            let https = url.starts_with("https://");
-            if !https && !url.starts_with("http://") {
-                return Err(Error::InvalidConfig(format!(
-                    "endpoint {url:?} must start with http:// or https://"
-                )));
-            }
-            let mut ep = Endpoint::from_shared(url.clone())
-                .map_err(|e| Error::InvalidConfig(format!("endpoint {url:?}: {e}")))?
-                .connect_timeout(config.connect_timeout)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(config.keepalive_interval)
-                .keep_alive_timeout(config.keepalive_timeout)
-                .keep_alive_while_idle(true)
-                .initial_stream_window_size(config.stream_window)
-                .initial_connection_window_size(config.connection_window);
-            if https {
-                let tls = tls.clone().unwrap_or_default();
-                ep = ep.tls_config(tls)?;
-            }
-            channels.push(ep.connect_lazy());
-        }
+        let endpoints = build_endpoints(&config, config.endpoints.clone(), tls)?;
         Ok(Client {
-            inner: Arc::new(Inner {
-                config,
-                channels,
-                current: AtomicUsize::new(0),
-                token: Arc::new(RwLock::new(None)),
-                auth_lock: tokio::sync::Mutex::new(()),
-                authentications: std::sync::atomic::AtomicU64::new(0),
+            inner: Arc::new(Handle {
+                transport: Transport(Arc::new(Shared {
+                    credentials: RwLock::new(config.credentials.clone()),
+                    config,
+                    endpoints: RwLock::new(Arc::new(endpoints)),
+                    current: AtomicUsize::new(0),
+                    token: Arc::new(RwLock::new(None)),
+                    auth_lock: tokio::sync::Mutex::new(()),
+                    authentications: AtomicU64::new(0),
+                })),
                 keeper: OnceLock::new(),
             }),
         })
     }
 
-    /// The config this client was built from.
+    /// The config this client was built from. The endpoints and
+    /// credentials in use may since have changed: see [`Client::endpoints`].
     pub fn config(&self) -> &ClientConfig {
-        &self.inner.config
+        &self.inner.transport.0.config
+    }
+
+    /// The member URLs in use now.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.inner.transport.endpoints().urls.clone()
+    }
+
+    /// Replaces the member URLs (for example from a member list). New calls
+    /// and reconnecting streams use them; calls under way finish where they
+    /// are. Unchanged URLs keep their connections.
+    pub fn set_endpoints(&self, urls: Vec<String>) -> Result<()> {
+        let t = &self.inner.transport;
+        let current = t.endpoints();
+        if current.urls == urls {
+            return Ok(());
+        }
+        let mut next = build_endpoints(t.config(), urls, current.tls.clone())?;
+        for (url, ch) in next.urls.iter().zip(next.channels.iter_mut()) {
+            if let Some(i) = current.urls.iter().position(|u| u == url) {
+                *ch = current.channels[i].clone();
+            }
+        }
+        t.replace_endpoints(next);
+        Ok(())
+    }
+
+    /// Reads the TLS files named in the config again and, when their
+    /// contents changed, makes every new connection use them (a rotated
+    /// certificate needs no restart). Returns whether anything changed.
+    /// Connections already open stay as they are until they break.
+    pub fn reload_tls(&self) -> Result<bool> {
+        let t = &self.inner.transport;
+        let Some(tls) = &t.config().tls else {
+            return Ok(false);
+        };
+        let material = TlsMaterial::read(tls)?;
+        let current = t.endpoints();
+        if current.tls.as_ref() == Some(&material) {
+            return Ok(false);
+        }
+        let next = build_endpoints(t.config(), current.urls.clone(), Some(material))?;
+        t.replace_endpoints(next);
+        Ok(true)
+    }
+
+    /// Replaces the auth credentials (a rotated password) and drops the
+    /// cached token, so the next call authenticates with them.
+    pub fn set_credentials(&self, credentials: Option<Credentials>) {
+        let t = &self.inner.transport;
+        *t.0.credentials.write().unwrap_or_else(|e| e.into_inner()) = credentials;
+        t.clear_token();
+    }
+
+    /// Fetches a fresh token with the configured credentials.
+    pub async fn authenticate(&self) -> Result<()> {
+        self.inner.transport.authenticate().await
+    }
+
+    /// How many tokens this client has fetched (for tests of renewal).
+    #[doc(hidden)]
+    pub fn authentications(&self) -> u64 {
+        self.inner
+            .transport
+            .0
+            .authentications
+            .load(Ordering::Relaxed)
+    }
+
+    /// The transport, for a background task that must not own the client.
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.inner.transport
+    }
+
+    /// The client's shared keep-alive actor, started on first use.
+    pub(crate) fn keeper_or_init(&self, init: impl FnOnce() -> LeaseKeeper) -> LeaseKeeper {
+        self.inner.keeper.get_or_init(init).clone()
+    }
+
+    pub(crate) async fn unary<Req, Resp, F, Fut>(&self, req: Req, call: F) -> Result<Resp>
+    where
+        Req: Clone,
+        F: Fn(Svc, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        self.inner.transport.unary(req, call).await
+    }
+
+    pub(crate) fn max_decoding(&self) -> usize {
+        self.config().max_decoding_message_size
+    }
+
+    pub(crate) fn max_encoding(&self) -> usize {
+        self.config().max_encoding_message_size
+    }
+}
+
+impl Transport {
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.0.config
+    }
+
+    fn endpoints(&self) -> Arc<Endpoints> {
+        self.0
+            .endpoints
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn replace_endpoints(&self, next: Endpoints) {
+        *self.0.endpoints.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     }
 
     /// The service for the endpoint currently in use, and its index.
     pub(crate) fn svc(&self) -> (usize, Svc) {
-        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.channels.len();
+        let eps = self.endpoints();
+        let i = self.0.current.load(Ordering::Relaxed) % eps.channels.len();
         let svc = InterceptedService::new(
-            self.inner.channels[i].clone(),
-            TokenInterceptor(self.inner.token.clone()),
+            eps.channels[i].clone(),
+            TokenInterceptor(self.0.token.clone()),
         );
         (i, svc)
     }
 
     /// Moves off endpoint `failed` if it is still the current one.
     pub(crate) fn rotate(&self, failed: usize) {
-        let n = self.inner.channels.len();
-        let _ = self.inner.current.compare_exchange(
+        let n = self.endpoints().channels.len();
+        let _ = self.0.current.compare_exchange(
             failed,
             (failed + 1) % n,
             Ordering::Relaxed,
@@ -260,11 +393,19 @@ impl Client {
     }
 
     pub(crate) fn max_decoding(&self) -> usize {
-        self.inner.config.max_decoding_message_size
+        self.0.config.max_decoding_message_size
     }
 
     pub(crate) fn max_encoding(&self) -> usize {
-        self.inner.config.max_encoding_message_size
+        self.0.config.max_encoding_message_size
+    }
+
+    fn credentials(&self) -> Option<Credentials> {
+        self.0
+            .credentials
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Sends one unary request: per-request timeout, endpoint failover for
@@ -277,7 +418,7 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         self.ensure_token().await?;
-        let timeout = self.inner.config.request_timeout;
+        let timeout = self.0.config.request_timeout;
         let mut reauthed = false;
         let mut failovers = 0;
         loop {
@@ -295,12 +436,12 @@ impl Client {
             };
             if err.is_transient() {
                 self.rotate(idx);
-                if err.not_sent() && failovers + 1 < self.inner.channels.len() {
+                if err.not_sent() && failovers + 1 < self.endpoints().channels.len() {
                     failovers += 1;
                     continue;
                 }
             }
-            if err.is_invalid_token() && self.inner.config.credentials.is_some() && !reauthed {
+            if err.is_invalid_token() && self.credentials().is_some() && !reauthed {
                 reauthed = true;
                 self.authenticate().await?;
                 continue;
@@ -311,9 +452,9 @@ impl Client {
 
     /// Fetches a token on first use when credentials are configured.
     pub(crate) async fn ensure_token(&self) -> Result<()> {
-        if self.inner.config.credentials.is_none()
+        if self.credentials().is_none()
             || self
-                .inner
+                .0
                 .token
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
@@ -324,22 +465,23 @@ impl Client {
         self.authenticate().await
     }
 
-    /// Fetches a fresh token with the configured credentials.
-    pub async fn authenticate(&self) -> Result<()> {
-        let Some(creds) = &self.inner.config.credentials else {
+    /// Fetches a fresh token with the current credentials.
+    pub(crate) async fn authenticate(&self) -> Result<()> {
+        let Some(creds) = self.credentials() else {
             return Ok(());
         };
-        let _guard = self.inner.auth_lock.lock().await;
-        let timeout = self.inner.config.request_timeout;
+        let _guard = self.0.auth_lock.lock().await;
+        let timeout = self.0.config.request_timeout;
         let req = PbAuthenticateRequest {
             name: creds.user.clone(),
             password: creds.password.clone(),
         };
         let mut last = Error::Closed;
-        for _ in 0..self.inner.channels.len() {
+        let eps = self.endpoints();
+        for _ in 0..eps.channels.len() {
             let (idx, _) = self.svc();
             // Authenticate on a bare channel: a stale token must not be sent.
-            let mut auth = AuthClient::new(self.inner.channels[idx].clone());
+            let mut auth = AuthClient::new(eps.channels[idx % eps.channels.len()].clone());
             let mut request = tonic::Request::new(req.clone());
             request.set_timeout(timeout);
             let res = match tokio::time::timeout(timeout, auth.authenticate(request)).await {
@@ -350,8 +492,8 @@ impl Client {
                 Ok(resp) => {
                     let token = AsciiMetadataValue::try_from(resp.into_inner().token)
                         .map_err(|_| Error::Auth("server sent a token that is not ASCII".into()))?;
-                    *self.inner.token.write().unwrap_or_else(|e| e.into_inner()) = Some(token);
-                    self.inner.authentications.fetch_add(1, Ordering::Relaxed);
+                    *self.0.token.write().unwrap_or_else(|e| e.into_inner()) = Some(token);
+                    self.0.authentications.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) if e.is_transient() => {
@@ -364,16 +506,81 @@ impl Client {
         Err(last)
     }
 
-    /// How many tokens this client has fetched (for tests of renewal).
-    #[doc(hidden)]
-    pub fn authentications(&self) -> u64 {
-        self.inner.authentications.load(Ordering::Relaxed)
-    }
-
     /// Drops the cached token so the next call authenticates again.
     pub(crate) fn clear_token(&self) {
-        *self.inner.token.write().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.0.token.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
+}
+
+impl TlsMaterial {
+    fn read(tls: &TlsConfig) -> Result<TlsMaterial> {
+        let read = |p: &Option<String>| p.as_deref().map(read_file).transpose();
+        let material = TlsMaterial {
+            ca: read(&tls.ca_file)?,
+            cert: read(&tls.cert_file)?,
+            key: read(&tls.key_file)?,
+        };
+        if material.cert.is_some() != material.key.is_some() {
+            return Err(Error::InvalidConfig(
+                "a client certificate needs both cert and key".into(),
+            ));
+        }
+        Ok(material)
+    }
+
+    fn client_config(&self, server_name: Option<&str>) -> ClientTlsConfig {
+        let mut cfg = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca {
+            cfg = cfg.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            cfg = cfg.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = server_name {
+            cfg = cfg.domain_name(name);
+        }
+        cfg
+    }
+}
+
+/// One lazily connected channel per URL, with the client's settings.
+fn build_endpoints(
+    config: &ClientConfig,
+    urls: Vec<String>,
+    tls: Option<TlsMaterial>,
+) -> Result<Endpoints> {
+    if urls.is_empty() {
+        return Err(Error::InvalidConfig("no endpoints".into()));
+    }
+    let server_name = config.tls.as_ref().and_then(|t| t.server_name.as_deref());
+    let tls_config = tls.as_ref().map(|m| m.client_config(server_name));
+    let mut channels = Vec::with_capacity(urls.len());
+    for url in &urls {
+        let https = url.starts_with("https://");
+        if !https && !url.starts_with("http://") {
+            return Err(Error::InvalidConfig(format!(
+                "endpoint {url:?} must start with http:// or https://"
+            )));
+        }
+        let mut ep = Endpoint::from_shared(url.clone())
+            .map_err(|e| Error::InvalidConfig(format!("endpoint {url:?}: {e}")))?
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(config.keepalive_interval)
+            .keep_alive_timeout(config.keepalive_timeout)
+            .keep_alive_while_idle(true)
+            .initial_stream_window_size(config.stream_window)
+            .initial_connection_window_size(config.connection_window);
+        if https {
+            ep = ep.tls_config(tls_config.clone().unwrap_or_default())?;
+        }
+        channels.push(ep.connect_lazy());
+    }
+    Ok(Endpoints {
+        urls,
+        channels,
+        tls,
+    })
 }
 
 fn read_file(path: &str) -> Result<Vec<u8>> {
@@ -381,26 +588,4 @@ fn read_file(path: &str) -> Result<Vec<u8>> {
         path: path.to_string(),
         source,
     })
-}
-
-fn tls_config(tls: &TlsConfig) -> Result<ClientTlsConfig> {
-    let mut cfg = ClientTlsConfig::new();
-    if let Some(ca) = &tls.ca_file {
-        cfg = cfg.ca_certificate(Certificate::from_pem(read_file(ca)?));
-    }
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => {
-            cfg = cfg.identity(Identity::from_pem(read_file(cert)?, read_file(key)?));
-        }
-        (None, None) => {}
-        _ => {
-            return Err(Error::InvalidConfig(
-                "a client certificate needs both cert and key".into(),
-            ));
-        }
-    }
-    if let Some(name) = &tls.server_name {
-        cfg = cfg.domain_name(name.clone());
-    }
-    Ok(cfg)
 }

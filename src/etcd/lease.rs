@@ -20,7 +20,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::client::Client;
+use super::backoff::Backoff;
+use super::client::{Client, Transport};
 use super::error::{Error, Result};
 use super::pb::{
     LeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
@@ -112,10 +113,7 @@ impl Client {
 
     /// The client's shared keep-alive actor, started on first use.
     pub fn lease_keeper(&self) -> LeaseKeeper {
-        self.inner
-            .keeper
-            .get_or_init(|| LeaseKeeper::spawn(self.clone()))
-            .clone()
+        self.keeper_or_init(|| LeaseKeeper::spawn(self.transport().clone()))
     }
 }
 
@@ -147,11 +145,13 @@ impl LeaseStatus {
 }
 
 /// A lease kept alive by the [`LeaseKeeper`]. Dropping it stops the
-/// keep-alive without revoking the lease.
+/// keep-alive without revoking the lease. While it lives, so does the
+/// keep-alive task, even if every `Client` clone is gone.
 pub struct LeaseHandle {
     id: i64,
     status: watch::Receiver<LeaseStatus>,
     cmds: mpsc::UnboundedSender<Cmd>,
+    _keeper: std::sync::Arc<DropGuard>,
 }
 
 impl LeaseHandle {
@@ -189,7 +189,8 @@ enum Cmd {
 }
 
 /// Handle to the keep-alive task; cheap to clone. The task stops when the
-/// last clone is dropped.
+/// last clone, the last [`LeaseHandle`] and the last `Client` clone are
+/// dropped: it holds the client's connections, never the client.
 #[derive(Clone)]
 pub struct LeaseKeeper {
     cmds: mpsc::UnboundedSender<Cmd>,
@@ -204,7 +205,7 @@ struct Kept {
 }
 
 impl LeaseKeeper {
-    fn spawn(client: Client) -> LeaseKeeper {
+    fn spawn(client: Transport) -> LeaseKeeper {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         // The task logs under the span of whoever first needed it (the
@@ -228,13 +229,14 @@ impl LeaseKeeper {
             id,
             status,
             cmds: self.cmds.clone(),
+            _keeper: self._guard.clone(),
         })
     }
 }
 
-async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: CancellationToken) {
+async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: CancellationToken) {
     let mut leases: HashMap<i64, Kept> = HashMap::new();
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), MAX_KEEPALIVE_BACKOFF);
     'reconnect: loop {
         // Open the stream only once there is something to keep alive.
         while leases.is_empty() {
@@ -300,7 +302,7 @@ async fn run(client: Client, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: Can
                 }
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
-                        backoff = Duration::from_millis(50);
+                        backoff.reset();
                         if let Some(k) = leases.get(&resp.id) {
                             let lost = resp.ttl <= 0;
                             k.status.send_modify(|s| {
@@ -372,12 +374,12 @@ fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {
 /// After the stream failed to open or broke: count it against every lease,
 /// move to the next endpoint, and back off. False if cancelled meanwhile.
 async fn stream_failed(
-    client: &Client,
+    client: &Transport,
     idx: usize,
     err: &Error,
     leases: &HashMap<i64, Kept>,
     cancel: &CancellationToken,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> bool {
     tracing::debug!(error = %err, "lease keep-alive stream failed; reopening");
     if err.is_invalid_token() {
@@ -387,8 +389,7 @@ async fn stream_failed(
     for k in leases.values() {
         k.status.send_modify(|s| s.failures += 1);
     }
-    let wait = *backoff;
-    *backoff = (*backoff * 2).min(MAX_KEEPALIVE_BACKOFF);
+    let wait = backoff.next_delay();
     tokio::select! {
         _ = cancel.cancelled() => false,
         _ = tokio::time::sleep(wait) => true,

@@ -18,6 +18,7 @@
 //!
 //! Works against etcd 3.4 and later.
 
+mod backoff;
 mod batch;
 mod client;
 mod error;
@@ -27,6 +28,7 @@ mod maintenance;
 mod pb;
 mod watch;
 
+pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 pub use batch::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,
 };

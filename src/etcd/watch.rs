@@ -39,7 +39,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
-use super::client::Client;
+use super::backoff::Backoff;
+use super::client::{Client, Transport};
 use super::error::{Error, Result};
 use super::kv::{KeyValue, prefix_end};
 use super::pb::{
@@ -168,11 +169,28 @@ impl WatchOptions {
     }
 }
 
-/// Receives one watch's events. Dropping it cancels the watch.
+/// Receives one watch's events. Dropping it cancels the watch. It keeps
+/// its stream's task alive, so `let (_, watcher) = client.watch(..)?` works.
+///
+/// A `Watcher` is a [`Stream`](futures_util::Stream) of responses:
+///
+/// ```no_run
+/// # async fn demo(client: aether_replicator::etcd::Client) -> aether_replicator::etcd::Result<()> {
+/// use futures_util::StreamExt;
+/// use aether_replicator::etcd::WatchOptions;
+///
+/// let (_, watcher) = client.watch(WatchOptions::prefix("/k/"))?;
+/// let mut puts = watcher.map(|r| r.map(|resp| resp.events.len())).take(3);
+/// while let Some(n) = puts.next().await {
+///     println!("{} events", n?);
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Watcher {
     id: i64,
     rx: mpsc::Receiver<Result<WatchResponse>>,
     cmds: mpsc::UnboundedSender<Cmd>,
+    _stream: Arc<DropGuard>,
 }
 
 impl Watcher {
@@ -194,6 +212,17 @@ impl Watcher {
     }
 }
 
+impl futures_util::Stream for Watcher {
+    type Item = Result<WatchResponse>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
 impl Drop for Watcher {
     fn drop(&mut self) {
         let _ = self.cmds.send(Cmd::Cancel(self.id));
@@ -211,7 +240,8 @@ enum Cmd {
 }
 
 /// A handle to one watch stream and its task; cheap to clone. The task
-/// stops when every handle and every watcher is gone.
+/// stops when every handle and every watcher is gone; it holds the client's
+/// connections, not the client.
 #[derive(Clone)]
 pub struct WatchStream {
     next_id: Arc<AtomicI64>,
@@ -228,8 +258,13 @@ impl Client {
         let connected = Arc::new(AtomicBool::new(false));
         // Logs under the caller's span (the engine's per-peer span).
         tokio::spawn(
-            run(self.clone(), rx, cancel.clone(), connected.clone())
-                .instrument(tracing::Span::current()),
+            run(
+                self.transport().clone(),
+                rx,
+                cancel.clone(),
+                connected.clone(),
+            )
+            .instrument(tracing::Span::current()),
         );
         WatchStream {
             next_id: Arc::new(AtomicI64::new(1)),
@@ -267,6 +302,7 @@ impl WatchStream {
             id,
             rx,
             cmds: self.cmds.clone(),
+            _stream: self._guard.clone(),
         })
     }
 
@@ -315,13 +351,13 @@ fn cancel_msg(id: i64) -> PbWatchRequest {
 }
 
 async fn run(
-    client: Client,
+    client: Transport,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     cancel: CancellationToken,
     connected: Arc<AtomicBool>,
 ) {
     let mut watchers: HashMap<i64, State> = HashMap::new();
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), MAX_WATCH_BACKOFF);
     let mut commands_open = true;
     loop {
         while watchers.is_empty() {
@@ -351,7 +387,17 @@ async fn run(
             .max_decoding_message_size(client.max_decoding())
             .max_encoding_message_size(client.max_encoding());
         let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx);
-        let open = wc.watch(outbound);
+        let mut request = tonic::Request::new(outbound);
+        if client.config().watch_require_leader {
+            // Without it, a member cut off from its quorum keeps the stream
+            // open and silent; with it, etcd refuses or cancels the stream
+            // and the task moves to the next endpoint.
+            request.metadata_mut().insert(
+                "hasleader",
+                tonic::metadata::AsciiMetadataValue::from_static("true"),
+            );
+        }
+        let open = wc.watch(request);
         let opened = tokio::select! {
             _ = cancel.cancelled() => return,
             r = tokio::time::timeout(client.config().request_timeout, open) => r,
@@ -400,7 +446,7 @@ async fn run(
                 },
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
-                        backoff = Duration::from_millis(50);
+                        backoff.reset();
                         dispatch(&mut watchers, resp, &out_tx).await;
                         if watchers.is_empty() && !commands_open {
                             return;
@@ -431,9 +477,8 @@ async fn run(
     }
 }
 
-async fn sleep_or_cancel(cancel: &CancellationToken, backoff: &mut Duration) -> bool {
-    let d = *backoff;
-    *backoff = (*backoff * 2).min(MAX_WATCH_BACKOFF);
+async fn sleep_or_cancel(cancel: &CancellationToken, backoff: &mut Backoff) -> bool {
+    let d = backoff.next_delay();
     tokio::select! {
         _ = cancel.cancelled() => false,
         _ = tokio::time::sleep(d) => true,
