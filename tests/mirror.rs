@@ -386,7 +386,7 @@ async fn compaction_while_the_peer_is_cut_off_forces_a_resync() {
     // Let the engine notice the cut so that it resumes from its state.
     src.put(Put::new(key(1000), "during cut")).await.unwrap();
     let s = engine.stats()[0].clone();
-    assert!(common::wait_until_async(T, || !s.synced.load(Ordering::Relaxed)).await);
+    assert!(common::wait_until_async(T, || !s.is_synced()).await);
     let rev = src.range(Range::key("x")).await.unwrap().header.revision;
     src.compact(rev, true).await.unwrap();
     proxy.heal();
@@ -431,7 +431,7 @@ async fn a_delete_at_exactly_the_compaction_revision_is_not_lost() {
         .revision;
     assert_eq!(deleted, applied + 1);
     let s = engine.stats()[0].clone();
-    assert!(common::wait_until_async(T, || !s.synced.load(Ordering::Relaxed)).await);
+    assert!(common::wait_until_async(T, || !s.is_synced()).await);
     // Compact at the delete itself: its tombstone is gone from history.
     src.compact(deleted, true).await.unwrap();
     proxy.heal();

@@ -48,7 +48,7 @@ impl AppState {
             return true;
         }
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers.iter().all(|p| p.synced.load(Relaxed))
+        peers.iter().all(|p| p.is_synced())
     }
 
     /// The Prometheus text exposition.
@@ -143,7 +143,7 @@ impl AppState {
             "peer_synced",
             "gauge",
             "1 if the peer is synced and mirroring live.",
-            &mut per_peer(&|p| f64::from(u8::from(p.synced.load(Relaxed)))),
+            &mut per_peer(&|p| f64::from(u8::from(p.is_synced()))),
         );
         family(
             "keepalive_success_total",

@@ -28,8 +28,8 @@ use bytes::Bytes;
 
 use crate::error::Result;
 use crate::etcd::{
-    Client, Compare, CompareOp, Delete, OpResponse, Put, REQUEST_OVERHEAD_BYTES, Range, Txn,
-    TxnLimits, prefix_end,
+    Client, Compare, CompareOp, Delete, Op, OpResponse, Put, Range, Txn, TxnBatcher, TxnLimits,
+    prefix_end,
 };
 use crate::schema::{EndpointKey, Schema, validate_segment};
 
@@ -40,10 +40,6 @@ pub const DEFAULT_LEGACY_PREFIX: &str = "/aether/services/";
 pub const MAX_KEYS_PER_TXN: usize = 64;
 /// Keys listed by name when `--delete-legacy` refuses.
 pub const MISSING_LISTED: usize = 20;
-
-/// Upper bound of what one key adds to a txn beyond its key and value
-/// bytes: the put's and the compare's framing.
-const PER_KEY_OVERHEAD: usize = 40;
 
 /// What to migrate and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -466,24 +462,27 @@ pub async fn apply(
         .iter()
         .filter(|e| e.status == Status::ToWrite)
         .collect();
-    let per_txn = limits.max_ops.clamp(1, MAX_KEYS_PER_TXN);
-    let budget = limits.max_bytes.saturating_sub(REQUEST_OVERHEAD_BYTES);
+    // Each key is a put and its guard ("absent"): the packer counts both.
+    let mut packer = TxnBatcher::new(TxnLimits {
+        max_ops: limits.max_ops.clamp(1, MAX_KEYS_PER_TXN),
+        ..limits
+    });
+    let by_key: HashMap<&str, &Entry> = entries.iter().map(|e| (v1(e), *e)).collect();
     let mut applied = Applied::default();
     let mut raced = Vec::new();
-    let mut batch: Vec<&Entry> = Vec::new();
-    let mut bytes = 0;
-    let cost = |e: &Entry| 2 * v1(e).len() + e.value.len() + PER_KEY_OVERHEAD;
-    for e in entries {
-        if !batch.is_empty() && (batch.len() == per_txn || bytes + cost(e) > budget) {
-            write_batch(client, &batch, &mut applied, &mut raced).await?;
-            batch.clear();
-            bytes = 0;
+    for e in &entries {
+        let key = v1(e).to_owned();
+        packer.push_guarded(
+            Put::new(key.clone(), e.value.clone()),
+            Compare::version(key, CompareOp::Equal, 0),
+        );
+        while let Some(parts) = packer.pop_parts() {
+            write_batch(client, parts, &by_key, &mut applied, &mut raced).await?;
         }
-        bytes += cost(e);
-        batch.push(e);
     }
-    if !batch.is_empty() {
-        write_batch(client, &batch, &mut applied, &mut raced).await?;
+    packer.flush();
+    while let Some(parts) = packer.pop_parts() {
+        write_batch(client, parts, &by_key, &mut applied, &mut raced).await?;
     }
     Ok((applied, raced))
 }
@@ -495,22 +494,18 @@ fn v1(e: &Entry) -> &str {
 /// One txn for the batch; if any key appeared meanwhile, one txn per key.
 async fn write_batch(
     client: &Client,
-    batch: &[&Entry],
+    (guards, ops): (Vec<Compare>, Vec<Op>),
+    by_key: &HashMap<&str, &Entry>,
     applied: &mut Applied,
     raced: &mut Vec<(String, String)>,
 ) -> Result<()> {
-    let txn = Txn::new()
-        .when(
-            batch
-                .iter()
-                .map(|e| Compare::version(v1(e).to_owned(), CompareOp::Equal, 0)),
-        )
-        .and_then(
-            batch
-                .iter()
-                .map(|e| Put::new(v1(e).to_owned(), e.value.clone())),
-        );
-    let resp = client.txn(txn).await?;
+    let batch: Vec<&Entry> = ops
+        .iter()
+        .filter_map(|op| op.key())
+        .filter_map(|k| std::str::from_utf8(k).ok())
+        .filter_map(|k| by_key.get(k).copied())
+        .collect();
+    let resp = client.txn(Txn::new().when(guards).and_then(ops)).await?;
     applied.txns += 1;
     if resp.succeeded {
         applied.written += batch.len();

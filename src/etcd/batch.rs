@@ -9,12 +9,11 @@
 //! under a range delete already in the txn starts a new txn, which keeps the
 //! order of the stream intact.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 
-use super::kv::{Compare, Delete, Put, Txn};
-use super::pb::{PbDeleteRangeRequest, PbOp, PbPutRequest, PbRequestOp};
+use super::kv::{Compare, Delete, Op, Put, Txn};
 
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
@@ -42,46 +41,13 @@ impl Default for TxnLimits {
     }
 }
 
-/// The size one op adds to an encoded `TxnRequest` (field tag, length
-/// prefix and body).
-pub(crate) fn op_encoded_len(op: &PbRequestOp) -> usize {
-    let body = prost::Message::encoded_len(op);
-    1 + prost::encoding::encoded_len_varint(body as u64) + body
-}
-
-pub(crate) fn put_op(key: Bytes, value: Bytes, lease: i64) -> PbRequestOp {
-    PbRequestOp {
-        request: Some(PbOp::RequestPut(PbPutRequest {
-            key,
-            value,
-            lease,
-            ..Default::default()
-        })),
-    }
-}
-
-pub(crate) fn delete_op(key: Bytes, range_end: Bytes) -> PbRequestOp {
-    PbRequestOp {
-        request: Some(PbOp::RequestDeleteRange(PbDeleteRangeRequest {
-            key,
-            range_end,
-            ..Default::default()
-        })),
-    }
-}
-
-/// The value a put op writes, if it is a put.
-pub(crate) fn op_put_value(op: &PbRequestOp) -> Option<Bytes> {
-    match &op.request {
-        Some(PbOp::RequestPut(p)) => Some(p.value.clone()),
-        _ => None,
-    }
-}
-
 /// One txn's success branch being filled, with de-duplication by key.
 #[derive(Default)]
-pub(crate) struct TxnBuilder {
-    ops: Vec<PbRequestOp>,
+struct Open {
+    ops: Vec<Op>,
+    /// Per-op guards added with [`TxnBatcher::push_guarded`].
+    guards: Vec<Compare>,
+    /// Encoded bytes of `ops` and `guards`.
     bytes: usize,
     /// Single-key writes: key → index in `ops`.
     keys: HashMap<Bytes, usize>,
@@ -89,32 +55,18 @@ pub(crate) struct TxnBuilder {
     ranges: Vec<(Bytes, Bytes)>,
 }
 
-impl TxnBuilder {
-    pub(crate) fn len(&self) -> usize {
-        self.ops.len()
-    }
-    pub(crate) fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-    pub(crate) fn bytes(&self) -> usize {
-        self.bytes
-    }
-    /// Whether `key` is already written by this txn.
-    pub(crate) fn contains(&self, key: &[u8]) -> bool {
-        self.keys.contains_key(key)
-    }
+impl Open {
     /// Whether a range delete in this txn covers `key`.
-    pub(crate) fn covered(&self, key: &[u8]) -> bool {
+    fn covered(&self, key: &[u8]) -> bool {
         self.ranges.iter().any(|(from, to)| in_range(key, from, to))
     }
 
-    /// Adds a single-key write, replacing an earlier write to the same key.
-    /// The caller checks [`TxnBuilder::covered`] first.
-    pub(crate) fn push_key(&mut self, key: Bytes, op: PbRequestOp) {
-        let len = op_encoded_len(&op);
+    /// Adds a single-key write of encoded size `len`, replacing an earlier
+    /// write to the same key.
+    fn push_key(&mut self, key: Bytes, op: Op, len: usize) {
         match self.keys.get(&key) {
             Some(&i) => {
-                self.bytes = self.bytes - op_encoded_len(&self.ops[i]) + len;
+                self.bytes = self.bytes - self.ops[i].encoded_len() + len;
                 self.ops[i] = op;
             }
             None => {
@@ -125,46 +77,49 @@ impl TxnBuilder {
         }
     }
 
-    /// Adds a range delete, dropping the writes it supersedes.
-    pub(crate) fn push_range_delete(&mut self, from: Bytes, to: Bytes) {
-        if self.keys.keys().any(|k| in_range(k, &from, &to)) {
-            let old = std::mem::take(&mut self.ops);
-            self.keys.clear();
-            self.bytes = 0;
-            let ranges = std::mem::take(&mut self.ranges);
-            for op in old {
-                match op_key(&op) {
-                    Some(k) if in_range(&k, &from, &to) => {}
-                    Some(k) => self.push_key(k, op),
-                    None => {
-                        self.bytes += op_encoded_len(&op);
-                        self.ops.push(op);
+    /// Adds a range delete or a read; a range delete drops the writes in
+    /// this txn that it supersedes.
+    fn push_other(&mut self, op: Op, len: usize) {
+        if let Op::Delete(d) = &op {
+            let (from, to) = d.bounds();
+            let (from, to) = (from.clone(), to.clone());
+            if self.keys.keys().any(|k| in_range(k, &from, &to)) {
+                let old = std::mem::take(&mut self.ops);
+                self.keys.clear();
+                self.bytes = self.guards.iter().map(Compare::encoded_len).sum();
+                for op in old {
+                    let len = op.encoded_len();
+                    match op.key().cloned() {
+                        Some(k) if in_range(&k, &from, &to) => {}
+                        Some(k) => self.push_key(k, op, len),
+                        None => {
+                            self.bytes += len;
+                            self.ops.push(op);
+                        }
                     }
                 }
             }
-            self.ranges = ranges;
+            self.ranges.push((from, to));
         }
-        let op = delete_op(from.clone(), to.clone());
-        self.bytes += op_encoded_len(&op);
+        self.bytes += len;
         self.ops.push(op);
-        self.ranges.push((from, to));
     }
 
-    pub(crate) fn take(&mut self) -> Vec<PbRequestOp> {
+    fn take(&mut self) -> Sealed {
         self.keys.clear();
         self.ranges.clear();
         self.bytes = 0;
-        std::mem::take(&mut self.ops)
+        Sealed {
+            guards: std::mem::take(&mut self.guards),
+            ops: std::mem::take(&mut self.ops),
+        }
     }
 }
 
-/// The single key a put or single-key delete writes.
-pub(crate) fn op_key(op: &PbRequestOp) -> Option<Bytes> {
-    match &op.request {
-        Some(PbOp::RequestPut(p)) => Some(p.key.clone()),
-        Some(PbOp::RequestDeleteRange(d)) if d.range_end.is_empty() => Some(d.key.clone()),
-        _ => None,
-    }
+/// A sealed txn's guards and ops.
+struct Sealed {
+    guards: Vec<Compare>,
+    ops: Vec<Op>,
 }
 
 fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
@@ -173,6 +128,15 @@ fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
 }
 
 /// Packs puts and deletes into the fewest txns within [`TxnLimits`].
+///
+/// Writes go into an *open* txn; when the next one does not fit, the open
+/// txn is sealed and a new one starts. Within a txn a later write to a key
+/// replaces the earlier one. Callers that add their own guards or ops to
+/// every txn when they send it (a fence compare, a bookkeeping put) reserve
+/// room for them with [`TxnBatcher::with_compares`] and
+/// [`TxnBatcher::with_reserved`]. Sealed txns come out in order, either
+/// whole ([`TxnBatcher::pop_txn`], [`TxnBatcher::finish`]) or as their ops
+/// ([`TxnBatcher::pop`]) for a caller that builds the txn itself.
 ///
 /// ```
 /// use aether_replicator::etcd::{TxnBatcher, TxnLimits};
@@ -184,123 +148,242 @@ fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
 /// let txns = b.finish();
 /// assert_eq!(txns.iter().map(|t| t.success_len()).collect::<Vec<_>>(), [2, 1]);
 /// ```
+///
+/// Streaming, with room kept for an op the caller adds to each txn:
+///
+/// ```
+/// use aether_replicator::etcd::{Put, Txn, TxnBatcher, TxnLimits};
+///
+/// let mut b = TxnBatcher::new(TxnLimits::default()).with_reserved(1, 256);
+/// let mut sent = 0;
+/// for i in 0..1000 {
+///     b.put(format!("/k/{i}"), "v", 0);
+///     while let Some(ops) = b.pop() {
+///         let txn = Txn::new().and_then(ops).and_then([Put::new("/progress", i.to_string())]);
+///         assert!(txn.success_len() <= 128);
+///         sent += 1;
+///     }
+/// }
+/// b.flush();
+/// sent += std::iter::from_fn(|| b.pop()).count();
+/// assert_eq!(sent, 8); // 1000 puts, 127 per txn
+/// ```
 pub struct TxnBatcher {
     limits: TxnLimits,
     compares: Vec<Compare>,
-    cur: TxnBuilder,
-    done: Vec<Txn>,
+    reserved_ops: usize,
+    reserved_bytes: usize,
+    max_ops: usize,
+    max_bytes: usize,
+    open: Open,
+    sealed: VecDeque<Sealed>,
 }
 
 impl TxnBatcher {
     /// A batcher for a server with these limits.
     pub fn new(limits: TxnLimits) -> Self {
-        TxnBatcher {
+        let mut b = TxnBatcher {
             limits,
             compares: Vec::new(),
-            cur: TxnBuilder::default(),
-            done: Vec::new(),
-        }
+            reserved_ops: 0,
+            reserved_bytes: 0,
+            max_ops: 0,
+            max_bytes: 0,
+            open: Open::default(),
+            sealed: VecDeque::new(),
+        };
+        b.budget();
+        b
     }
 
-    /// Puts these compares on every txn produced (for example a fencing
-    /// guard). They count against the limits.
+    /// Puts these compares on every txn produced by [`TxnBatcher::pop_txn`]
+    /// and [`TxnBatcher::finish`] (for example a fencing guard). They count
+    /// against the byte limit.
+    #[must_use]
     pub fn with_compares(mut self, compares: impl IntoIterator<Item = Compare>) -> Self {
         self.compares.extend(compares);
+        self.budget();
         self
     }
 
-    fn budget_bytes(&self) -> usize {
-        let compares: usize = self
-            .compares
-            .iter()
-            .map(|c| {
-                let n = prost::Message::encoded_len(&c.0);
-                1 + prost::encoding::encoded_len_varint(n as u64) + n
-            })
-            .sum();
-        self.limits
+    /// Keeps room in every txn for `ops` more ops of `bytes` encoded bytes
+    /// in all (compares included) that the caller adds when it sends.
+    #[must_use]
+    pub fn with_reserved(mut self, ops: usize, bytes: usize) -> Self {
+        self.reserved_ops = ops;
+        self.reserved_bytes = bytes;
+        self.budget();
+        self
+    }
+
+    fn budget(&mut self) {
+        let compares: usize = self.compares.iter().map(Compare::encoded_len).sum();
+        self.max_ops = self.limits.max_ops.saturating_sub(self.reserved_ops).max(1);
+        self.max_bytes = self
+            .limits
             .max_bytes
-            .saturating_sub(REQUEST_OVERHEAD_BYTES + compares)
+            .saturating_sub(REQUEST_OVERHEAD_BYTES + compares + self.reserved_bytes);
     }
 
-    fn fits(&self, extra: usize, new_op: bool) -> bool {
-        self.cur.is_empty()
-            || ((self.cur.len() + usize::from(new_op)) <= self.limits.max_ops
-                && self.cur.bytes() + extra <= self.budget_bytes())
+    /// The server limits it packs for.
+    pub fn limits(&self) -> TxnLimits {
+        self.limits
     }
 
-    fn push_key(&mut self, key: Bytes, op: PbRequestOp) {
-        if self.cur.covered(&key) {
+    /// Most ops a txn gets, after the reserve.
+    pub fn max_ops(&self) -> usize {
+        self.max_ops
+    }
+
+    /// Most encoded bytes of ops a txn gets, after overhead, compares and
+    /// the reserve. An op larger than this still goes out, alone.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Ops in the open txn.
+    pub fn open_len(&self) -> usize {
+        self.open.ops.len()
+    }
+
+    /// Encoded bytes of the ops in the open txn.
+    pub fn open_bytes(&self) -> usize {
+        self.open.bytes
+    }
+
+    /// Whether the open txn already writes `key`.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.open.keys.contains_key(key)
+    }
+
+    /// Whether `new_ops` more ops of `bytes` bytes in all would join the
+    /// open txn without sealing it. An empty txn takes anything.
+    pub fn has_room(&self, new_ops: usize, bytes: usize) -> bool {
+        self.open.ops.is_empty()
+            || (self.open.ops.len() + new_ops <= self.max_ops
+                && self.open.bytes + bytes <= self.max_bytes)
+    }
+
+    /// Adds any op: puts and single-key deletes de-duplicate by key; a
+    /// range delete drops the writes it supersedes in the open txn.
+    pub fn push(&mut self, op: impl Into<Op>) -> &mut Self {
+        self.push_inner(op.into(), None)
+    }
+
+    /// Adds an op with a guard of its own that goes into the same txn's
+    /// compares (for example "this key does not exist yet"). The guard
+    /// counts against both limits: etcd caps the compares of a txn at
+    /// `--max-txn-ops` too. Read the txn back with
+    /// [`TxnBatcher::pop_parts`] or [`TxnBatcher::pop_txn`].
+    pub fn push_guarded(&mut self, op: impl Into<Op>, guard: Compare) -> &mut Self {
+        self.push_inner(op.into(), Some(guard))
+    }
+
+    fn push_inner(&mut self, op: Op, guard: Option<Compare>) -> &mut Self {
+        let guard_len = guard.as_ref().map_or(0, Compare::encoded_len);
+        if guard.is_some()
+            && !self.open.ops.is_empty()
+            && self.open.guards.len() + self.compares.len() + 1 > self.limits.max_ops
+        {
             self.flush();
         }
-        let new_key = !self.cur.contains(&key);
-        if !self.fits(op_encoded_len(&op), new_key) {
-            self.flush();
+        let len = op.encoded_len();
+        let need = len + guard_len;
+        match op.key().cloned() {
+            Some(key) => {
+                if self.open.covered(&key) {
+                    // A range delete in this txn would conflict with the
+                    // put: start a new txn, which also keeps their order.
+                    self.flush();
+                }
+                let new_key = !self.open.keys.contains_key(&key);
+                if !self.has_room(usize::from(new_key), need) {
+                    self.flush();
+                }
+                self.open.push_key(key, op, len);
+            }
+            None => {
+                if !self.has_room(1, need) {
+                    self.flush();
+                }
+                self.open.push_other(op, len);
+            }
         }
-        self.cur.push_key(key, op);
+        if let Some(g) = guard {
+            self.open.bytes += guard_len;
+            self.open.guards.push(g);
+        }
+        self
     }
 
     /// Adds a put of `value` at `key` under `lease` (0: none).
     pub fn put(&mut self, key: impl Into<Bytes>, value: impl Into<Bytes>, lease: i64) -> &mut Self {
-        let key = key.into();
-        self.push_key(key.clone(), put_op(key, value.into(), lease));
-        self
+        self.push(Put::new(key, value).lease(lease))
     }
 
     /// Adds a prepared [`Put`].
     pub fn push_put(&mut self, put: Put) -> &mut Self {
-        let key = put.0.key.clone();
-        self.push_key(
-            key,
-            PbRequestOp {
-                request: Some(PbOp::RequestPut(put.0)),
-            },
-        );
-        self
+        self.push(put)
     }
 
     /// Adds a delete of exactly `key`.
     pub fn delete(&mut self, key: impl Into<Bytes>) -> &mut Self {
-        let key = key.into();
-        self.push_key(key.clone(), delete_op(key, Bytes::new()));
-        self
+        self.push(Delete::key(key))
     }
 
     /// Adds a prepared [`Delete`] (a single key or a range).
     pub fn push_delete(&mut self, del: Delete) -> &mut Self {
-        if del.0.range_end.is_empty() {
-            return self.delete(del.0.key);
-        }
-        self.delete_range(del.0.key, del.0.range_end)
+        self.push(del)
     }
 
     /// Adds a delete of every key in `[from, to)`.
     pub fn delete_range(&mut self, from: impl Into<Bytes>, to: impl Into<Bytes>) -> &mut Self {
-        let (from, to) = (from.into(), to.into());
-        let op = delete_op(from.clone(), to.clone());
-        if !self.fits(op_encoded_len(&op), true) {
-            self.flush();
-        }
-        self.cur.push_range_delete(from, to);
-        self
+        self.push(Delete::between(from, to))
     }
 
-    /// Closes the txn being filled, if it has any ops.
+    /// Seals the open txn, if it has any ops.
     pub fn flush(&mut self) {
-        if self.cur.is_empty() {
-            return;
+        if !self.open.ops.is_empty() {
+            self.sealed.push_back(self.open.take());
         }
-        let mut txn = Txn::new().when(self.compares.iter().cloned());
-        txn.0.success = self.cur.take();
-        self.done.push(txn);
     }
 
-    /// Number of txns so far, counting the one being filled.
+    /// The ops of the oldest sealed txn, without any compares: for a caller
+    /// that adds its own guard and ops (within the reserve) when it sends.
+    /// Per-op guards, if any were pushed, are dropped: use
+    /// [`TxnBatcher::pop_parts`] for those.
+    pub fn pop(&mut self) -> Option<Vec<Op>> {
+        self.sealed.pop_front().map(|s| s.ops)
+    }
+
+    /// The oldest sealed txn's per-op guards and ops, without the shared
+    /// compares of [`TxnBatcher::with_compares`].
+    pub fn pop_parts(&mut self) -> Option<(Vec<Compare>, Vec<Op>)> {
+        self.sealed.pop_front().map(|s| (s.guards, s.ops))
+    }
+
+    /// The oldest sealed txn, with the shared compares and its guards.
+    pub fn pop_txn(&mut self) -> Option<Txn> {
+        let Sealed { guards, ops } = self.sealed.pop_front()?;
+        Some(
+            Txn::new()
+                .when(self.compares.iter().cloned())
+                .when(guards)
+                .and_then(ops),
+        )
+    }
+
+    /// Sealed txns waiting to be taken.
+    pub fn sealed_len(&self) -> usize {
+        self.sealed.len()
+    }
+
+    /// Number of txns so far, counting the open one.
     pub fn len(&self) -> usize {
-        self.done.len() + usize::from(!self.cur.is_empty())
+        self.sealed.len() + usize::from(!self.open.ops.is_empty())
     }
 
-    /// Whether nothing was added.
+    /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -308,13 +391,50 @@ impl TxnBatcher {
     /// Every txn, in order.
     pub fn finish(mut self) -> Vec<Txn> {
         self.flush();
-        self.done
+        std::iter::from_fn(|| self.pop_txn()).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::pb::PbOp;
+
+    #[test]
+    fn op_sizes_add_up_to_the_encoded_txn() {
+        let ops: Vec<Op> = vec![
+            Put::new("k1", vec![0u8; 300]).lease(7).into(),
+            Delete::key("k2").into(),
+            Delete::prefix("/p/").into(),
+            Put::new(vec![0xffu8; 200], "v").into(),
+        ];
+        let sum: usize = ops.iter().map(Op::encoded_len).sum();
+        assert_eq!(Txn::new().and_then(ops).encoded_len(), sum);
+        let c = Compare::create_revision("fence", super::super::kv::CompareOp::Equal, 42);
+        let with = Txn::new().when([c.clone()]).and_then([Put::new("k", "v")]);
+        assert_eq!(
+            with.encoded_len(),
+            c.encoded_len() + Op::from(Put::new("k", "v")).encoded_len()
+        );
+    }
+
+    #[test]
+    fn the_reserve_leaves_room_for_the_callers_own_op() {
+        let mut b = TxnBatcher::new(TxnLimits::default()).with_reserved(1, 512);
+        assert_eq!(b.max_ops(), 127);
+        assert_eq!(
+            b.max_bytes(),
+            DEFAULT_MAX_REQUEST_BYTES - REQUEST_OVERHEAD_BYTES - 512
+        );
+        for i in 0..300 {
+            b.put(format!("k{i:04}"), "v", 0);
+        }
+        b.flush();
+        let sizes: Vec<usize> = std::iter::from_fn(|| b.pop())
+            .map(|ops| ops.len())
+            .collect();
+        assert_eq!(sizes, [127, 127, 46]);
+    }
 
     fn keys(t: &Txn) -> Vec<String> {
         t.0.success
@@ -332,6 +452,41 @@ mod tests {
                 _ => "other".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn guards_travel_with_their_ops_and_count_against_the_limits() {
+        let limits = TxnLimits {
+            max_ops: 3,
+            ..Default::default()
+        };
+        let mut b = TxnBatcher::new(limits);
+        for i in 0..7 {
+            let key = format!("g{i}");
+            b.push_guarded(
+                Put::new(key.clone(), "v"),
+                Compare::version(key, super::super::kv::CompareOp::Equal, 0),
+            );
+        }
+        b.flush();
+        let parts: Vec<(usize, usize)> = std::iter::from_fn(|| b.pop_parts())
+            .map(|(g, o)| (g.len(), o.len()))
+            .collect();
+        assert_eq!(parts, [(3, 3), (3, 3), (1, 1)]);
+        let mut b = TxnBatcher::new(TxnLimits {
+            max_ops: 100,
+            max_bytes: REQUEST_OVERHEAD_BYTES + 400,
+        });
+        for i in 0..4 {
+            let key = format!("{i:0>60}");
+            b.push_guarded(
+                Put::new(key.clone(), "v"),
+                Compare::version(key, super::super::kv::CompareOp::Equal, 0),
+            );
+        }
+        let txns = b.finish();
+        assert!(txns.len() >= 2, "the guards' bytes count");
+        assert!(txns.iter().all(|t| t.encoded_len() <= 400));
     }
 
     #[test]

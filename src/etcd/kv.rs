@@ -208,6 +208,18 @@ impl Put {
         self.0.prev_kv = true;
         self
     }
+    /// The key it writes.
+    pub fn key(&self) -> &Bytes {
+        &self.0.key
+    }
+    /// The value it writes.
+    pub fn value(&self) -> &Bytes {
+        &self.0.value
+    }
+    /// The lease it attaches the key to (0: none).
+    pub fn lease_id(&self) -> i64 {
+        self.0.lease
+    }
 }
 
 /// The answer to a [`Put`].
@@ -262,6 +274,11 @@ impl Delete {
     pub fn prev_kv(mut self) -> Self {
         self.0.prev_kv = true;
         self
+    }
+    /// The first key it deletes and the end of its range (empty for
+    /// exactly one key).
+    pub fn bounds(&self) -> (&Bytes, &Bytes) {
+        (&self.0.key, &self.0.range_end)
     }
 }
 
@@ -375,6 +392,33 @@ pub enum Op {
     Delete(Delete),
 }
 
+impl Op {
+    /// The one key a put or single-key delete writes; `None` for a range
+    /// delete or a read.
+    pub fn key(&self) -> Option<&Bytes> {
+        match self {
+            Op::Put(p) => Some(&p.0.key),
+            Op::Delete(d) if d.0.range_end.is_empty() => Some(&d.0.key),
+            _ => None,
+        }
+    }
+
+    /// What this op adds to an encoded txn request, in bytes: what the
+    /// server's `--max-request-bytes` counts.
+    pub fn encoded_len(&self) -> usize {
+        use prost::Message;
+        let inner = match self {
+            Op::Range(r) => r.0.encoded_len(),
+            Op::Put(p) => p.0.encoded_len(),
+            Op::Delete(d) => d.0.encoded_len(),
+        };
+        // The op's field inside `RequestOp`, then `RequestOp` inside the
+        // txn's branch: a one-byte tag and a length prefix each.
+        let body = 1 + prost::encoding::encoded_len_varint(inner as u64) + inner;
+        1 + prost::encoding::encoded_len_varint(body as u64) + body
+    }
+}
+
 impl From<Op> for PbRequestOp {
     fn from(op: Op) -> Self {
         PbRequestOp {
@@ -438,6 +482,18 @@ impl Txn {
     /// The encoded size of the request in bytes.
     pub fn encoded_len(&self) -> usize {
         prost::Message::encoded_len(&self.0)
+    }
+    /// Number of compares.
+    pub fn compare_len(&self) -> usize {
+        self.0.compare.len()
+    }
+}
+
+impl Compare {
+    /// What this compare adds to an encoded txn request, in bytes.
+    pub fn encoded_len(&self) -> usize {
+        let n = prost::Message::encoded_len(&self.0);
+        1 + prost::encoding::encoded_len_varint(n as u64) + n
     }
 }
 

@@ -32,7 +32,6 @@ pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 pub use batch::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,
 };
-pub(crate) use batch::{TxnBuilder, delete_op, op_encoded_len, op_key, op_put_value, put_op};
 pub use client::{
     Client, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
     DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
@@ -45,5 +44,4 @@ pub use kv::{
 };
 pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl};
 pub use maintenance::Status;
-pub(crate) use pb::PbRequestOp;
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};

@@ -11,10 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::etcd::{
-    Event, EventKind, PbRequestOp, REQUEST_OVERHEAD_BYTES, TxnBuilder, TxnLimits, delete_op,
-    op_encoded_len, put_op,
-};
+use crate::etcd::{Delete, Event, EventKind, Op, Put, TxnBatcher, TxnLimits};
 
 /// Bytes reserved per txn for the fence compare and the state put.
 pub const STATE_RESERVE_BYTES: usize = 512;
@@ -23,7 +20,7 @@ pub const STATE_RESERVE_BYTES: usize = 512;
 #[derive(Debug)]
 pub struct Batch {
     /// The data ops (puts under the peer lease, deletes).
-    pub(crate) ops: Vec<PbRequestOp>,
+    pub ops: Vec<Op>,
     /// The keys the ops write, for per-key ordering between txns in flight.
     pub keys: Vec<Bytes>,
     /// The last source revision whose every event is in this or an earlier
@@ -47,20 +44,32 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+    /// A batch with no ops that only records progress through `revision`.
+    pub fn empty(revision: i64) -> Batch {
+        Batch {
+            ops: Vec::new(),
+            keys: Vec::new(),
+            complete_through: revision,
+            events: 0,
+            received: Instant::now(),
+            bytes: 0,
+        }
+    }
 }
 
-/// Accumulates watch events into [`Batch`]es.
+/// Accumulates watch events into [`Batch`]es, on the client's
+/// [`TxnBatcher`]: this layer only decides where a batch may end (between
+/// revisions, unless one revision alone is too large) and keeps the
+/// bookkeeping that travels with it.
 pub struct Batcher {
     lease: i64,
-    max_ops: usize,
-    max_bytes: usize,
-    /// Ops of the revision being read, not yet placed.
-    rev: Vec<(Bytes, PbRequestOp)>,
+    /// Ops of the revision being read, not yet placed, with their sizes.
+    rev: Vec<(Bytes, Op, usize)>,
     rev_bytes: usize,
     rev_number: i64,
     rev_received: Option<Instant>,
     rev_events: u64,
-    cur: TxnBuilder,
+    txns: TxnBatcher,
     cur_keys: Vec<Bytes>,
     cur_events: u64,
     cur_received: Option<Instant>,
@@ -71,21 +80,17 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// A batcher writing puts under `lease`, within `limits` (less the room
-    /// the engine needs for its own compare and state put).
+    /// A batcher writing puts under `lease`, within `limits` less the room
+    /// the engine needs for its own compare and state put.
     pub fn new(limits: TxnLimits, lease: i64) -> Self {
         Batcher {
             lease,
-            max_ops: limits.max_ops.saturating_sub(1).max(1),
-            max_bytes: limits
-                .max_bytes
-                .saturating_sub(REQUEST_OVERHEAD_BYTES + STATE_RESERVE_BYTES),
             rev: Vec::new(),
             rev_bytes: 0,
             rev_number: 0,
             rev_received: None,
             rev_events: 0,
-            cur: TxnBuilder::default(),
+            txns: TxnBatcher::new(limits).with_reserved(1, STATE_RESERVE_BYTES),
             cur_keys: Vec::new(),
             cur_events: 0,
             cur_received: None,
@@ -104,12 +109,13 @@ impl Batcher {
                 self.rev_number = revision;
             }
             let (key, value) = ev.kv.into_key_value();
-            let op = match ev.kind {
-                EventKind::Put => put_op(key.clone(), value, self.lease),
-                EventKind::Delete => delete_op(key.clone(), Bytes::new()),
+            let op: Op = match ev.kind {
+                EventKind::Put => Put::new(key.clone(), value).lease(self.lease).into(),
+                EventKind::Delete => Delete::key(key.clone()).into(),
             };
-            self.rev_bytes += op_encoded_len(&op);
-            self.rev.push((key, op));
+            let len = op.encoded_len();
+            self.rev_bytes += len;
+            self.rev.push((key, op, len));
             self.rev_events += 1;
             self.rev_received.get_or_insert(received);
         }
@@ -124,33 +130,31 @@ impl Batcher {
         let new_keys = self
             .rev
             .iter()
-            .filter(|(k, _)| !self.cur.contains(k))
+            .filter(|(k, ..)| !self.txns.contains(k))
             .count();
-        let fits_beside = self.cur.len() + new_keys <= self.max_ops
-            && self.cur.bytes() + self.rev_bytes <= self.max_bytes;
-        if !fits_beside {
+        if !self.txns.has_room(new_keys, self.rev_bytes) {
             self.seal();
         }
-        let alone = self.rev.len() <= self.max_ops && self.rev_bytes <= self.max_bytes;
+        let alone =
+            self.rev.len() <= self.txns.max_ops() && self.rev_bytes <= self.txns.max_bytes();
         if !alone {
             self.split_revisions += 1;
         }
         let through_before = self.rev_number - 1;
         let received = self.rev_received.take();
         let events = std::mem::take(&mut self.rev_events);
-        for (key, op) in std::mem::take(&mut self.rev) {
-            let len = op_encoded_len(&op);
-            let full = !self.cur.is_empty()
-                && (self.cur.len() >= self.max_ops || self.cur.bytes() + len > self.max_bytes);
-            if full {
+        for (key, op, len) in std::mem::take(&mut self.rev) {
+            let new_key = !self.txns.contains(&key);
+            if !self.txns.has_room(usize::from(new_key), len) {
                 // Only reached while splitting an oversized revision.
                 self.cur_through = self.cur_through.max(through_before);
                 self.seal();
             }
-            if !self.cur.contains(&key) {
-                self.cur_keys.push(key.clone());
+            if new_key {
+                self.cur_keys.push(key);
             }
-            self.cur.push_key(key, op);
+            // Fits, as just checked: the packer never seals on its own here.
+            self.txns.push(op);
             if let Some(r) = received {
                 self.cur_received.get_or_insert(r);
             }
@@ -161,12 +165,14 @@ impl Batcher {
     }
 
     fn seal(&mut self) {
-        if self.cur.is_empty() {
+        let bytes = self.txns.open_bytes();
+        self.txns.flush();
+        let Some(ops) = self.txns.pop() else {
             return;
-        }
-        let bytes = self.cur.bytes();
+        };
+        debug_assert_eq!(self.txns.sealed_len(), 0);
         self.ready.push_back(Batch {
-            ops: self.cur.take(),
+            ops,
             keys: std::mem::take(&mut self.cur_keys),
             complete_through: self.cur_through,
             events: std::mem::take(&mut self.cur_events),
@@ -189,7 +195,7 @@ impl Batcher {
     /// Whether nothing at all is held: no sealed batch, no open batch, no
     /// partial revision.
     pub fn is_idle(&self) -> bool {
-        self.ready.is_empty() && self.cur.is_empty() && self.rev.is_empty()
+        self.ready.is_empty() && self.txns.is_empty() && self.rev.is_empty()
     }
 
     /// The oldest sealed batch, without removing it.
@@ -206,7 +212,6 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::PbRequestOp;
 
     fn ev(kind: EventKind, key: &str, value: &[u8], rev: i64) -> Event {
         Event::synthetic(
@@ -222,8 +227,11 @@ mod tests {
         std::iter::from_fn(|| b.pop()).collect()
     }
 
-    fn value_of(op: &PbRequestOp) -> Option<Bytes> {
-        crate::etcd::op_put_value(op)
+    fn value_of(op: &Op) -> Option<Bytes> {
+        match op {
+            Op::Put(p) => Some(p.value().clone()),
+            _ => None,
+        }
     }
 
     #[test]

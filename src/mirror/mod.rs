@@ -31,6 +31,8 @@ mod peer;
 pub mod state;
 pub mod stats;
 mod sync;
+mod window;
+mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,15 +142,16 @@ impl Engine {
 
     /// Whether every peer is in the live phase.
     pub fn is_synced(&self) -> bool {
-        self.stats
-            .iter()
-            .all(|s| s.synced.load(std::sync::atomic::Ordering::Relaxed))
+        self.stats.iter().all(|s| s.is_synced())
     }
 
     /// Resolves once every peer is in the live phase. Wrap it in a timeout.
     pub async fn wait_synced(&self) {
-        while !self.is_synced() {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        for s in &self.stats {
+            let mut signal = s.synced_signal();
+            // Err: the stats were dropped, which cannot happen while
+            // `self` holds them.
+            let _ = signal.wait_for(|synced| *synced).await;
         }
     }
 
@@ -188,7 +191,7 @@ impl Engine {
 
     fn mark_unsynced(&self) {
         for s in &self.stats {
-            s.synced.store(false, std::sync::atomic::Ordering::Relaxed);
+            s.set_synced(false);
         }
     }
 

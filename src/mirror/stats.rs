@@ -157,8 +157,9 @@ pub struct PeerStats {
     pub apply_latency: Histogram,
     /// The peer answered the last request.
     pub up: AtomicBool,
-    /// The peer is in the live phase: synced, mirroring the watch.
-    pub synced: AtomicBool,
+    /// The peer is in the live phase (synced, mirroring the watch),
+    /// published as a signal: see [`PeerStats::synced_signal`].
+    synced: watch::Sender<bool>,
     /// The current lease id (0: none).
     pub lease_id: AtomicI64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
@@ -182,13 +183,26 @@ impl PeerStats {
             split_revisions: AtomicU64::new(0),
             apply_latency: Histogram::default(),
             up: AtomicBool::new(false),
-            synced: AtomicBool::new(false),
+            synced: watch::Sender::new(false),
             lease_id: AtomicI64::new(0),
             errors: Default::default(),
             resyncs: Default::default(),
             keepalive_base: Default::default(),
             lease: Mutex::new(None),
         }
+    }
+
+    /// Whether the peer is in the live phase now.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+    /// Changes of the live-phase flag, to wait on instead of polling.
+    pub fn synced_signal(&self) -> watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+    pub(crate) fn set_synced(&self, synced: bool) {
+        self.synced
+            .send_if_modified(|s| std::mem::replace(s, synced) != synced);
     }
 
     /// Counts an error.

@@ -16,103 +16,83 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 
 use super::batch::STATE_RESERVE_BYTES;
+use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
-use super::peer::Peer;
+use super::writer::FencedWriter;
 use crate::error::Result;
-use crate::etcd::{
-    self, KeyValue, PbRequestOp, REQUEST_OVERHEAD_BYTES, TxnBuilder, delete_op, op_encoded_len,
-    put_op,
-};
+use crate::etcd::{self, Client, Delete, Op, TxnBatcher};
 
 /// Syncs the peer to the source; returns the source revision S it reflects.
-pub(crate) async fn run(peer: &Peer, lease: i64) -> Result<i64> {
-    let mut merge = Merge::start(
-        &peer.local,
-        &peer.peer,
-        peer.prefix.clone(),
-        peer.cfg.page_size,
-    );
-    let max_ops = peer.cfg.limits.max_ops.max(1);
-    let max_bytes = peer
-        .cfg
-        .limits
-        .max_bytes
-        .saturating_sub(REQUEST_OVERHEAD_BYTES + STATE_RESERVE_BYTES);
-    let max_inflight = peer.cfg.max_inflight.max(1);
-
-    let mut builder = TxnBuilder::default();
+pub(crate) async fn run(
+    writer: &FencedWriter,
+    local: &Client,
+    prefix: Bytes,
+    cfg: &MirrorConfig,
+) -> Result<i64> {
+    let mut merge = Merge::start(local, &writer.client, prefix, cfg.page_size);
+    let lease = writer.lease_id();
+    // Room for the fence compare; the state put goes in a txn of its own.
+    let mut packer = TxnBatcher::new(cfg.limits).with_reserved(0, STATE_RESERVE_BYTES);
+    let max_inflight = cfg.max_inflight.max(1);
     let mut inflight: InFlight = FuturesUnordered::new();
     let (mut puts, mut deletes) = (0u64, 0u64);
     while let Some(diff) = merge.next().await? {
-        let (key, op) = match diff {
-            Diff::Missing(src) => put(src, lease),
-            Diff::Extra(dst) => delete(dst),
+        match diff {
+            Diff::Missing(src) => {
+                puts += 1;
+                let (key, value) = src.into_key_value();
+                packer.push(writer.put(key, value));
+            }
             Diff::Both(src, dst) if src.value() != dst.value() || dst.lease() != lease => {
-                put(src, lease)
+                puts += 1;
+                let (key, value) = src.into_key_value();
+                packer.push(writer.put(key, value));
             }
             Diff::Both(..) => continue,
-        };
-        if etcd::op_put_value(&op).is_some() {
-            puts += 1;
-        } else {
-            deletes += 1;
+            Diff::Extra(dst) => {
+                deletes += 1;
+                packer.push(Delete::key(dst.key().clone()));
+            }
         }
-        let len = op_encoded_len(&op);
-        if !builder.is_empty() && (builder.len() >= max_ops || builder.bytes() + len > max_bytes) {
-            send_ready(peer, &mut builder, &mut inflight, max_inflight).await?;
+        while let Some(ops) = packer.pop() {
+            send(writer, ops, &mut inflight, max_inflight).await?;
         }
-        builder.push_key(key, op);
     }
-    if !builder.is_empty() {
-        send_ready(peer, &mut builder, &mut inflight, max_inflight).await?;
+    packer.flush();
+    while let Some(ops) = packer.pop() {
+        send(writer, ops, &mut inflight, max_inflight).await?;
     }
-    while let Some(res) = inflight.next().await {
-        finish(peer, res).await?;
+    while let Some((ops, res)) = inflight.next().await {
+        finish(writer, ops, res).await?;
     }
     // The source's first page, empty or not, always comes back and pins it.
     let revision = merge.source_revision();
     // Record completion: from here a successor can resume by watch.
-    let resp = peer
-        .peer
-        .txn(peer.txn(Vec::new(), Some(revision)))
-        .await
-        .map_err(|e| peer.txn_error(e))?;
-    if !resp.succeeded {
-        return Err(peer.fence_failure(&resp));
-    }
-    peer.stats.sync_puts.fetch_add(puts, Relaxed);
-    peer.stats.sync_deletes.fetch_add(deletes, Relaxed);
-    tracing::info!(peer = %peer.region, revision, puts, deletes, "sync complete");
+    writer.write(Vec::new(), Some(revision)).await?;
+    writer.stats.sync_puts.fetch_add(puts, Relaxed);
+    writer.stats.sync_deletes.fetch_add(deletes, Relaxed);
+    tracing::info!(peer = %writer.region, revision, puts, deletes, "sync complete");
     Ok(revision)
 }
 
-fn put(src: KeyValue, lease: i64) -> (Bytes, PbRequestOp) {
-    let (key, value) = src.into_key_value();
-    (key.clone(), put_op(key, value, lease))
-}
-
-fn delete(dst: KeyValue) -> (Bytes, PbRequestOp) {
-    let (key, _) = dst.into_key_value();
-    (key.clone(), delete_op(key, Bytes::new()))
-}
-
-type Sent = (Vec<PbRequestOp>, etcd::Result<etcd::TxnResponse>);
+type Sent = (Vec<Op>, etcd::Result<etcd::TxnResponse>);
 type InFlight = FuturesUnordered<BoxFuture<'static, Sent>>;
 
-async fn send_ready(
-    peer: &Peer,
-    builder: &mut TxnBuilder,
+/// Sends one txn of `ops` once there is room in flight. The txns of a sync
+/// touch disjoint keys, so they may commit in any order.
+async fn send(
+    writer: &FencedWriter,
+    ops: Vec<Op>,
     inflight: &mut InFlight,
     max_inflight: usize,
 ) -> Result<()> {
     while inflight.len() >= max_inflight {
-        if let Some(res) = inflight.next().await {
-            finish(peer, res).await?;
+        if let Some((ops, res)) = inflight.next().await {
+            finish(writer, ops, res).await?;
         }
     }
-    let ops = builder.take();
-    let txn = peer.txn(ops.clone(), None);
-    let client = peer.peer.clone();
+    let txn = writer.txn(ops.clone(), None);
+    let client = writer.client.clone();
     inflight.push(Box::pin(async move {
         let r = client.txn(txn).await;
         (ops, r)
@@ -120,14 +100,12 @@ async fn send_ready(
     Ok(())
 }
 
-async fn finish(peer: &Peer, (ops, res): Sent) -> Result<()> {
-    match res {
-        Ok(resp) if resp.succeeded => {
-            peer.stats.txns.fetch_add(1, Relaxed);
-            Ok(())
-        }
-        Ok(resp) => Err(peer.fence_failure(&resp)),
-        Err(etcd::Error::RequestTooLarge) => peer.apply_one_by_one(ops).await,
-        Err(e) => Err(peer.txn_error(e)),
-    }
+async fn finish(
+    writer: &FencedWriter,
+    ops: Vec<Op>,
+    res: etcd::Result<etcd::TxnResponse>,
+) -> Result<()> {
+    writer.settle(ops, res).await?;
+    writer.stats.txns.fetch_add(1, Relaxed);
+    Ok(())
 }
