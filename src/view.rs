@@ -51,7 +51,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::etcd::{self, Client, EventKind, KeyValue, WatchOptions, WatchResponse};
+use crate::etcd::{self, Backoff, Client, EventKind, KeyValue, WatchOptions, WatchResponse};
 use crate::schema::{EndpointKey, Schema, validate_segment};
 
 /// Priority of an endpoint in the viewer's own zone.
@@ -660,7 +660,7 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 
 impl Task {
     async fn run(mut self) {
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = Backoff::new(MIN_BACKOFF, self.config.max_backoff.max(MIN_BACKOFF));
         loop {
             let opts = WatchOptions::prefix(self.config.schema.root().to_owned())
                 .start_revision(self.current.revision + 1);
@@ -676,7 +676,7 @@ impl Task {
                 match msg {
                     None => return,
                     Some(Ok(resp)) => {
-                        backoff = MIN_BACKOFF;
+                        backoff.reset();
                         self.apply(resp);
                     }
                     Some(Err(etcd::Error::Compacted { compact_revision })) => {
@@ -709,9 +709,8 @@ impl Task {
         }
     }
 
-    async fn sleep(&self, backoff: &mut Duration) -> bool {
-        let d = *backoff;
-        *backoff = (*backoff * 2).min(self.config.max_backoff.max(MIN_BACKOFF));
+    async fn sleep(&self, backoff: &mut Backoff) -> bool {
+        let d = backoff.next_delay();
         tokio::select! {
             _ = self.cancel.cancelled() => false,
             _ = tokio::time::sleep(d) => true,
@@ -758,7 +757,7 @@ impl Task {
 
     /// Takes a new snapshot (retrying until it succeeds or the view stops),
     /// emits the difference and `Resynced`. False if the view stopped.
-    async fn resync(&mut self, compact_revision: Option<i64>, backoff: &mut Duration) -> bool {
+    async fn resync(&mut self, compact_revision: Option<i64>, backoff: &mut Backoff) -> bool {
         loop {
             let loaded = tokio::select! {
                 _ = self.cancel.cancelled() => return false,
@@ -780,7 +779,7 @@ impl Task {
                     changes.push(resynced);
                     self.current = Arc::new(registry);
                     self.shared.publish(self.current.clone(), changes);
-                    *backoff = MIN_BACKOFF;
+                    backoff.reset();
                     return true;
                 }
                 Err(e) => {

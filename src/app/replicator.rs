@@ -22,7 +22,7 @@ use super::config::Config;
 use super::election::Election;
 use super::metrics::{self, AppState};
 use crate::error::Result;
-use crate::etcd::Client;
+use crate::etcd::{Backoff, Client};
 use crate::mirror::{Engine, PeerStats};
 
 /// Longest pause between campaign attempts after errors.
@@ -72,7 +72,7 @@ pub async fn run_with_state(
     );
     let election = Election::new(local.clone(), &config.region, id, config.election_ttl);
     tokio::pin!(shutdown);
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(Duration::from_millis(100), MAX_CAMPAIGN_BACKOFF);
     // A deposed engine still keeping the peer leases alive (see
     // `Engine::step_down`); replaced or dropped as leadership changes.
     let mut stepped_down = None;
@@ -85,17 +85,17 @@ pub async fn run_with_state(
                 Ok(l) => l,
                 Err(e) => {
                     state.session_ok.store(false, Relaxed);
-                    tracing::warn!(error = %e, retry_in = ?backoff, "campaign failed");
+                    let wait = backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in = ?wait, "campaign failed");
                     tokio::select! {
                         _ = &mut shutdown => return Ok(()),
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
-                    backoff = (backoff * 2).min(MAX_CAMPAIGN_BACKOFF);
                     continue;
                 }
             },
         };
-        backoff = Duration::from_millis(100);
+        backoff.reset();
 
         // Leader: mirror until shutdown, loss of the session, or a fence.
         let mut engine =
