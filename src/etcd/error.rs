@@ -46,6 +46,20 @@ pub enum Error {
     /// The request exceeds `--max-request-bytes`.
     #[error("request is too large")]
     RequestTooLarge,
+    /// The cluster is out of space: a NOSPACE alarm is raised and every
+    /// write is refused until an operator compacts, defragments and
+    /// disarms it. Retrying does not help.
+    #[error("etcd is out of space (NOSPACE alarm): database space exceeded")]
+    NoSpace,
+    /// A response was larger than the client's decode limit
+    /// (`ClientConfig::max_decoding_message_size`). Asking again gets the
+    /// same response, so a watch that hits it ends with this error and the
+    /// caller re-reads by range in smaller pieces.
+    #[error("response larger than the client's limit of {limit} bytes")]
+    ResponseTooLarge {
+        /// The decode limit in force.
+        limit: usize,
+    },
     /// A txn writes the same key twice.
     #[error("duplicate key given in txn request")]
     DuplicateKey,
@@ -111,6 +125,18 @@ impl From<tonic::Status> for Error {
             _ if has("request is too large") => Error::RequestTooLarge,
             Code::ResourceExhausted if has("larger than max") => Error::RequestTooLarge,
             _ if has("duplicate key given in txn request") => Error::DuplicateKey,
+            _ if has("database space exceeded") => Error::NoSpace,
+            Code::OutOfRange | Code::ResourceExhausted | Code::Internal
+                if has("decoded message length too large") =>
+            {
+                let limit = msg
+                    .split("the limit is: ")
+                    .nth(1)
+                    .and_then(|t| t.split(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                Error::ResponseTooLarge { limit }
+            }
             _ if has("requested lease not found") => Error::LeaseNotFound,
             _ if has("no leader") => Error::NoLeader,
             Code::Unauthenticated => Error::Auth(msg.to_string()),
@@ -175,6 +201,10 @@ mod tests {
             (Code::Unavailable, "etcdserver: no leader"),
             (Code::Unauthenticated, "etcdserver: invalid auth token"),
             (Code::PermissionDenied, "etcdserver: permission denied"),
+            (
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
         ];
         let got: Vec<String> = cases
             .iter()
@@ -189,6 +219,7 @@ mod tests {
             "NoLeader",
             "Auth(\"etcdserver: invalid auth token\")",
             "PermissionDenied",
+            "NoSpace",
         ];
         assert_eq!(got, want);
         assert!(
@@ -198,6 +229,12 @@ mod tests {
             ))
             .is_invalid_token()
         );
+        assert!(matches!(
+            Error::from(Status::out_of_range(
+                "Error, decoded message length too large: found 9000 bytes, the limit is: 4096 bytes"
+            )),
+            Error::ResponseTooLarge { limit: 4096 }
+        ));
         assert!(Error::from(Status::unavailable("x")).is_transient());
         assert!(!Error::TooManyOps.is_transient());
     }
