@@ -39,6 +39,46 @@ pub enum Error {
         /// The peer region.
         peer: String,
     },
+    /// Another source claims this region on a peer: its state key names
+    /// another source cluster, under a lease that is still alive. Two sites
+    /// were given the same region name. The incumbent keeps the peer; this
+    /// engine writes nothing there until that lease lapses.
+    #[error(
+        "conflict on peer {peer}: source cluster {other:016x} already mirrors this region there (same region name at two sites?)"
+    )]
+    Conflict {
+        /// The peer region.
+        peer: String,
+        /// The other source's cluster id.
+        other: u64,
+    },
+    /// The source etcd is not the store the copy came from any more: its
+    /// cluster id changed or its revision went back (data loss, restore).
+    #[error("source changed under the mirror to peer {peer}: {why}")]
+    SourceChanged {
+        /// The peer region.
+        peer: String,
+        /// What was seen.
+        why: String,
+    },
+    /// The peer etcd is not the store the engine wrote to any more: its
+    /// cluster id changed or its revision went back (restore, data loss).
+    #[error("peer {peer} changed under the mirror: {why}")]
+    PeerChanged {
+        /// The peer region.
+        peer: String,
+        /// What was seen.
+        why: String,
+    },
+    /// The peer's copy could not be brought current within the configured
+    /// bound.
+    #[error("peer {peer} has been stale for {stale_secs} s")]
+    Stale {
+        /// The peer region.
+        peer: String,
+        /// How long, in seconds.
+        stale_secs: u64,
+    },
     /// A local I/O failure (metrics listener, files).
     #[error(transparent)]
     Io(#[from] std::io::Error),

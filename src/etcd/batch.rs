@@ -225,6 +225,16 @@ impl TxnBatcher {
             .saturating_sub(REQUEST_OVERHEAD_BYTES + compares + self.reserved_bytes);
     }
 
+    /// Packs for other limits from now on (a server found to take less
+    /// than assumed). The open txn is sealed first if it no longer fits.
+    pub fn set_limits(&mut self, limits: TxnLimits) {
+        self.limits = limits;
+        self.budget();
+        if self.open.ops.len() > self.max_ops || self.open.bytes > self.max_bytes {
+            self.flush();
+        }
+    }
+
     /// The server limits it packs for.
     pub fn limits(&self) -> TxnLimits {
         self.limits

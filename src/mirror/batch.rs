@@ -187,6 +187,19 @@ impl Batcher {
         self.seal();
     }
 
+    /// The peer's limits, as the batches are packed for them.
+    pub fn limits(&self) -> TxnLimits {
+        self.txns.limits()
+    }
+
+    /// Packs the batches not yet sealed for other limits (a peer found to
+    /// take less than assumed). A revision being read is placed first.
+    pub fn set_limits(&mut self, limits: TxnLimits) {
+        self.place_revision();
+        self.seal();
+        self.txns.set_limits(limits);
+    }
+
     /// Sealed batches waiting to be sent.
     pub fn ready_len(&self) -> usize {
         self.ready.len()

@@ -64,7 +64,7 @@ impl Report {
 pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Result<Report> {
     let prefix = Bytes::from(cfg.prefix());
     let mut report = Report::default();
-    let stored = state::read(peer, &Bytes::from(cfg.state_key())).await?;
+    let (stored, _) = state::read(peer, &Bytes::from(cfg.state_key())).await?;
     report.state = stored.state;
     if let Some(st) = stored.state {
         report.lease_ttl = Some(peer.lease_time_to_live(st.lease, false).await?.ttl);

@@ -27,6 +27,23 @@ pub const DEFAULT_RESYNC_LAG: i64 = 100_000;
 /// fence refuses anything late, and it replays from the state revision);
 /// waiting longer only delays the process manager.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Default interval of the freshness probe: how often the engine checks
+/// the source's and the peer's identity and revision, and writes the
+/// heartbeat into the state key when the copy is current. It is also the
+/// resolution of `peer_staleness_seconds`.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// Default bound on staleness before the engine lets a peer's copy lapse
+/// on purpose (after a re-sync that did not help). Five minutes: long
+/// enough that a peer restart, a leader election or a large re-sync never
+/// trips it, short enough that consumers do not route to a region's
+/// endpoints of long ago. See README, "Exact, current, or gone".
+pub const DEFAULT_LAPSE_AFTER: Duration = Duration::from_secs(300);
+/// Default interval of the verification pass (anti-entropy).
+pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(600);
+/// Default pace of the verification pass, in keys read per second per
+/// peer: about a tenth of what one range-diff sync reads, so the pass never
+/// starves the peer's own writers.
+pub const DEFAULT_VERIFY_RATE: u32 = 5_000;
 
 /// What the engine mirrors, and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +69,14 @@ pub struct MirrorConfig {
     pub resync_lag: i64,
     /// How long a clean shutdown waits for txns in flight.
     pub shutdown_grace: Duration,
+    /// Interval of the freshness probe and heartbeat.
+    pub heartbeat_interval: Duration,
+    /// Staleness past which a peer's copy is let lapse; `None`: never.
+    pub lapse_after: Option<Duration>,
+    /// Interval of the verification pass; `None`: off.
+    pub verify_interval: Option<Duration>,
+    /// Keys per second the verification pass reads, per peer.
+    pub verify_rate: u32,
 }
 
 impl MirrorConfig {
@@ -68,7 +93,39 @@ impl MirrorConfig {
             state_root: DEFAULT_STATE_ROOT.to_string(),
             resync_lag: DEFAULT_RESYNC_LAG,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            lapse_after: Some(DEFAULT_LAPSE_AFTER),
+            verify_interval: Some(DEFAULT_VERIFY_INTERVAL),
+            verify_rate: DEFAULT_VERIFY_RATE,
         }
+    }
+
+    /// With another freshness-probe interval.
+    #[must_use]
+    pub fn with_heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// With another staleness bound before lapsing (`None`: never lapse).
+    #[must_use]
+    pub fn with_lapse_after(mut self, bound: Option<Duration>) -> Self {
+        self.lapse_after = bound;
+        self
+    }
+
+    /// With another verification interval (`None`: no verification).
+    #[must_use]
+    pub fn with_verify_interval(mut self, interval: Option<Duration>) -> Self {
+        self.verify_interval = interval;
+        self
+    }
+
+    /// With another verification pace, in keys per second.
+    #[must_use]
+    pub fn with_verify_rate(mut self, keys_per_sec: u32) -> Self {
+        self.verify_rate = keys_per_sec.max(1);
+        self
     }
 
     /// The source prefix: `<root><region>/`.

@@ -1,14 +1,23 @@
 //! One peer's replication loop: claim, sync or resume, then mirror the watch.
 //!
 //! A *session* runs from claiming the peer to the first error. Each session:
-//! 1. reads the state key; continues its own claim, adopts a predecessor's
-//!    live lease, or grants a new lease;
-//! 2. resumes the watch from the state revision when it can, or runs the
+//! 1. reads the source's identity (cluster id, revision) and the peer's
+//!    state key; refuses a peer that another source holds (two sites with
+//!    one region name); adopts a predecessor's live lease with the
+//!    configured TTL, or grants a new lease; and claims the peer anew, so
+//!    that whatever an earlier session left in flight fails the fence;
+//! 2. resumes the watch from the state revision when the copy can be
+//!    trusted (same source, no revision gone back, same lease), or runs the
 //!    range-diff sync ([`super::sync`]) when it cannot;
-//! 3. mirrors watch events in batched, fenced txns, several in flight.
+//! 3. mirrors watch events in batched, fenced txns, several in flight, and
+//!    probes both stores every heartbeat interval: their identity, and
+//!    whether the peer holds everything through the source's revision
+//!    (staleness, the heartbeat in the state key).
 //!
-//! Errors end the session; the loop retries with capped backoff. Only a
-//! fence held by another engine ends the loop for good.
+//! Errors end the session; the loop retries with capped, jittered backoff.
+//! A copy that stays stale past `lapse_after` even through a re-sync is let
+//! lapse: the keep-alive stops and the peer drops it within a TTL. Only a
+//! fence held by another engine of this region ends the loop for good.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -23,13 +32,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{Batch, Batcher};
 use super::config::MirrorConfig;
-use super::state::{self, State};
-use super::stats::{ErrorKind, PeerStats, ResyncReason};
+use super::state::{self, State, Stored};
+use super::stats::{ErrorKind, PeerStats, ResyncReason, unix_ms};
 use super::window::Window;
 use super::writer::FencedWriter;
 use crate::error::{Error, Result};
 use crate::etcd::{
-    self, Backoff, Client, LeaseHandle, LeaseStatus, Range, TxnResponse, WatchOptions, Watcher,
+    self, Backoff, Client, Header, LeaseHandle, LeaseStatus, Range, TxnResponse, WatchOptions,
+    WatchStream, Watcher,
 };
 
 /// Where a session starts from.
@@ -58,6 +68,14 @@ pub(crate) struct Peer {
     /// lease alive for one more TTL so a successor can adopt it.
     pause: CancellationToken,
     fresh: bool,
+    /// The next session re-syncs in full, for this reason (the source or
+    /// the peer changed under the copy, or the copy went stale).
+    force_sync: Option<ResyncReason>,
+    /// A predecessor's lease whose TTL differs from ours, kept alive until
+    /// the subtree is re-put under our own lease.
+    prev_lease: Option<LeaseHandle>,
+    /// When the last range-diff sync started, Unix ms.
+    sync_started_ms: i64,
 }
 
 impl Peer {
@@ -71,13 +89,23 @@ impl Peer {
         (cancel, pause): (CancellationToken, CancellationToken),
     ) -> Peer {
         Peer {
-            writer: FencedWriter::new(region, peer, Bytes::from(cfg.state_key()), holder, stats),
+            writer: FencedWriter::new(
+                region,
+                peer,
+                Bytes::from(cfg.state_key()),
+                holder,
+                stats,
+                cfg.limits,
+            ),
             prefix: Bytes::from(cfg.prefix()),
             local,
             cfg,
             cancel,
             pause,
             fresh: true,
+            force_sync: None,
+            prev_lease: None,
+            sync_started_ms: 0,
         }
     }
 
@@ -89,7 +117,8 @@ impl Peer {
         &self.writer.stats
     }
 
-    /// Replicates until cancelled, or until another engine fences this one.
+    /// Replicates until cancelled, or until another engine of this region
+    /// fences this one.
     pub(crate) async fn run(mut self) -> Result<()> {
         let result = self.replicate().await;
         self.stats().set_synced(false);
@@ -127,19 +156,48 @@ impl Peer {
             if kind == ErrorKind::Unavailable {
                 self.stats().up.store(false, Relaxed);
             }
-            if let Error::Fenced { .. } = err {
-                tracing::error!(peer = %self.region(), "fenced: another replicator holds this region's mirror; stopping");
-                self.writer.drop_lease();
-                return Err(err);
+            let mut wait = None;
+            match &err {
+                Error::Fenced { .. } => {
+                    tracing::error!(peer = %self.region(), "fenced: another replicator of this region holds the mirror; stopping");
+                    self.writer.drop_lease();
+                    return Err(err);
+                }
+                Error::Conflict { other, .. } => {
+                    if !self.stats().conflicted.swap(true, Relaxed) {
+                        self.stats().conflicts.fetch_add(1, Relaxed);
+                    }
+                    tracing::error!(
+                        peer = %self.region(),
+                        other_source = format!("{other:016x}"),
+                        "another source mirrors this region into the peer (is the same region name configured at two sites?); writing nothing there until its lease lapses"
+                    );
+                    // Ours would be a second writer: give any lease up and
+                    // look again once the incumbent's lease could have
+                    // lapsed.
+                    self.writer.drop_lease();
+                    wait = Some(self.cfg.lease_ttl);
+                }
+                Error::LeaseLost { .. } => self.writer.drop_lease(),
+                Error::SourceChanged { .. } => {
+                    tracing::warn!(peer = %self.region(), error = %err, "re-syncing in full");
+                    self.force_sync = Some(ResyncReason::SourceChanged);
+                }
+                Error::PeerChanged { .. } => {
+                    tracing::warn!(peer = %self.region(), error = %err, "re-syncing in full");
+                    self.writer.forget_peer();
+                    self.force_sync = Some(ResyncReason::PeerChanged);
+                }
+                _ => {}
             }
-            if matches!(err, Error::LeaseLost { .. }) {
-                self.writer.drop_lease();
+            if self.lapse_if_stale() {
+                wait = Some(self.cfg.lease_ttl.max(self.cfg.max_backoff));
             }
             if started.elapsed() > Duration::from_secs(10) {
                 // A session that ran a while was a success: start over.
                 backoff.reset();
             }
-            let wait = backoff.next_delay();
+            let wait = wait.unwrap_or_else(|| backoff.next_delay());
             tracing::warn!(peer = %self.region(), error = %err, retry_in = ?wait, "peer session ended");
             tokio::select! {
                 _ = self.cancel.cancelled() => return Ok(()),
@@ -147,6 +205,35 @@ impl Peer {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// After a failed session: if the copy has been stale past the bound
+    /// and a re-sync since it went stale did not help, let it lapse (stop
+    /// the keep-alive; never revoke). If no re-sync was tried yet, the next
+    /// session makes one. Returns whether it lapsed now.
+    fn lapse_if_stale(&mut self) -> bool {
+        let Some(bound) = self.cfg.lapse_after else {
+            return false;
+        };
+        let stale = self.stats().staleness();
+        if stale <= bound || self.writer.lease.is_none() {
+            return false;
+        }
+        let current_ms = self.stats().current_unix_ms.load(Relaxed);
+        if self.sync_started_ms <= current_ms {
+            self.force_sync.get_or_insert(ResyncReason::Stale);
+            return false;
+        }
+        tracing::error!(
+            peer = %self.region(),
+            stale_secs = stale.as_secs(),
+            "the copy on this peer could not be made current, even by a re-sync: letting it lapse (the keep-alive stops; the peer drops the copy within one lease TTL)"
+        );
+        self.writer.drop_lease();
+        self.prev_lease = None;
+        self.stats().lapsed.store(true, Relaxed);
+        self.stats().lapses.fetch_add(1, Relaxed);
+        true
     }
 
     async fn session(&mut self) -> Result<()> {
@@ -164,6 +251,7 @@ impl Peer {
             (None, start) => start,
         };
         self.fresh = false;
+        self.stats().conflicted.store(false, Relaxed);
         let mut from = match start {
             Start::Resume(rev) => rev + 1,
             Start::Sync(reason) => match self.sync(reason).await? {
@@ -173,9 +261,11 @@ impl Peer {
         };
         loop {
             match self.stream(from).await {
-                Err(Error::Etcd(etcd::Error::Compacted { .. })) => {
+                Err(Error::Etcd(
+                    etcd::Error::Compacted { .. } | etcd::Error::ResponseTooLarge { .. },
+                )) => {
                     self.stats().error(ErrorKind::Compacted);
-                    tracing::info!(peer = %self.region(), from, "watch start revision compacted; re-syncing");
+                    tracing::info!(peer = %self.region(), from, "watch cannot resume (compacted, or a response over the decode limit); re-syncing");
                     match self.sync(ResyncReason::Compacted).await? {
                         Some(rev) => from = rev + 1,
                         None => return Ok(()),
@@ -189,68 +279,100 @@ impl Peer {
     async fn sync(&mut self, reason: ResyncReason) -> Result<Option<i64>> {
         self.stats().resync(reason);
         self.stats().set_synced(false);
+        self.sync_started_ms = unix_ms();
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
         let fut = super::sync::run(&self.writer, &self.local, self.prefix.clone(), &self.cfg);
         let rev = tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
         };
+        // Every key is under our lease now: a predecessor's is no longer
+        // needed.
+        self.prev_lease = None;
+        self.stats().lapsed.store(false, Relaxed);
         Ok(Some(rev))
     }
 
-    /// Decides how the session starts and makes sure this engine holds the
-    /// peer: it returns a new lease handle when the lease changed.
+    /// Decides how the session starts and claims the peer: it returns a
+    /// new lease handle when the lease changed.
     async fn establish_owned(&mut self) -> Result<(Option<LeaseHandle>, Start)> {
-        let w = &self.writer;
-        let stored = state::read(&w.client, &w.state_key).await?;
+        // The source as it is now: the copy may only be resumed if it came
+        // from this store and nothing it holds is past the store's revision.
+        let source = self
+            .local
+            .range(Range::key(self.prefix.clone()).count_only())
+            .await?
+            .header;
+        let floor = self.writer.peer_revision();
+        let (stored, peer_header) =
+            state::read(&self.writer.client, &self.writer.state_key).await?;
+        self.writer.check_peer_read(&peer_header, floor)?;
         self.stats().up.store(true, Relaxed);
+        self.writer
+            .marks
+            .source_cluster
+            .store(source.cluster_id, Relaxed);
+
+        if let Some(st) = stored.state
+            && st.holder != self.writer.holder
+        {
+            // Another site with this region's name, still alive: it keeps
+            // the peer.
+            if st.source_cluster != 0
+                && st.source_cluster != source.cluster_id
+                && self.live_lease(st.lease).await?.is_some()
+            {
+                return Err(Error::Conflict {
+                    peer: self.region().to_owned(),
+                    other: st.source_cluster,
+                });
+            }
+            if !self.fresh {
+                return Err(Error::Fenced {
+                    peer: self.region().to_owned(),
+                });
+            }
+        }
+        let source_changed = stored.state.and_then(|st| source_mismatch(&st, &source));
+        if let Some(why) = &source_changed {
+            self.stats().error(ErrorKind::Identity);
+            tracing::warn!(peer = %self.region(), why, "the source is not the store the copy came from; re-syncing in full");
+        }
+
+        // Adopt a live lease granted with our TTL, or grant one.
+        let w = &self.writer;
         let own_lease_alive = w.lease_alive();
-
-        // Our own claim, intact: carry on from where the state says.
-        if let Some(st) = stored.state
-            && st.holder == w.holder
-            && stored.create_revision == w.fence
-            && own_lease_alive
-            && st.lease == w.lease_id()
-        {
-            // Revision 0: an earlier sync under this claim did not finish.
-            let start = if st.revision > 0 {
-                self.check_lag(st.revision).await?
-            } else {
-                Start::Sync(ResyncReason::Initial)
-            };
-            return Ok((None, start));
-        }
-        if let Some(st) = stored.state
-            && st.holder != w.holder
-            && !self.fresh
-        {
-            return Err(Error::Fenced {
-                peer: self.region().to_owned(),
-            });
-        }
-
-        // Take the peer over: adopt a live lease if there is one.
-        let candidate = match stored.state {
-            Some(st) => st.lease,
-            None => w.lease_id(),
-        };
+        let candidate = stored.state.map_or(w.lease_id(), |st| st.lease);
+        let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
         let mut new_handle = None;
+        let mut ttl_changed = false;
         let (lease, adopted) = match self.live_lease(candidate).await? {
-            Some(granted_ttl) => {
+            Some(granted) if granted == want_ttl => {
                 if w.lease_id() != candidate || !own_lease_alive {
                     new_handle = Some(
                         w.client
                             .lease_keeper()
-                            .keep_alive(candidate, granted_ttl)
+                            .keep_alive(candidate, granted)
                             .await?,
                     );
                 }
                 (candidate, true)
             }
-            None => {
-                let ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
-                let grant = w.client.lease_grant(ttl, 0).await?;
+            other => {
+                if let Some(granted) = other {
+                    // The operator changed the TTL: the only handoff that
+                    // re-puts the subtree. The old lease stays alive until
+                    // every key is under the new one.
+                    ttl_changed = true;
+                    tracing::info!(peer = %self.region(), lease = candidate, granted, want_ttl, "the live lease has another TTL; re-putting the subtree under a new lease");
+                    self.prev_lease = Some(
+                        w.client
+                            .lease_keeper()
+                            .keep_alive(candidate, granted)
+                            .await?,
+                    );
+                }
+                let grant = w.client.lease_grant(want_ttl, 0).await?;
                 tracing::info!(peer = %self.region(), lease = grant.id, ttl = grant.ttl, "granted mirror lease");
                 new_handle = Some(
                     w.client
@@ -262,24 +384,43 @@ impl Peer {
             }
         };
         let resume = match stored.state {
-            Some(st) if adopted && st.lease == lease && st.revision > 0 => Some(st.revision),
+            Some(st)
+                if adopted
+                    && st.lease == lease
+                    && st.revision > 0
+                    && source_changed.is_none()
+                    && self.force_sync.is_none() =>
+            {
+                Some(st)
+            }
             _ => None,
         };
         let start = match resume {
-            Some(rev) => self.check_lag(rev).await?,
-            None if !adopted && !self.fresh => Start::Sync(ResyncReason::LeaseLost),
-            None if !self.fresh => Start::Sync(ResyncReason::Fenced),
-            None => Start::Sync(ResyncReason::Initial),
+            Some(st) => self.check_lag(st.revision, source.revision),
+            None => Start::Sync(match self.force_sync.take() {
+                Some(reason) => reason,
+                None if source_changed.is_some() => ResyncReason::SourceChanged,
+                None if ttl_changed => ResyncReason::LeaseTtl,
+                None if !adopted && !self.fresh => ResyncReason::LeaseLost,
+                None if !self.fresh => ResyncReason::Fenced,
+                None => ResyncReason::Initial,
+            }),
+        };
+        // What the copy is, as of this claim: a resumed copy keeps its
+        // heartbeat and synced marker; anything else starts unsynced.
+        let marks = &self.writer.marks;
+        marks
+            .heartbeat_unix_ms
+            .store(resume.map_or(0, |st| st.heartbeat_unix_ms), Relaxed);
+        marks
+            .synced
+            .store(resume.is_some_and(|st| st.synced), Relaxed);
+        let claimed = State {
+            revision: resume.map_or(0, |st| st.revision),
+            lease,
+            ..self.writer.state(0)
         };
         let w = &mut self.writer;
-        let claimed = State {
-            revision: match start {
-                Start::Resume(rev) => rev,
-                Start::Sync(_) => 0,
-            },
-            lease,
-            holder: w.holder,
-        };
         match state::claim(&w.client, &w.state_key, &stored, claimed).await? {
             Some(fence) => {
                 w.fence = fence;
@@ -308,17 +449,11 @@ impl Peer {
 
     /// Resume through the watch unless the source has moved on so far that
     /// a range diff is cheaper.
-    async fn check_lag(&self, revision: i64) -> Result<Start> {
-        let now = self
-            .local
-            .range(Range::key(self.prefix.clone()).count_only())
-            .await?
-            .header
-            .revision;
-        if now - revision > self.cfg.resync_lag {
-            return Ok(Start::Sync(ResyncReason::Lag));
+    fn check_lag(&self, revision: i64, source_revision: i64) -> Start {
+        if source_revision - revision > self.cfg.resync_lag {
+            return Start::Sync(ResyncReason::Lag);
         }
-        Ok(Start::Resume(revision))
+        Start::Resume(revision)
     }
 
     /// Mirrors the watch from `from` until an error or cancellation.
@@ -331,7 +466,8 @@ impl Peer {
         // A stream of the session's own: a slow peer holds back only its
         // own watch. progress_notify: an idle subtree still advances the
         // state revision when the local etcd sends per-watcher notices.
-        let watcher = self.local.watch_stream().watch(
+        let ws = self.local.watch_stream();
+        let watcher = ws.watch(
             WatchOptions::prefix(self.prefix.clone())
                 .start_revision(from)
                 .progress_notify(),
@@ -344,27 +480,88 @@ impl Peer {
         let mut live = Live {
             writer: &self.writer,
             cfg: &self.cfg,
-            batcher: Batcher::new(self.cfg.limits, self.writer.lease_id()),
+            local: &self.local,
+            prefix: &self.prefix,
+            ws,
+            batcher: Batcher::new(self.writer.limits(), self.writer.lease_id()),
             window: Window::new(from - 1),
             inflight: FuturesUnordered::new(),
             splits_seen: 0,
+            received: 0,
+            probe: None,
+            heartbeat_dirty: false,
         };
         live.run(watcher, lease_status, &self.cancel).await
     }
 }
 
+/// Why a copy stamped `st` cannot have come from the source `now`: another
+/// cluster, or a revision the source has not reached (it went back).
+fn source_mismatch(st: &State, now: &Header) -> Option<String> {
+    if st.source_cluster != 0 && st.source_cluster != now.cluster_id {
+        return Some(format!(
+            "source cluster id is {:016x}, the copy came from {:016x}",
+            now.cluster_id, st.source_cluster
+        ));
+    }
+    if now.revision < st.revision {
+        return Some(format!(
+            "source revision is {}, below the {} the copy is applied through",
+            now.revision, st.revision
+        ));
+    }
+    None
+}
+
+/// A freshness probe that came back: the source's revision at `at`.
+#[derive(Clone, Copy)]
+struct Probe {
+    source_revision: i64,
+    at: Instant,
+    at_unix_ms: i64,
+    /// Watch messages received when the probe was sent.
+    received: u64,
+}
+
+/// What a probe read: the source's header, the peer's state key and header,
+/// and the floor the peer's revision must not be below.
+struct ProbeRead {
+    sent: Probe,
+    source: Header,
+    stored: Stored,
+    peer: Header,
+    floor: i64,
+}
+
+/// How long the watch must stay quiet, with nothing pending, after a probe
+/// read the source's revision, before the engine takes it that no event in
+/// the subtree lies between what it applied and that revision. etcd hands
+/// a caught-up watcher its events as they commit, and a catching-up one
+/// every ~100 ms, so ten of those cycles of silence are a wide margin.
+const QUIET: Duration = Duration::from_secs(1);
+
 /// The live phase of one session: watch events in, fenced batches out,
-/// up to `max_inflight` at once.
+/// up to `max_inflight` at once; a freshness probe every heartbeat.
 struct Live<'a> {
     writer: &'a FencedWriter,
     cfg: &'a MirrorConfig,
+    local: &'a Client,
+    prefix: &'a Bytes,
+    /// The watch's stream, for whether it is connected.
+    ws: WatchStream,
     batcher: Batcher,
     window: Window,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
     splits_seen: u64,
+    /// Watch messages received so far.
+    received: u64,
+    /// The last probe not yet confirmed current.
+    probe: Option<Probe>,
+    /// The heartbeat moved: the state key should record it.
+    heartbeat_dirty: bool,
 }
 
-impl Live<'_> {
+impl<'a> Live<'a> {
     fn max_inflight(&self) -> usize {
         self.cfg.max_inflight.max(1)
     }
@@ -376,8 +573,12 @@ impl Live<'_> {
         cancel: &CancellationToken,
     ) -> Result<()> {
         let max_ready = self.max_inflight() * 2;
+        let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
         loop {
             self.send_ready();
+            let quiet_at = self.probe.map(|p| p.at + QUIET);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
@@ -389,12 +590,131 @@ impl Live<'_> {
                 }
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => {
                     self.complete(done).await?;
+                    self.check_current();
                 }
                 msg = watcher.next(), if self.batcher.ready_len() < max_ready => {
                     self.take_watch(msg, &mut watcher, max_ready)?;
                 }
+                read = async { probing.as_mut().expect("guarded").await }, if probing.is_some() => {
+                    probing = None;
+                    self.probed(read?)?;
+                    self.check_current();
+                }
+                _ = tick.tick(), if probing.is_none() => {
+                    self.check_stale()?;
+                    probing = Some(self.probe_read());
+                }
+                _ = async {
+                    match quiet_at {
+                        Some(t) => tokio::time::sleep_until(t.into()).await,
+                        None => std::future::pending().await,
+                    }
+                }, if quiet_at.is_some() => {
+                    self.check_current();
+                }
             }
         }
+    }
+
+    /// Reads the source's revision and the peer's state key, for identity
+    /// and freshness.
+    fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
+        let sent = Probe {
+            source_revision: 0,
+            at: Instant::now(),
+            at_unix_ms: unix_ms(),
+            received: self.received,
+        };
+        let floor = self.writer.peer_revision();
+        let local = self.local;
+        let prefix = self.prefix.clone();
+        let writer = self.writer;
+        Box::pin(async move {
+            let source = local.range(Range::key(prefix).count_only()).await?.header;
+            let (stored, peer) = state::read(&writer.client, &writer.state_key).await?;
+            Ok(ProbeRead {
+                sent: Probe {
+                    source_revision: source.revision,
+                    ..sent
+                },
+                source,
+                stored,
+                peer,
+                floor,
+            })
+        })
+    }
+
+    /// Checks what a probe read: both stores are still the ones the copy
+    /// belongs to, and this engine still holds the peer.
+    fn probed(&mut self, read: ProbeRead) -> Result<()> {
+        let w = self.writer;
+        let known = w.marks.source_cluster.load(Relaxed);
+        let went_back = read.source.revision < self.window.watermark();
+        if (known != 0 && read.source.cluster_id != known) || went_back {
+            return Err(Error::SourceChanged {
+                peer: w.region.clone(),
+                why: format!(
+                    "cluster {:016x} at revision {}, the copy came from {known:016x} and is applied through {}",
+                    read.source.cluster_id,
+                    read.source.revision,
+                    self.window.watermark()
+                ),
+            });
+        }
+        w.check_peer_read(&read.peer, read.floor)?;
+        if read.stored.create_revision != w.fence {
+            let peer = w.region.clone();
+            return Err(match read.stored.state {
+                Some(st) if st.holder != w.holder => Error::Fenced { peer },
+                _ => Error::StateGone { peer },
+            });
+        }
+        self.probe = Some(read.sent);
+        Ok(())
+    }
+
+    /// Marks the peer current as of the pending probe when everything the
+    /// source held then is applied, or the watch has been quiet since with
+    /// nothing pending (an idle subtree: nothing to apply).
+    fn check_current(&mut self) {
+        let Some(p) = self.probe else { return };
+        let applied = self.window.watermark() >= p.source_revision;
+        let idle = self.batcher.is_idle()
+            && self.window.is_empty()
+            && self.received == p.received
+            && self.ws.is_connected()
+            && p.at.elapsed() >= QUIET;
+        if !applied && !idle {
+            return;
+        }
+        if !applied {
+            // Nothing in the subtree changed through that revision: resume
+            // from there (this moves an idle subtree's state revision on
+            // etcd 3.4, which sends no progress notices by default).
+            self.window.advance_idle(p.source_revision);
+        }
+        self.probe = None;
+        let w = self.writer;
+        w.stats.mark_current(p.at_unix_ms);
+        w.marks.heartbeat_unix_ms.fetch_max(p.at_unix_ms, Relaxed);
+        self.heartbeat_dirty = true;
+    }
+
+    /// Ends the session once the copy has been stale past the bound, so the
+    /// peer loop can re-sync it or let it lapse.
+    fn check_stale(&self) -> Result<()> {
+        let Some(bound) = self.cfg.lapse_after else {
+            return Ok(());
+        };
+        let stale = self.writer.stats.staleness();
+        if stale > bound {
+            return Err(Error::Stale {
+                peer: self.writer.region.clone(),
+                stale_secs: stale.as_secs(),
+            });
+        }
+        Ok(())
     }
 
     /// Sends what can go: eagerly while there is room in flight, so a lone
@@ -407,7 +727,7 @@ impl Live<'_> {
             let Some(batch) = self.batcher.peek() else {
                 // Nothing to send: catch the state key up if the last
                 // batches went out pipelined.
-                if self.window.is_empty() && self.window.state_behind() {
+                if self.window.is_empty() && (self.window.state_behind() || self.heartbeat_dirty) {
                     self.launch(Batch::empty(self.window.watermark()));
                 }
                 break;
@@ -430,6 +750,8 @@ impl Live<'_> {
     }
 
     fn launch(&mut self, batch: Batch) {
+        // Every state put carries the heartbeat as it is now.
+        self.heartbeat_dirty = false;
         let (seq, state_rev) = self.window.open(&batch.keys, batch.complete_through);
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let txn = self.writer.txn(batch.ops.clone(), Some(state_rev));
@@ -454,6 +776,7 @@ impl Live<'_> {
                 Some(Err(e)) => return Err(Error::Etcd(e)),
                 Some(Ok(resp)) => resp,
             };
+            self.received += 1;
             tracing::trace!(peer = %self.writer.region, rev = resp.revision, events = resp.events.len(), first = resp.events.first().map(|e| e.revision()), "watch");
             if let Some(last) = resp.events.last() {
                 let stats = &self.writer.stats;
@@ -489,6 +812,10 @@ impl Live<'_> {
             ..
         } = batch;
         self.writer.settle(ops, result).await?;
+        let limits = self.writer.limits();
+        if limits != self.batcher.limits() {
+            self.batcher.set_limits(limits);
+        }
         let stats = &self.writer.stats;
         stats.up.store(true, Relaxed);
         stats.txns.fetch_add(1, Relaxed);
@@ -543,6 +870,10 @@ pub(crate) fn classify(err: &Error) -> ErrorKind {
         Error::Etcd(e) if e.is_transient() => ErrorKind::Unavailable,
         Error::Etcd(etcd::Error::Compacted { .. }) => ErrorKind::Compacted,
         Error::Etcd(etcd::Error::RequestTooLarge) => ErrorKind::TooLarge,
+        Error::Etcd(etcd::Error::NoSpace) => ErrorKind::NoSpace,
+        Error::Etcd(etcd::Error::TooManyOps) => ErrorKind::TooManyOps,
+        Error::Conflict { .. } => ErrorKind::Conflict,
+        Error::SourceChanged { .. } | Error::PeerChanged { .. } => ErrorKind::Identity,
         _ => ErrorKind::Other,
     }
 }

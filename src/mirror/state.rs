@@ -1,7 +1,8 @@
 //! The per-origin state key each peer holds, and the fence built on it.
 //!
 //! `<state_root><region>/state` lives outside the registry root, under the
-//! mirror lease, and reads `v1 revision=<r> lease=<id> holder=<hex>`:
+//! mirror lease, and reads
+//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> heartbeat=<ms> synced=<0|1>`:
 //!
 //! - `revision`: every source revision up to it is applied on this peer.
 //!   It is a lower bound (txns may be in flight past it), so resuming from
@@ -9,6 +10,18 @@
 //!   idempotent. 0 means "no complete sync under this lease yet".
 //! - `lease`: the lease every mirrored key is attached to.
 //! - `holder`: the engine incarnation that wrote it.
+//! - `source`: the cluster id of the source etcd the copy came from. A
+//!   source whose cluster id changed forces a full re-sync; a *different*
+//!   source holding a live claim is another site with the same region
+//!   name, and the claim is not taken from it.
+//! - `heartbeat`: Unix time in milliseconds when the peer was last known to
+//!   hold everything through the source's revision of that moment. A
+//!   consumer's staleness is its clock minus this (clock skew included).
+//! - `synced`: a complete copy was made under this lease: a consumer never
+//!   mistakes a half-done first sync for the region's registry.
+//!
+//! The last three were added later; a value without them decodes with
+//! `source=0` (unknown), `heartbeat=0` (never) and `synced=0`.
 //!
 //! **Fencing.** An engine claims a peer by deleting the state key and
 //! creating it anew; the creation revision is its fence. Every mirror txn
@@ -19,7 +32,7 @@
 
 use bytes::Bytes;
 
-use crate::etcd::{Client, Compare, CompareOp, Delete, KeyValue, Put, Range, Txn};
+use crate::etcd::{Client, Compare, CompareOp, Delete, Header, KeyValue, Put, Range, Txn};
 
 /// The parsed value of a state key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,14 +43,25 @@ pub struct State {
     pub lease: i64,
     /// The engine incarnation that wrote it.
     pub holder: u64,
+    /// The source etcd's cluster id; 0: unknown.
+    pub source_cluster: u64,
+    /// When the peer was last known current, Unix ms; 0: never.
+    pub heartbeat_unix_ms: i64,
+    /// A complete copy was made under this lease.
+    pub synced: bool,
 }
 
 impl State {
     /// The encoded value.
     pub fn encode(&self) -> Bytes {
         Bytes::from(format!(
-            "v1 revision={} lease={} holder={:016x}",
-            self.revision, self.lease, self.holder
+            "v1 revision={} lease={} holder={:016x} source={:016x} heartbeat={} synced={}",
+            self.revision,
+            self.lease,
+            self.holder,
+            self.source_cluster,
+            self.heartbeat_unix_ms,
+            u8::from(self.synced)
         ))
     }
 
@@ -49,12 +73,16 @@ impl State {
             return None;
         }
         let (mut revision, mut lease, mut holder) = (None, None, None);
+        let (mut source_cluster, mut heartbeat_unix_ms, mut synced) = (0, 0, false);
         for part in parts {
             let (k, v) = part.split_once('=')?;
             match k {
                 "revision" => revision = v.parse().ok(),
                 "lease" => lease = v.parse().ok(),
                 "holder" => holder = u64::from_str_radix(v, 16).ok(),
+                "source" => source_cluster = u64::from_str_radix(v, 16).ok()?,
+                "heartbeat" => heartbeat_unix_ms = v.parse().ok()?,
+                "synced" => synced = v == "1",
                 _ => {}
             }
         }
@@ -62,6 +90,9 @@ impl State {
             revision: revision?,
             lease: lease?,
             holder: holder?,
+            source_cluster,
+            heartbeat_unix_ms,
+            synced,
         })
     }
 }
@@ -91,9 +122,9 @@ impl Stored {
     }
 }
 
-pub(crate) async fn read(peer: &Client, key: &Bytes) -> crate::etcd::Result<Stored> {
+pub(crate) async fn read(peer: &Client, key: &Bytes) -> crate::etcd::Result<(Stored, Header)> {
     let resp = peer.range(Range::key(key.clone())).await?;
-    Ok(Stored::from_kv(resp.kvs().first()))
+    Ok((Stored::from_kv(resp.kvs().first()), resp.header))
 }
 
 /// The guard every mirror txn carries.
@@ -153,8 +184,22 @@ mod tests {
             revision: 42,
             lease: 7_587_869_230_000_000_123,
             holder: 0xdead_beef,
+            source_cluster: 0xcdf8_18194e3a8c32,
+            heartbeat_unix_ms: 1_796_000_000_123,
+            synced: true,
         };
         assert_eq!(State::decode(&s.encode()), Some(s));
+        // Written by an engine before the identity fields.
+        let old = State::decode(b"v1 revision=9 lease=3 holder=00000000000000aa").unwrap();
+        assert_eq!(
+            (
+                old.revision,
+                old.source_cluster,
+                old.heartbeat_unix_ms,
+                old.synced
+            ),
+            (9, 0, 0, false)
+        );
         assert_eq!(State::decode(b"v2 revision=1 lease=1 holder=1"), None);
         assert_eq!(State::decode(b"v1 revision=x lease=1 holder=1"), None);
         assert_eq!(State::decode(b"\xff"), None);

@@ -26,16 +26,29 @@ pub enum ResyncReason {
     Fenced,
     /// The resume lag was past the configured limit.
     Lag,
+    /// The source etcd changed under the copy (cluster id, or revision back).
+    SourceChanged,
+    /// The peer etcd changed under the copy (cluster id, or revision back).
+    PeerChanged,
+    /// The adopted lease's granted TTL differs from the configured one: a
+    /// new lease, and the subtree re-put under it.
+    LeaseTtl,
+    /// The copy stayed stale past the bound; a re-sync before lapsing.
+    Stale,
 }
 
 impl ResyncReason {
     /// Every reason, in metric order.
-    pub const ALL: [ResyncReason; 5] = [
+    pub const ALL: [ResyncReason; 9] = [
         ResyncReason::Initial,
         ResyncReason::Compacted,
         ResyncReason::LeaseLost,
         ResyncReason::Fenced,
         ResyncReason::Lag,
+        ResyncReason::SourceChanged,
+        ResyncReason::PeerChanged,
+        ResyncReason::LeaseTtl,
+        ResyncReason::Stale,
     ];
     /// The metric label.
     pub fn as_str(self) -> &'static str {
@@ -45,6 +58,10 @@ impl ResyncReason {
             ResyncReason::LeaseLost => "lease_lost",
             ResyncReason::Fenced => "fenced",
             ResyncReason::Lag => "lag",
+            ResyncReason::SourceChanged => "source_changed",
+            ResyncReason::PeerChanged => "peer_changed",
+            ResyncReason::LeaseTtl => "lease_ttl",
+            ResyncReason::Stale => "stale",
         }
     }
 }
@@ -60,20 +77,33 @@ pub enum ErrorKind {
     LeaseLost,
     /// The source watch start revision was compacted.
     Compacted,
-    /// A single write exceeds the peer's request size limit; it is skipped.
+    /// A single value exceeds the peer's request size limit; the key is
+    /// deleted on the peer rather than left at an older value.
     TooLarge,
+    /// The peer refused a txn for its op count; its limit was lowered.
+    TooManyOps,
+    /// The peer is out of space (NOSPACE alarm).
+    NoSpace,
+    /// Another source claims this region on the peer.
+    Conflict,
+    /// The source or the peer changed under the copy.
+    Identity,
     /// Anything else.
     Other,
 }
 
 impl ErrorKind {
     /// Every kind, in metric order.
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 10] = [
         ErrorKind::Unavailable,
         ErrorKind::Fenced,
         ErrorKind::LeaseLost,
         ErrorKind::Compacted,
         ErrorKind::TooLarge,
+        ErrorKind::TooManyOps,
+        ErrorKind::NoSpace,
+        ErrorKind::Conflict,
+        ErrorKind::Identity,
         ErrorKind::Other,
     ];
     /// The metric label.
@@ -84,9 +114,20 @@ impl ErrorKind {
             ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::Compacted => "compacted",
             ErrorKind::TooLarge => "too_large",
+            ErrorKind::TooManyOps => "too_many_ops",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Identity => "identity",
             ErrorKind::Other => "other",
         }
     }
+}
+
+/// Now, in Unix milliseconds.
+pub fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Upper bounds of the apply-latency histogram buckets, in seconds.
@@ -162,6 +203,26 @@ pub struct PeerStats {
     synced: watch::Sender<bool>,
     /// The current lease id (0: none).
     pub lease_id: AtomicI64,
+    /// When the peer was last known to hold everything through the
+    /// source's revision of that moment, Unix ms (engine start until then).
+    pub current_unix_ms: AtomicI64,
+    /// The engine let this copy lapse on purpose (it could not be made
+    /// current); cleared by the next complete sync.
+    pub lapsed: AtomicBool,
+    /// Lapses so far.
+    pub lapses: AtomicU64,
+    /// Another source holds this region on the peer (see `Error::Conflict`).
+    pub conflicted: AtomicBool,
+    /// Conflicts seen (episodes).
+    pub conflicts: AtomicU64,
+    /// Verification passes completed.
+    pub verify_runs: AtomicU64,
+    /// Keys the verification passes repaired.
+    pub verify_repairs: AtomicU64,
+    /// The peer's txn op limit as discovered (starts at the configured one).
+    pub txn_ops_limit: AtomicU64,
+    /// The peer's request size limit as discovered.
+    pub request_bytes_limit: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     resyncs: [AtomicU64; ResyncReason::ALL.len()],
     keepalive_base: [AtomicU64; 2],
@@ -185,6 +246,15 @@ impl PeerStats {
             up: AtomicBool::new(false),
             synced: watch::Sender::new(false),
             lease_id: AtomicI64::new(0),
+            current_unix_ms: AtomicI64::new(unix_ms()),
+            lapsed: AtomicBool::new(false),
+            lapses: AtomicU64::new(0),
+            conflicted: AtomicBool::new(false),
+            conflicts: AtomicU64::new(0),
+            verify_runs: AtomicU64::new(0),
+            verify_repairs: AtomicU64::new(0),
+            txn_ops_limit: AtomicU64::new(0),
+            request_bytes_limit: AtomicU64::new(0),
             errors: Default::default(),
             resyncs: Default::default(),
             keepalive_base: Default::default(),
@@ -221,6 +291,16 @@ impl PeerStats {
     pub fn resyncs(&self, reason: ResyncReason) -> u64 {
         self.resyncs[reason as usize].load(Relaxed)
     }
+    /// Seconds since the peer was last known current: 0 while it keeps up,
+    /// also when the subtree is idle.
+    pub fn staleness(&self) -> Duration {
+        let ms = unix_ms().saturating_sub(self.current_unix_ms.load(Relaxed));
+        Duration::from_millis(ms.max(0) as u64)
+    }
+    pub(crate) fn mark_current(&self, at_unix_ms: i64) {
+        self.current_unix_ms.fetch_max(at_unix_ms, Relaxed);
+    }
+
     /// Source revisions not yet applied.
     pub fn lag(&self) -> i64 {
         (self.source_revision.load(Relaxed) - self.applied_revision.load(Relaxed)).max(0)

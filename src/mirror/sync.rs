@@ -18,6 +18,7 @@ use futures_util::stream::FuturesUnordered;
 use super::batch::STATE_RESERVE_BYTES;
 use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
+use super::stats::unix_ms;
 use super::writer::FencedWriter;
 use crate::error::Result;
 use crate::etcd::{self, Client, Delete, Op, TxnBatcher};
@@ -29,10 +30,12 @@ pub(crate) async fn run(
     prefix: Bytes,
     cfg: &MirrorConfig,
 ) -> Result<i64> {
+    // The copy will hold everything the source held when the scan began.
+    let started_ms = unix_ms();
     let mut merge = Merge::start(local, &writer.client, prefix, cfg.page_size);
     let lease = writer.lease_id();
     // Room for the fence compare; the state put goes in a txn of its own.
-    let mut packer = TxnBatcher::new(cfg.limits).with_reserved(0, STATE_RESERVE_BYTES);
+    let mut packer = TxnBatcher::new(writer.limits()).with_reserved(0, STATE_RESERVE_BYTES);
     let max_inflight = cfg.max_inflight.max(1);
     let mut inflight: InFlight = FuturesUnordered::new();
     let (mut puts, mut deletes) = (0u64, 0u64);
@@ -67,8 +70,15 @@ pub(crate) async fn run(
     }
     // The source's first page, empty or not, always comes back and pins it.
     let revision = merge.source_revision();
-    // Record completion: from here a successor can resume by watch.
+    // Record completion: from here a successor can resume by watch, and
+    // consumers see a complete copy.
+    writer.marks.synced.store(true, Relaxed);
+    writer
+        .marks
+        .heartbeat_unix_ms
+        .fetch_max(started_ms, Relaxed);
     writer.write(Vec::new(), Some(revision)).await?;
+    writer.stats.mark_current(started_ms);
     writer.stats.sync_puts.fetch_add(puts, Relaxed);
     writer.stats.sync_deletes.fetch_add(deletes, Relaxed);
     tracing::info!(peer = %writer.region, revision, puts, deletes, "sync complete");
