@@ -34,9 +34,21 @@ pub(crate) struct Merge {
 
 impl Merge {
     pub(crate) fn start(local: &Client, peer: &Client, prefix: Bytes, page_size: usize) -> Merge {
+        Merge::start_at(local, peer, prefix, page_size, 0)
+    }
+
+    /// Like [`Merge::start`], with the source read at `source_revision`
+    /// (0: its current one).
+    pub(crate) fn start_at(
+        local: &Client,
+        peer: &Client,
+        prefix: Bytes,
+        page_size: usize,
+        source_revision: i64,
+    ) -> Merge {
         Merge {
-            src: Prefetch::start(local, prefix.clone(), page_size),
-            dst: Prefetch::start(peer, prefix, page_size),
+            src: Prefetch::start(local, prefix.clone(), page_size, source_revision),
+            dst: Prefetch::start(peer, prefix, page_size, 0),
             s: None,
             d: None,
             primed: false,
@@ -104,11 +116,13 @@ impl Drop for AbortOnDrop {
 }
 
 impl Prefetch {
-    fn start(client: &Client, prefix: Bytes, page_size: usize) -> Prefetch {
+    fn start(client: &Client, prefix: Bytes, page_size: usize, revision: i64) -> Prefetch {
         let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
         // Small first pages: the writes start after a few ms, not after
         // reading a full page.
-        let mut scan = client.scan_prefix(prefix, page_size, 0).ramp_up(FIRST_PAGE);
+        let mut scan = client
+            .scan_prefix(prefix, page_size, revision)
+            .ramp_up(FIRST_PAGE);
         let task = tokio::spawn(async move {
             loop {
                 let page = scan.next_page().await;

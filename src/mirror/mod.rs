@@ -31,6 +31,7 @@ mod peer;
 pub mod state;
 pub mod stats;
 mod sync;
+mod verify;
 mod window;
 mod writer;
 

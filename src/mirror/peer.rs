@@ -34,6 +34,7 @@ use super::batch::{Batch, Batcher};
 use super::config::MirrorConfig;
 use super::state::{self, State, Stored};
 use super::stats::{ErrorKind, PeerStats, ResyncReason, unix_ms};
+use super::verify;
 use super::window::Window;
 use super::writer::FencedWriter;
 use crate::error::{Error, Result};
@@ -208,9 +209,10 @@ impl Peer {
     }
 
     /// After a failed session: if the copy has been stale past the bound
-    /// and a re-sync since it went stale did not help, let it lapse (stop
-    /// the keep-alive; never revoke). If no re-sync was tried yet, the next
-    /// session makes one. Returns whether it lapsed now.
+    /// and a re-sync since it went stale did not help (or none could start
+    /// for twice the bound), let it lapse (stop the keep-alive; never
+    /// revoke). If no re-sync was tried yet, the next session makes one.
+    /// Returns whether it lapsed now.
     fn lapse_if_stale(&mut self) -> bool {
         let Some(bound) = self.cfg.lapse_after else {
             return false;
@@ -220,7 +222,9 @@ impl Peer {
             return false;
         }
         let current_ms = self.stats().current_unix_ms.load(Relaxed);
-        if self.sync_started_ms <= current_ms {
+        // A re-sync gets its chance first; when not even that can start
+        // (the claim itself fails), twice the bound decides.
+        if self.sync_started_ms <= current_ms && stale <= bound * 2 {
             self.force_sync.get_or_insert(ResyncReason::Stale);
             return false;
         }
@@ -521,6 +525,10 @@ struct Probe {
     at_unix_ms: i64,
     /// Watch messages received when the probe was sent.
     received: u64,
+    /// The quiet period after it has passed without making it current:
+    /// only the watermark can still resolve it, and the next probe may
+    /// replace it.
+    quiet_done: bool,
 }
 
 /// What a probe read: the source's header, the peer's state key and header,
@@ -576,9 +584,15 @@ impl<'a> Live<'a> {
         let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
+        let mut verify_tick = self.cfg.verify_interval.map(|every| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
         loop {
             self.send_ready();
-            let quiet_at = self.probe.map(|p| p.at + QUIET);
+            let quiet_at = self.probe.filter(|p| !p.quiet_done).map(|p| p.at + QUIET);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
@@ -600,6 +614,25 @@ impl<'a> Live<'a> {
                     self.probed(read?)?;
                     self.check_current();
                 }
+                report = async { verifying.as_mut().expect("guarded").await }, if verifying.is_some() => {
+                    verifying = None;
+                    match report {
+                        Ok(_) => {}
+                        Err(Error::Etcd(etcd::Error::Compacted { .. })) => {
+                            tracing::info!(peer = %self.writer.region, "verification skipped: its pinned revision was compacted; the next pass pins a newer one");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                _ = async { verify_tick.as_mut().expect("guarded").tick().await }, if verify_tick.is_some() && verifying.is_none() => {
+                    verifying = Some(Box::pin(verify::pass(
+                        self.writer,
+                        self.local,
+                        self.prefix.clone(),
+                        self.cfg,
+                        self.window.watermark(),
+                    )));
+                }
                 _ = tick.tick(), if probing.is_none() => {
                     self.check_stale()?;
                     probing = Some(self.probe_read());
@@ -611,6 +644,9 @@ impl<'a> Live<'a> {
                     }
                 }, if quiet_at.is_some() => {
                     self.check_current();
+                    if let Some(p) = self.probe.as_mut() {
+                        p.quiet_done = true;
+                    }
                 }
             }
         }
@@ -624,6 +660,7 @@ impl<'a> Live<'a> {
             at: Instant::now(),
             at_unix_ms: unix_ms(),
             received: self.received,
+            quiet_done: false,
         };
         let floor = self.writer.peer_revision();
         let local = self.local;
@@ -670,7 +707,11 @@ impl<'a> Live<'a> {
                 _ => Error::StateGone { peer },
             });
         }
-        self.probe = Some(read.sent);
+        // A pending probe keeps its place until its quiet period is over,
+        // or a busy stream would never have one.
+        if self.probe.is_none_or(|p| p.quiet_done) {
+            self.probe = Some(read.sent);
+        }
         Ok(())
     }
 

@@ -284,6 +284,18 @@ impl FencedWriter {
         self.peer_revision.store(0, Relaxed);
     }
 
+    /// Whether a failed txn still found this engine's fence in place (so
+    /// another of its compares failed).
+    pub(crate) fn fence_holds(&self, resp: &TxnResponse) -> bool {
+        resp.responses.iter().any(|r| match r {
+            OpResponse::Range(r) => r
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == self.fence),
+            _ => false,
+        })
+    }
+
     /// Why a fenced txn failed: another holder, or the state key is gone.
     pub(crate) fn fence_failure(&self, resp: &TxnResponse) -> Error {
         let kv = resp.responses.iter().find_map(|r| match r {

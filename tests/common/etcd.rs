@@ -299,6 +299,44 @@ impl Etcd {
         self.relaunch("restart_empty");
     }
 
+    /// Saves a snapshot of the store to `path` (`etcdctl snapshot save`).
+    pub fn snapshot_save(&self, path: &Path) {
+        self.etcdctl_ok(&["snapshot", "save", &path.display().to_string()]);
+    }
+
+    /// Kills etcd, replaces its data dir with the snapshot at `path` and
+    /// starts it again: what an operator's restore from a backup does. With
+    /// the same name, peer URL and cluster token, the store keeps its
+    /// cluster id and member id; its revision, keys and leases go back.
+    pub fn restore_snapshot(&mut self, path: &Path) {
+        self.kill();
+        match fs::remove_dir_all(&self.data_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("wipe etcd data dir {}: {e}", self.data_dir.display()),
+        }
+        let peer_url = format!("http://127.0.0.1:{}", self.ports.peer);
+        let out = etcdctl_command()
+            .args([
+                "snapshot".to_string(),
+                "restore".into(),
+                path.display().to_string(),
+                format!("--data-dir={}", self.data_dir.display()),
+                format!("--name={}", self.name),
+                format!("--initial-cluster={}={peer_url}", self.name),
+                format!("--initial-cluster-token={}", self.name),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+            ])
+            .output()
+            .expect("run etcdctl snapshot restore");
+        assert!(
+            out.status.success(),
+            "etcdctl snapshot restore failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.relaunch("restore_snapshot");
+    }
+
     fn relaunch(&mut self, what: &str) {
         let mut failures = Vec::new();
         for attempt in 1..=ATTEMPTS {

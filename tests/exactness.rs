@@ -1,0 +1,320 @@
+//! "Exact, current, or gone": every way a store can change under the
+//! mirror ends with the peer's copy equal to the source on the live lease,
+//! or with the copy lapsed and the engine saying so. Never a wrong copy on
+//! a live lease. Real etcd processes throughout.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use aether_replicator::etcd::{Client, Put, Range};
+use aether_replicator::mirror::state::State;
+use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
+use common::Etcd;
+use common::mirror::{CONVERGE, PREFIX, client, config, contents, converged, key, start_synced};
+
+/// A config whose freshness probe runs every 300 ms, so identity changes
+/// are noticed quickly; no lapse and no verification unless a test asks.
+fn fast(ttl_secs: u64) -> MirrorConfig {
+    config(ttl_secs)
+        .with_heartbeat_interval(Duration::from_millis(300))
+        .with_lapse_after(None)
+        .with_verify_interval(None)
+}
+
+/// One put per revision, so the source's history is as long as `n`.
+async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
+    for i in range {
+        c.put(Put::new(key(i), format!("{value}{i}")))
+            .await
+            .unwrap();
+    }
+}
+
+async fn state_on(peer: &Client, cfg: &MirrorConfig) -> Option<State> {
+    let resp = peer.range(Range::key(cfg.state_key())).await.unwrap();
+    resp.kvs().first().and_then(|kv| State::decode(kv.value()))
+}
+
+async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    while tokio::time::Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not within {CONVERGE:?}: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_lost_its_data_is_mirrored_exactly() {
+    let mut src_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..40, "old").await;
+    let cfg = fast(5);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+
+    // The source comes back empty: its revision goes back to 1.
+    src_etcd.restart_empty();
+    put_each(&src, 100..103, "new").await;
+    converged(&src, &peer, &cfg).await;
+    assert_eq!(contents(&peer, PREFIX).await.len(), 3);
+    assert!(engine.stats()[0].resyncs(ResyncReason::SourceChanged) >= 1);
+    assert!(engine.stats()[0].errors(ErrorKind::Identity) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_restored_from_an_older_snapshot_is_repaired() {
+    let src_etcd = Etcd::start();
+    let mut peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..30, "v").await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("peer.db");
+    peer_etcd.snapshot_save(&snap);
+
+    // Later changes: overwrites, deletes, new keys.
+    put_each(&src, 0..10, "changed").await;
+    for i in 10..20 {
+        src.delete(aether_replicator::etcd::Delete::key(key(i)))
+            .await
+            .unwrap();
+    }
+    put_each(&src, 30..45, "later").await;
+    converged(&src, &peer, &cfg).await;
+
+    // The operator restores the peer from the snapshot: same cluster id,
+    // the old keys, state key and lease; only the revision went back.
+    peer_etcd.restore_snapshot(&snap);
+    converged(&src, &peer, &cfg).await;
+    assert!(engine.stats()[0].resyncs(ResyncReason::PeerChanged) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_lower_txn_op_limit_gets_smaller_txns() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::builder().extra_args(&["--max-txn-ops=16"]).start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    common::mirror::put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    // Live too: a 100-op source txn is one revision the peer cannot take
+    // in one txn.
+    common::mirror::put_many(&src, (300..400).map(|i| (key(i), format!("v{i}")))).await;
+    converged(&src, &peer, &cfg).await;
+    let s = &engine.stats()[0];
+    assert!(s.errors(ErrorKind::TooManyOps) >= 1);
+    assert!(
+        s.txn_ops_limit.load(Relaxed) <= 16,
+        "{}",
+        s.txn_ops_limit.load(Relaxed)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_too_large_for_the_peer_does_not_leave_the_old_one() {
+    let src_etcd = Etcd::builder()
+        .extra_args(&["--max-request-bytes=4194304"])
+        .start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    src.put(Put::new(key(1), "small")).await.unwrap();
+    src.put(Put::new(key(2), "neighbour")).await.unwrap();
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+
+    src.put(Put::new(key(1), vec![7u8; 2 * 1024 * 1024]))
+        .await
+        .unwrap();
+    src.put(Put::new(key(3), "after")).await.unwrap();
+    eventually(
+        "the oversized key is gone from the peer and later keys flow",
+        async || {
+            let k1 = peer.range(Range::key(key(1))).await.unwrap().count;
+            let k3 = peer.range(Range::key(key(3))).await.unwrap().count;
+            k1 == 0 && k3 == 1
+        },
+    )
+    .await;
+    assert_eq!(engine.stats()[0].errors(ErrorKind::TooLarge), 1);
+    let k2 = peer.range(Range::key(key(2))).await.unwrap();
+    assert_eq!(k2.kvs()[0].value(), "neighbour");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_another_lease_ttl_replaces_the_lease() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..20, "v").await;
+    let short = fast(4);
+    let first = start_synced(&src, peer.clone(), &peer, &short).await;
+    let old_lease = state_on(&peer, &short).await.unwrap().lease;
+    first.shutdown().await;
+
+    let long = fast(9);
+    let second = start_synced(&src, peer.clone(), &peer, &long).await;
+    let st = state_on(&peer, &long).await.unwrap();
+    assert_ne!(st.lease, old_lease);
+    let ttl = peer.lease_time_to_live(st.lease, false).await.unwrap();
+    assert_eq!(ttl.granted_ttl, 9);
+    assert!(second.stats()[0].resyncs(ResyncReason::LeaseTtl) >= 1);
+    // Every key moved to the new lease (converged checks the lease).
+    converged(&src, &peer, &long).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sites_with_one_region_name_do_not_mix_their_copies() {
+    let one_etcd = Etcd::start();
+    let two_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let one = client(&one_etcd.endpoint());
+    let two = client(&two_etcd.endpoint());
+    let peer = client(&peer_etcd.endpoint());
+    put_each(&one, 0..20, "one").await;
+    put_each(&two, 10..30, "two").await;
+    let cfg = fast(3);
+    let first = start_synced(&one, peer.clone(), &peer, &cfg).await;
+
+    let second = Engine::start(two.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    let s2 = second.stats()[0].clone();
+    assert!(
+        common::wait_until_async(CONVERGE, || s2.conflicted.load(Relaxed)).await,
+        "the second site never saw the conflict"
+    );
+    assert!(s2.conflicts.load(Relaxed) >= 1);
+    assert!(!second.is_synced());
+    // The incumbent's copy is untouched: exactly site one's subtree.
+    converged(&one, &peer, &cfg).await;
+
+    // Site one goes away for good; its lease lapses and site two takes over.
+    first.shutdown().await;
+    converged(&two, &peer, &cfg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_subtree_stays_fresh_and_its_heartbeat_moves() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..5, "v").await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let first = state_on(&peer, &cfg).await.unwrap();
+    assert!(first.synced);
+    // Writes outside the subtree move the source's revision only.
+    let mut outside = 0;
+    for i in 0..5 {
+        outside = src
+            .put(Put::new(format!("/elsewhere/{i}"), "x"))
+            .await
+            .unwrap()
+            .header
+            .revision;
+    }
+    eventually(
+        "the heartbeat and the state revision move while idle",
+        async || {
+            let st = state_on(&peer, &cfg).await.unwrap();
+            st.heartbeat_unix_ms > first.heartbeat_unix_ms + 500 && st.revision >= outside
+        },
+    )
+    .await;
+    let stale = engine.stats()[0].staleness();
+    assert!(stale < Duration::from_secs(3), "idle but {stale:?} stale");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verification_repairs_edits_made_on_the_peer() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..20, "v").await;
+    let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    // Out-of-band edits an identity check cannot see.
+    peer.put(Put::new(key(1), "edited")).await.unwrap();
+    peer.delete(aether_replicator::etcd::Delete::key(key(2)))
+        .await
+        .unwrap();
+    peer.put(Put::new(key(99), "stray")).await.unwrap();
+    converged(&src, &peer, &cfg).await;
+    let s = &engine.stats()[0];
+    assert!(
+        s.verify_repairs.load(Relaxed) >= 3,
+        "{}",
+        s.verify_repairs.load(Relaxed)
+    );
+    assert!(s.verify_runs.load(Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_wiped_and_rewritten_past_the_old_revision_is_caught_by_verification() {
+    let mut src_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..10, "old").await;
+    let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
+    let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    tokio::time::timeout(CONVERGE, engine.wait_synced())
+        .await
+        .unwrap();
+    converged(&src, &peer, &cfg).await;
+    engine.shutdown().await;
+
+    // While no engine runs, the source is wiped and rewritten past the
+    // revision the copy is stamped with: no identity check can tell.
+    src_etcd.restart_empty();
+    put_each(&src, 5..25, "new").await;
+    let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    converged(&src, &peer, &cfg).await;
+    drop(engine);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_cannot_be_made_current_lapses_and_says_so() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::builder()
+        .extra_args(&["--quota-backend-bytes=2097152"])
+        .start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..5, "v").await;
+    let cfg = fast(3).with_lapse_after(Some(Duration::from_secs(2)));
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+
+    // Fill the peer until etcd raises its NOSPACE alarm: from then on it
+    // takes keep-alives but no writes, for as long as nobody intervenes.
+    let mut full = false;
+    for i in 0..400 {
+        match peer
+            .put(Put::new(format!("/filler/{i}"), vec![1u8; 64 * 1024]))
+            .await
+        {
+            Ok(_) => {}
+            Err(aether_replicator::etcd::Error::NoSpace) => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("filling the peer: {e}"),
+        }
+    }
+    assert!(full, "the peer never ran out of space");
+    put_each(&src, 5..10, "after").await;
+
+    let s = engine.stats()[0].clone();
+    eventually("the copy lapses and the engine says so", async || {
+        s.lapsed.load(Relaxed) && common::mirror::count(&peer, PREFIX).await == 0
+    })
+    .await;
+    assert!(s.lapses.load(Relaxed) >= 1);
+    assert!(s.errors(ErrorKind::NoSpace) >= 1);
+    assert!(
+        state_on(&peer, &cfg).await.is_none(),
+        "the state key lapsed with the copy"
+    );
+}
