@@ -318,3 +318,92 @@ async fn a_peer_that_cannot_be_made_current_lapses_and_says_so() {
         "the state key lapsed with the copy"
     );
 }
+
+struct Lcg(u64);
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Random writes with the faults that identity and verification exist
+/// for: the source wiped, the peer restored from an older snapshot, edits
+/// made on the peer by hand. After each fault the copy must end exact on
+/// the live lease. `EXACT_SEED` overrides the seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_wipes_restores_and_edits() {
+    let seed = std::env::var("EXACT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x00e4_ac75u64);
+    println!("randomized_wipes_restores_and_edits seed {seed}");
+    let mut rng = Lcg(seed);
+    let (mut src_etcd, mut dst_etcd) = (Etcd::start(), Etcd::start());
+    let src = client(&src_etcd.endpoint());
+    let dst = client(&dst_etcd.endpoint());
+    let cfg = fast(5).with_verify_interval(Some(Duration::from_millis(700)));
+    let engine = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("dst.db");
+    let mut have_snapshot = false;
+    let random_key = |rng: &mut Lcg| format!("{PREFIX}r/{}", rng.below(60));
+    for step in 0..30 {
+        let fault = match rng.below(12) {
+            0 => {
+                src_etcd.restart_empty();
+                "source wiped"
+            }
+            1 if have_snapshot => {
+                dst_etcd.restore_snapshot(&snap);
+                "peer restored"
+            }
+            2 => {
+                dst_etcd.snapshot_save(&snap);
+                have_snapshot = true;
+                ""
+            }
+            3 => {
+                for _ in 0..rng.below(3) + 1 {
+                    let k = random_key(&mut rng);
+                    if rng.below(2) == 0 {
+                        dst.put(Put::new(k, "edited on the peer")).await.unwrap();
+                    } else {
+                        dst.delete(aether_replicator::etcd::Delete::key(k))
+                            .await
+                            .unwrap();
+                    }
+                }
+                "peer edited"
+            }
+            _ => {
+                for _ in 0..rng.below(8) + 1 {
+                    let k = random_key(&mut rng);
+                    if rng.below(4) == 0 {
+                        src.delete(aether_replicator::etcd::Delete::key(k))
+                            .await
+                            .unwrap();
+                    } else {
+                        let v = format!("{step}-{}", rng.below(1000));
+                        src.put(Put::new(k, v)).await.unwrap();
+                    }
+                }
+                ""
+            }
+        };
+        if !fault.is_empty() {
+            // Keep writing through the repair, then demand an exact copy.
+            src.put(Put::new(random_key(&mut rng), format!("after {fault}")))
+                .await
+                .unwrap();
+            println!("step {step}: {fault}");
+            converged(&src, &dst, &cfg).await;
+        }
+    }
+    converged(&src, &dst, &cfg).await;
+    assert_eq!(contents(&src, PREFIX).await, contents(&dst, PREFIX).await, "seed {seed}");
+    engine.shutdown().await;
+}
