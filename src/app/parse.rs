@@ -183,18 +183,29 @@ fn scale(int: &str, frac: &str, unit: u128) -> Result<u128, ScaleError> {
 }
 
 /// Splits and checks a comma-separated endpoint list (blanks around items
-/// are trimmed): at least one URL, each valid ([`is_valid_url`]), no
-/// duplicates, all http:// or all https://.
+/// are trimmed), as [`check_endpoints`] does.
 pub fn parse_endpoint_list(list: &str) -> Result<Vec<String>, String> {
     let items: Vec<&str> = list.split(',').map(str::trim).collect();
     if items.iter().all(|i| i.is_empty()) {
         return Err("empty endpoint list".into());
     }
+    if items.iter().any(|i| i.is_empty()) {
+        return Err(format!("empty URL in endpoint list {list:?}"));
+    }
+    check_endpoints(&items)
+}
+
+/// Checks an endpoint list: at least one URL, each valid
+/// ([`is_valid_url`]), no duplicates, all http:// or all https://.
+pub fn check_endpoints(items: &[&str]) -> Result<Vec<String>, String> {
+    if items.is_empty() {
+        return Err("empty endpoint list".into());
+    }
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(items.len());
-    for item in items {
+    for &item in items {
         if item.is_empty() {
-            return Err(format!("empty URL in endpoint list {list:?}"));
+            return Err("empty URL in endpoint list".into());
         }
         if !is_valid_url(item) {
             return Err(format!("{item:?} is not a valid URL (expected {URL_FORM})"));

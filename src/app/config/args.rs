@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use super::super::endpoints::Output;
 use super::super::migrate::DEFAULT_LEGACY_PREFIX;
 use crate::etcd::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
-use crate::mirror::{DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE};
+use crate::mirror::DEFAULT_PAGE_SIZE;
 use crate::schema::DEFAULT_ROOT;
 
 /// Mirrors this region's subtree of the endpoint registry into the etcd of
@@ -32,6 +32,11 @@ pub struct Cli {
     /// The flags of a plain run (not used when there is a subcommand).
     #[command(flatten)]
     pub run: RunArgs,
+    /// Validate the settings (file, flags, environment; TLS and password
+    /// files readable) exactly as a run would, print a summary and exit 0,
+    /// or the error and exit 2. Connects to nothing.
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 impl Cli {
@@ -47,6 +52,8 @@ impl Cli {
 }
 
 /// The subcommands.
+// Parsed once at start-up: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Compare this region's subtree in the local etcd with each peer's copy
@@ -74,14 +81,14 @@ pub struct CheckArgs {
 #[derive(Clone, Debug, Args)]
 pub struct LocalEtcdArgs {
     /// This region's etcd: comma-separated member URLs.
+    /// [default: http://127.0.0.1:2379]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_LOCAL_ETCD",
         value_name = "URL[,URL...]",
-        default_value = "http://127.0.0.1:2379",
         help_heading = "Local etcd"
     )]
-    pub local_etcd: String,
+    pub local_etcd: Option<String>,
 
     /// CA bundle (PEM) for the local etcd's https:// endpoints.
     #[arg(
@@ -324,13 +331,24 @@ impl fmt::Debug for Secret {
 /// turns them into a [`Config`](super::Config).
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
+    /// A TOML config file: the settings below by their long names in
+    /// snake_case, with a table "local" and one table "peers.<region>" per peer.
+    /// Flags and environment variables override it.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_CONFIG",
+        value_name = "PATH",
+        help_heading = "Regions"
+    )]
+    pub config: Option<String>,
+
     /// This region's name: the replicator mirrors <root><region>/ and
     /// nothing else.
     #[arg(
         long,
         env = "AETHER_REPLICATOR_REGION",
         value_name = "NAME",
-        required = true,
+        required_unless_present = "config",
         help_heading = "Regions"
     )]
     pub region: Option<String>,
@@ -387,14 +405,14 @@ pub struct RunArgs {
     ///
     /// Durations are a number and a unit, units from largest to smallest:
     /// 30s, 500ms, 2m, 1h, 1m30s, 1.5h (units h, m, s, ms, us, ns).
+    /// [default: 30s]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_LEASE_TTL",
         value_name = "DURATION",
-        default_value = "30s",
         help_heading = "Mirror"
     )]
-    pub lease_ttl: String,
+    pub lease_ttl: Option<String>,
 
     /// TTL of the leader-election session in the local etcd: how long a dead
     /// leader blocks a successor. Whole seconds, at most half of --lease-ttl
@@ -409,75 +427,98 @@ pub struct RunArgs {
     pub election_ttl: Option<String>,
 
     /// Most ops in one txn: the peers' etcd --max-txn-ops (at least 2).
+    /// [default: 128, etcd's default]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_MAX_TXN_OPS",
         value_name = "N",
-        default_value_t = DEFAULT_MAX_TXN_OPS,
         help_heading = "Mirror"
     )]
-    pub max_txn_ops: usize,
+    pub max_txn_ops: Option<usize>,
 
     /// Largest txn request: the peers' etcd --max-request-bytes. A number of
     /// bytes, or with a unit: 512KiB, 1.5MiB (B, KiB, MiB, GiB). At least
     /// 4096.
+    /// [default: 1.5MiB, etcd's default]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_MAX_REQUEST_BYTES",
         value_name = "BYTES",
-        default_value_t = DEFAULT_MAX_REQUEST_BYTES.to_string(),
         help_heading = "Mirror"
     )]
-    pub max_request_bytes: String,
+    pub max_request_bytes: Option<String>,
 
     /// Mirror txns in flight to one peer (at least 1).
+    /// [default: 8]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_MAX_INFLIGHT",
         value_name = "N",
-        default_value_t = DEFAULT_MAX_INFLIGHT_TXNS,
         help_heading = "Mirror"
     )]
-    pub max_inflight: usize,
+    pub max_inflight: Option<usize>,
 
     /// Keys per page when scanning the local etcd and the peers (at least 1).
+    /// [default: 10000]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_PAGE_SIZE",
         value_name = "N",
-        default_value_t = DEFAULT_PAGE_SIZE,
         help_heading = "Mirror"
     )]
-    pub page_size: usize,
+    pub page_size: Option<usize>,
 
     /// The registry root: starts and ends with '/'.
+    /// [default: /aether/v1/regions/]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_ROOT",
         value_name = "PREFIX",
-        default_value = DEFAULT_ROOT,
         help_heading = "Mirror"
     )]
-    pub root: String,
+    pub root: Option<String>,
 
     /// Address to serve metrics on.
+    /// [default: 127.0.0.1:9464]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_METRICS_ADDR",
         value_name = "HOST:PORT",
-        default_value = "127.0.0.1:9464",
         help_heading = "Process"
     )]
-    pub metrics_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
 
     /// Log line format.
+    /// [default: text]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_LOG_FORMAT",
         value_name = "FORMAT",
         value_enum,
-        default_value_t = LogFormat::Text,
         help_heading = "Process"
     )]
-    pub log_format: LogFormat,
+    pub log_format: Option<LogFormat>,
+
+    /// This replica's id in the leader election (shown as the leader).
+    /// Unique per process; Kubernetes sets it from the pod name. [default:
+    /// <hostname or "replica">-<pid>-<random>]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_REPLICA_ID",
+        value_name = "ID",
+        help_heading = "Process"
+    )]
+    pub replica_id: Option<String>,
+
+    /// How often to re-read the TLS and password files, so that rotated
+    /// certificates and passwords are used without a restart; "off" never
+    /// re-reads them.
+    /// [default: 10s]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_RELOAD_INTERVAL",
+        value_name = "DURATION",
+        help_heading = "Process"
+    )]
+    pub reload_interval: Option<String>,
 }

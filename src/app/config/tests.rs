@@ -110,6 +110,11 @@ fn every_flag_has_its_env_var() {
         let mut n = 0;
         for arg in cmd.get_arguments() {
             let Some(long) = arg.get_long() else { continue };
+            // An action, not a setting: asked for on the command line.
+            if long == "check-config" {
+                assert_eq!(arg.get_env(), None);
+                continue;
+            }
             let want = format!(
                 "{ENV_PREFIX}{}",
                 long.to_ascii_uppercase().replace('-', "_")
@@ -121,7 +126,9 @@ fn every_flag_has_its_env_var() {
             );
             n += 1;
         }
-        assert_eq!(n, 20);
+        // The 20 of the flags' first version, plus --config,
+        // --replica-id and --reload-interval.
+        assert_eq!(n, 23);
     }
 }
 
@@ -1071,4 +1078,322 @@ fn subcommand_flags_have_env_vars_except_the_destructive_ones() {
             assert_eq!(env, Some(want.as_str()), "{name} --{long}");
         }
     }
+}
+
+/// A config file in a temp dir, with a password file beside it.
+struct ConfigFile {
+    dir: tempfile::TempDir,
+    path: String,
+}
+
+impl ConfigFile {
+    /// `text` with `{dir}` replaced by the temp dir.
+    fn new(text: &str) -> ConfigFile {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
+        let path = dir.path().join("a.toml");
+        let text = text.replace("{dir}", dir.path().to_str().unwrap());
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap().to_string();
+        ConfigFile { dir, path }
+    }
+
+    fn flag(&self) -> String {
+        format!("--config={}", self.path)
+    }
+
+    fn config(&self, more: &[&str]) -> Result<Config, ConfigError> {
+        let flag = self.flag();
+        let mut args = vec![flag.as_str()];
+        args.extend_from_slice(more);
+        config(&args)
+    }
+}
+
+const FILE: &str = r#"
+region = "a"
+lease_ttl = "60s"
+max_inflight = 3
+page_size = 500
+max_txn_ops = 64
+replica_id = "pod-a-1"
+metrics_addr = "0.0.0.0:9464"
+log_format = "json"
+reload_interval = "2s"
+
+[local]
+endpoints = ["http://l1:2379", "http://l2:2379"]
+username = "replicator"
+password_file = "{dir}/password"
+
+[peers.b]
+endpoints = ["http://b:2379"]
+max_txn_ops = 16
+max_request_bytes = "64KiB"
+
+[peers.c]
+endpoints = ["http://c:2379"]
+username = "mirror"
+password_file = "{dir}/password"
+"#;
+
+#[test]
+fn a_config_file_alone() {
+    let f = ConfigFile::new(FILE);
+    let c = f.config(&[]).unwrap();
+    assert_eq!(c.region, "a");
+    assert_eq!(c.mirror.lease_ttl, Duration::from_secs(60));
+    assert_eq!(c.election_ttl, Duration::from_secs(20));
+    assert_eq!((c.mirror.max_inflight, c.mirror.page_size), (3, 500));
+    assert_eq!(c.mirror.limits.max_ops, 64);
+    assert_eq!(c.replica_id, "pod-a-1");
+    assert_eq!(c.metrics_addr, "0.0.0.0:9464".parse().unwrap());
+    assert_eq!(c.log_format, LogFormat::Json);
+    assert_eq!(c.reload_interval, Some(Duration::from_secs(2)));
+    assert_eq!(c.local.endpoints, ["http://l1:2379", "http://l2:2379"]);
+    let creds = c.local.credentials.as_ref().unwrap();
+    assert_eq!(
+        (creds.user.as_str(), creds.password.as_str()),
+        ("replicator", "s3cret"),
+        "one trailing newline is not part of the password"
+    );
+    let pw = format!("{}/password", f.dir.path().display());
+    assert_eq!(c.local_password_file.as_ref().unwrap().path, pw);
+    let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
+    assert_eq!(regions, ["b", "c"]);
+    assert_eq!(
+        c.peers[1].client.credentials.as_ref().unwrap().user,
+        "mirror"
+    );
+    assert_eq!(c.peer_password_files["c"].user, "mirror");
+    assert!(!c.peer_password_files.contains_key("b"));
+    // b has limits of its own: its ops, and its bytes; c has none.
+    assert_eq!(
+        c.mirror.peer_limits.get("b"),
+        Some(&TxnLimits {
+            max_ops: 16,
+            max_bytes: 65536
+        })
+    );
+    assert_eq!(c.mirror.peer_limits.len(), 1);
+    // Only the file's password file is read: no secret in the args.
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+#[test]
+fn flags_override_the_file() {
+    let f = ConfigFile::new(FILE);
+    let c = f
+        .config(&[
+            "--region=x",
+            "--lease-ttl=90s",
+            "--max-txn-ops=32",
+            "--local-etcd=http://other:2379",
+            "--local-user=root",
+            "--local-password=pw",
+            "--peer-etcd=b=http://b2:2379",
+            "--peer-etcd=d=http://d:2379",
+            "--peer-auth=c=u:p",
+            "--replica-id=flag-id",
+            "--reload-interval=off",
+        ])
+        .unwrap();
+    assert_eq!(c.region, "x");
+    assert_eq!(c.mirror.lease_ttl, Duration::from_secs(90));
+    assert_eq!(c.mirror.limits.max_ops, 32);
+    assert_eq!(c.local.endpoints, ["http://other:2379"]);
+    assert_eq!(c.local.credentials.as_ref().unwrap().user, "root");
+    assert_eq!(c.local_password_file, None);
+    let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
+    assert_eq!(
+        regions,
+        ["b", "c", "d"],
+        "the file's peers, then the flags' own"
+    );
+    assert_eq!(c.peers[0].client.endpoints, ["http://b2:2379"]);
+    assert_eq!(c.peers[1].client.credentials.as_ref().unwrap().user, "u");
+    assert!(!c.peer_password_files.contains_key("c"));
+    assert_eq!(c.peers[2].client.endpoints, ["http://d:2379"]);
+    // The file's per-peer limits stay (the flag sets the global default).
+    assert_eq!(c.mirror.peer_limits["b"].max_ops, 16);
+    assert_eq!(c.replica_id, "flag-id");
+    assert_eq!(c.reload_interval, None);
+    // The file still gives what no flag overrides.
+    assert_eq!(c.mirror.max_inflight, 3);
+}
+
+#[test]
+fn file_peer_tls_and_a_flag_replacing_it() {
+    let pki = pki();
+    let f = ConfigFile::new(&format!(
+        r#"
+region = "a"
+[peers.b]
+endpoints = ["https://b:2379"]
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+server_name = "etcd-b"
+"#,
+        ca = pki.ca,
+        cert = pki.cert,
+        key = pki.key
+    ));
+    let c = f.config(&[]).unwrap();
+    let tls = c.peers[0].client.tls.as_ref().unwrap();
+    assert_eq!(tls.ca_file.as_deref(), Some(pki.ca.as_str()));
+    assert_eq!(tls.key_file.as_deref(), Some(pki.key.as_str()));
+    assert_eq!(tls.server_name.as_deref(), Some("etcd-b"));
+    let peer_tls = format!("--peer-tls=b=ca={}", pki.ca);
+    let c = f.config(&[&peer_tls]).unwrap();
+    let tls = c.peers[0].client.tls.as_ref().unwrap();
+    assert_eq!(
+        (tls.cert_file.as_ref(), tls.server_name.as_ref()),
+        (None, None)
+    );
+}
+
+/// Asserts that the file is refused with a one-line message starting with
+/// `<file>: <want>`.
+#[track_caller]
+fn file_refused(text: &str, args: &[&str], want: &str) {
+    let f = ConfigFile::new(text);
+    let err = f.config(args).expect_err("refused");
+    let msg = err.to_string();
+    let want = format!(
+        "{}: {}",
+        f.path,
+        want.replace("{dir}", f.dir.path().to_str().unwrap())
+    );
+    assert!(msg.starts_with(&want), "got  {msg:?}\nwant {want:?}");
+    assert!(!msg.contains('\n'), "{msg:?}");
+    assert!(!msg.contains("s3cret"), "{msg:?}");
+    assert_eq!(err.flag(), "--config");
+}
+
+#[test]
+fn file_errors_name_the_file_the_table_and_the_key() {
+    let b = "region = 'a'\n[peers.b]\nendpoints = ['http://b:1']\n";
+    for (extra, want) in [
+        (
+            "max_request_bytes = '12QB'\n",
+            "[peers.b] max_request_bytes: invalid byte size \"12QB\": unknown unit",
+        ),
+        (
+            "max_request_bytes = 100\n",
+            "[peers.b] max_request_bytes: invalid byte size \"100\": must be at least 4096",
+        ),
+        (
+            "max_txn_ops = 1\n",
+            "[peers.b] max_txn_ops: invalid txn op limit 1: must be at least 2",
+        ),
+        (
+            "password_file = '/nonexistent/pw'\nusername = 'u'\n",
+            "[peers.b] password_file \"/nonexistent/pw\": No such file",
+        ),
+        (
+            "username = 'u'\n",
+            "[peers.b] username: needs password_file",
+        ),
+        (
+            "password_file = '{dir}/password'\n",
+            "[peers.b] password_file: needs username",
+        ),
+        (
+            "pasword_file = 'x'\n",
+            "[peers.b] pasword_file: unknown key",
+        ),
+        (
+            "ca = '/nonexistent/ca.pem'\n",
+            "[peers.b] ca \"/nonexistent/ca.pem\": ",
+        ),
+    ] {
+        file_refused(&format!("{b}{extra}"), &[], want);
+    }
+    for (text, want) in [
+        (
+            "region = 'a'\nlease_ttl = '0s'\n",
+            "lease_ttl: invalid duration \"0s\": must be greater than zero",
+        ),
+        (
+            "region = 'a/b'\n",
+            "region: invalid region \"a/b\": must not contain '/'",
+        ),
+        ("region = 'a'\nroot = 'x'\n", "root: invalid root \"x\""),
+        (
+            "region = 'a'\nmax_inflight = 0\n",
+            "max_inflight: invalid number 0: must be at least 1",
+        ),
+        (
+            "region = 'a'\nmetrics_addr = 'localhost'\n",
+            "metrics_addr: invalid address \"localhost\"",
+        ),
+        (
+            "region = 'a'\nlog_format = 'xml'\n",
+            "log_format: invalid log format \"xml\"",
+        ),
+        (
+            "region = 'a'\nreplica_id = ''\n",
+            "replica_id: invalid replica id \"\"",
+        ),
+        (
+            "region = 'a'\nreload_interval = 'soon'\n",
+            "reload_interval: invalid duration \"soon\"",
+        ),
+        (
+            "region = 'a'\n[local]\nendpoints = []\n",
+            "[local] endpoints: empty endpoint list",
+        ),
+        (
+            "region = 'a'\n[peers.b]\nendpoints = ['https://b:1']\n",
+            "[peers.b]: an https:// endpoint needs ca",
+        ),
+        (
+            "region = 'a'\n[peers.b]\nca = 'x'\n",
+            "[peers.b]: missing key endpoints",
+        ),
+        (
+            "region = 'a'\n[peers.a]\nendpoints = ['http://x:1']\n",
+            "[peers.a]: peer region is this region",
+        ),
+        (
+            "region = 'a'\n[local]\nendpoints = ['http://x:1']\n[peers.b]\nendpoints = ['http://x:1']\n",
+            "[peers.b] endpoints: endpoint \"http://x:1\" is also in",
+        ),
+    ] {
+        file_refused(text, &[], want);
+    }
+}
+
+#[test]
+fn a_missing_config_file_names_the_flag() {
+    refused(
+        &["--config=/nonexistent/a.toml"],
+        "--config",
+        "--config \"/nonexistent/a.toml\": No such file",
+    );
+}
+
+#[test]
+fn region_may_come_from_the_file_only() {
+    assert!(
+        parse(&[]).is_err(),
+        "without a file, clap still asks for --region"
+    );
+    let f = ConfigFile::new("lease_ttl = '30s'\n");
+    let err = f.config(&[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "--region: required (or region in the config file)"
+    );
+}
+
+#[test]
+fn generated_replica_ids_differ() {
+    let a = config(&["--region=a"]).unwrap().replica_id;
+    let b = config(&["--region=a"]).unwrap().replica_id;
+    assert_ne!(a, b);
+    let pid = format!("-{}-", std::process::id());
+    assert!(a.contains(&pid), "{a}");
 }
