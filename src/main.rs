@@ -25,6 +25,15 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return refused(e),
     };
+    if cli.check_config {
+        // Validated exactly as a run; nothing connected.
+        println!(
+            "config ok: region {}, {} peers",
+            config.region,
+            config.peers.len()
+        );
+        return ExitCode::SUCCESS;
+    }
     init_logging(config.log_format, "info");
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;

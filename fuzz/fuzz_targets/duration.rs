@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use aether_replicator::app::config::{parse_byte_size, parse_duration};
+use aether_replicator::app::parse::{parse_byte_size, parse_duration};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,6 +1,8 @@
 //! The replicator application: what the `aether-replicator` binary runs.
 //!
 //! - [`config`]: the command line, validated into a [`config::Config`].
+//! - [`parse`]: the parsers behind it (durations, byte sizes, URLs, PEM
+//!   files, peer specs).
 //! - [`election`]: leader election among one region's replicas.
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
 //! - [`replicator`]: [`run`], which ties them to the mirror engine.
@@ -19,6 +21,7 @@ pub mod election;
 pub mod endpoints;
 pub mod metrics;
 pub mod migrate;
+pub mod parse;
 pub mod replicator;
 
 pub use replicator::run;

@@ -48,7 +48,13 @@ pub async fn run_with_state(
     let (addr, _server) =
         metrics::serve(config.metrics_addr, state.clone(), cancel.clone()).await?;
     let _ = state.bound.set(addr);
-    tracing::info!(%addr, region = %config.region, peers = config.peers.len(), "replicator started");
+    tracing::info!(
+        %addr,
+        region = %config.region,
+        replica_id = %config.replica_id,
+        peers = config.peers.len(),
+        "replicator started"
+    );
 
     let local = Client::connect(config.local.clone())?;
     let peers: Vec<(String, Client, Arc<PeerStats>)> = config
@@ -65,12 +71,12 @@ pub async fn run_with_state(
     *state.peers.lock().unwrap_or_else(|e| e.into_inner()) =
         peers.iter().map(|(_, _, s)| s.clone()).collect();
 
-    let id = format!(
-        "{}/{}",
-        std::env::var("HOSTNAME").unwrap_or_else(|_| "replica".into()),
-        std::process::id()
+    let election = Election::new(
+        local.clone(),
+        &config.region,
+        config.replica_id.clone(),
+        config.election_ttl,
     );
-    let election = Election::new(local.clone(), &config.region, id, config.election_ttl);
     tokio::pin!(shutdown);
     let mut backoff = Backoff::new(Duration::from_millis(100), MAX_CAMPAIGN_BACKOFF);
     // A deposed engine still keeping the peer leases alive (see

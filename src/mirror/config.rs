@@ -1,5 +1,6 @@
 //! The engine's settings.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::etcd::{ClientConfig, TxnLimits};
@@ -56,6 +57,10 @@ pub struct MirrorConfig {
     pub lease_ttl: Duration,
     /// The peers' txn limits.
     pub limits: TxnLimits,
+    /// Limits of their own for some peers, by region, in place of
+    /// `limits` (a peer whose etcd runs with other `--max-txn-ops` or
+    /// `--max-request-bytes`).
+    pub peer_limits: BTreeMap<String, TxnLimits>,
     /// Mirror txns in flight to one peer.
     pub max_inflight: usize,
     /// Keys per page in the initial sync.
@@ -87,6 +92,7 @@ impl MirrorConfig {
             root: crate::schema::DEFAULT_ROOT.to_string(),
             lease_ttl: DEFAULT_LEASE_TTL,
             limits: TxnLimits::default(),
+            peer_limits: BTreeMap::new(),
             max_inflight: DEFAULT_MAX_INFLIGHT_TXNS,
             page_size: DEFAULT_PAGE_SIZE,
             max_backoff: DEFAULT_MAX_BACKOFF,

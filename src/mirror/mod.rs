@@ -102,11 +102,19 @@ impl Engine {
         let mut all_stats = Vec::new();
         for (region, client, stats) in peers {
             all_stats.push(stats.clone());
+            // A peer with limits of its own gets its own copy of the config.
+            let peer_cfg = match cfg.peer_limits.get(&region) {
+                Some(&limits) => Arc::new(MirrorConfig {
+                    limits,
+                    ..MirrorConfig::clone(&cfg)
+                }),
+                None => cfg.clone(),
+            };
             let peer = peer::Peer::new(
                 region.clone(),
                 local.clone(),
                 client,
-                cfg.clone(),
+                peer_cfg,
                 stats,
                 holder,
                 (cancel.child_token(), pause.clone()),
@@ -232,7 +240,7 @@ fn validate<'a>(cfg: &MirrorConfig, peers: impl Iterator<Item = &'a str>) -> Res
             cfg.lease_ttl
         ));
     }
-    if cfg.limits.max_ops < 2 {
+    if cfg.limits.max_ops < 2 || cfg.peer_limits.values().any(|l| l.max_ops < 2) {
         return bad("max txn ops must be at least 2".into());
     }
     if !cfg.state_root.starts_with('/') || !cfg.state_root.ends_with('/') {

@@ -48,12 +48,18 @@ pub struct Replicator {
 impl Replicator {
     /// Starts the binary with `args` plus `--metrics-addr`.
     pub fn spawn(args: &[String]) -> Replicator {
+        Replicator::spawn_with_env(args, &[])
+    }
+
+    /// [`Replicator::spawn`] with extra environment variables.
+    pub fn spawn_with_env(args: &[String], env: &[(&str, &str)]) -> Replicator {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("replicator.log");
         let metrics = free_addr();
         let child = Command::new(binary())
             .args(args)
             .arg(format!("--metrics-addr={metrics}"))
+            .envs(env.iter().copied())
             .env("AETHER_REPLICATOR_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

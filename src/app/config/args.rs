@@ -1,0 +1,524 @@
+//! The argument definitions: every flag once, shared through
+//! `#[command(flatten)]`.
+
+// The doc comments below are the --help text, so their <placeholders> are
+// meant literally, not as HTML.
+#![allow(rustdoc::invalid_html_tags)]
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::super::endpoints::Output;
+use super::super::migrate::DEFAULT_LEGACY_PREFIX;
+use crate::etcd::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
+use crate::mirror::DEFAULT_PAGE_SIZE;
+use crate::schema::DEFAULT_ROOT;
+
+/// Mirrors this region's subtree of the endpoint registry into the etcd of
+/// every peer region.
+#[derive(Debug, Parser)]
+#[command(
+    name = "aether-replicator",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    /// What to do; none runs the replicator with the top-level flags.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The flags of a plain run (not used when there is a subcommand).
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Validate the settings (file, flags, environment; TLS and password
+    /// files readable) exactly as a run would, print a summary and exit 0,
+    /// or the error and exit 2. Connects to nothing.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+impl Cli {
+    /// The flags in effect: the subcommand's, or the top-level ones.
+    /// `endpoints` and `migrate` have their own flags; for them this is the
+    /// (unset) top-level ones.
+    pub fn run_args(&self) -> &RunArgs {
+        match &self.command {
+            Some(Command::Check(check)) => &check.run,
+            Some(Command::Endpoints(_) | Command::Migrate(_)) | None => &self.run,
+        }
+    }
+}
+
+/// The subcommands.
+// Parsed once at start-up: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Compare this region's subtree in the local etcd with each peer's copy
+    /// once, report the differences and exit.
+    Check(CheckArgs),
+    /// Print the merged endpoint registry as this region's consumers see
+    /// it: its own endpoints and those mirrored in from other regions,
+    /// ranked by locality. With --watch, keep printing changes.
+    Endpoints(EndpointsArgs),
+    /// Move the legacy flat layout (PREFIX SERVICE/protocols/PROTO/endpoints/IP)
+    /// to the v1 keys. A dry run unless --apply or --delete-legacy.
+    Migrate(MigrateArgs),
+}
+
+/// The flags of `check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The connection and mirror flags, as for a run.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// The local etcd's connection flags, as a run takes them, for the
+/// subcommands that talk to the local etcd only.
+#[derive(Clone, Debug, Args)]
+pub struct LocalEtcdArgs {
+    /// This region's etcd: comma-separated member URLs.
+    /// [default: http://127.0.0.1:2379]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_ETCD",
+        value_name = "URL[,URL...]",
+        help_heading = "Local etcd"
+    )]
+    pub local_etcd: Option<String>,
+
+    /// CA bundle (PEM) for the local etcd's https:// endpoints.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_CA",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_ca: Option<String>,
+
+    /// Client certificate (PEM) for mutual TLS with the local etcd; needs
+    /// --local-key.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_CERT",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_cert: Option<String>,
+
+    /// Private key (PEM) of --local-cert.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_KEY",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_key: Option<String>,
+
+    /// Name to verify the local etcd's certificate against, instead of the
+    /// host in the URL.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_SERVER_NAME",
+        value_name = "NAME",
+        help_heading = "Local etcd"
+    )]
+    pub local_server_name: Option<String>,
+
+    /// etcd user for the local etcd; needs --local-password.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_USER",
+        value_name = "USER",
+        help_heading = "Local etcd"
+    )]
+    pub local_user: Option<String>,
+
+    /// Password of --local-user. Prefer the environment variable: a command
+    /// line is visible to every local user.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD",
+        help_heading = "Local etcd"
+    )]
+    pub local_password: Option<Secret>,
+}
+
+/// The flags of `endpoints`.
+#[derive(Clone, Debug, Args)]
+pub struct EndpointsArgs {
+    /// The local etcd.
+    #[command(flatten)]
+    pub local: LocalEtcdArgs,
+
+    /// The viewer's region: its endpoints rank before other regions'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_REGION",
+        value_name = "NAME",
+        required = true
+    )]
+    pub region: Option<String>,
+
+    /// The viewer's zone: endpoints of this region in it rank first
+    /// (priority 0).
+    #[arg(long, env = "AETHER_REPLICATOR_ZONE", value_name = "NAME")]
+    pub zone: Option<String>,
+
+    /// Only this service.
+    #[arg(long, env = "AETHER_REPLICATOR_SERVICE", value_name = "NAME")]
+    pub service: Option<String>,
+
+    /// Keep printing changes, one line each, until SIGINT or SIGTERM.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_WATCH",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub watch: bool,
+
+    /// Output format: an aligned table, or JSON (JSON lines with --watch).
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_OUTPUT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t = Output::Table
+    )]
+    pub output: Output,
+
+    /// The registry root: starts and ends with '/'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ROOT",
+        value_name = "PREFIX",
+        default_value = DEFAULT_ROOT
+    )]
+    pub root: String,
+
+    /// Keys per page when reading the registry (at least 1).
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PAGE_SIZE",
+        value_name = "N",
+        default_value_t = DEFAULT_PAGE_SIZE
+    )]
+    pub page_size: usize,
+}
+
+/// The flags of `migrate`.
+///
+/// `--apply` and `--delete-legacy` have no environment variable: what
+/// writes or deletes is asked for on the command line.
+#[derive(Clone, Debug, Args)]
+pub struct MigrateArgs {
+    /// The local etcd.
+    #[command(flatten)]
+    pub local: LocalEtcdArgs,
+
+    /// Region of the endpoints whose value has no `region` field.
+    #[arg(long, env = "AETHER_REPLICATOR_REGION", value_name = "NAME")]
+    pub region: Option<String>,
+
+    /// Cluster of the endpoints whose value has no `clusterName` field.
+    #[arg(long, env = "AETHER_REPLICATOR_CLUSTER", value_name = "NAME")]
+    pub cluster: Option<String>,
+
+    /// Prefix of the legacy layout: keys are PREFIX followed by
+    /// SERVICE/protocols/PROTO/endpoints/IP.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LEGACY_PREFIX",
+        value_name = "PREFIX",
+        default_value = DEFAULT_LEGACY_PREFIX
+    )]
+    pub legacy_prefix: String,
+
+    /// The registry root: starts and ends with '/'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ROOT",
+        value_name = "PREFIX",
+        default_value = DEFAULT_ROOT
+    )]
+    pub root: String,
+
+    /// Write the v1 keys that do not exist yet. Without it, only report.
+    #[arg(long)]
+    pub apply: bool,
+
+    /// Delete the legacy prefix, only if every legacy key has a v1 key with
+    /// an equal value (after --apply, if given); otherwise refuse and exit 1.
+    #[arg(long)]
+    pub delete_legacy: bool,
+
+    /// Most ops in one txn: the etcd's --max-txn-ops (at least 2). Each key
+    /// costs a put and a compare; at most 64 keys go in one txn.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_TXN_OPS",
+        value_name = "N",
+        default_value_t = DEFAULT_MAX_TXN_OPS
+    )]
+    pub max_txn_ops: usize,
+
+    /// Largest txn request: the etcd's --max-request-bytes, e.g. 1.5MiB.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_REQUEST_BYTES",
+        value_name = "BYTES",
+        default_value_t = DEFAULT_MAX_REQUEST_BYTES.to_string()
+    )]
+    pub max_request_bytes: String,
+
+    /// Keys per page when reading (at least 1).
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PAGE_SIZE",
+        value_name = "N",
+        default_value_t = DEFAULT_PAGE_SIZE
+    )]
+    pub page_size: usize,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A password: never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret text.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The flags shared by a run and by `check`, as given. [`RunArgs::validate`]
+/// turns them into a [`Config`](super::Config).
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// A TOML config file: the settings below by their long names in
+    /// snake_case, with a table "local" and one table "peers.<region>" per peer.
+    /// Flags and environment variables override it.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_CONFIG",
+        value_name = "PATH",
+        help_heading = "Regions"
+    )]
+    pub config: Option<String>,
+
+    /// This region's name: the replicator mirrors <root><region>/ and
+    /// nothing else.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_REGION",
+        value_name = "NAME",
+        required_unless_present = "config",
+        help_heading = "Regions"
+    )]
+    pub region: Option<String>,
+
+    /// The local etcd: `--local-etcd` and its TLS and auth flags.
+    #[command(flatten)]
+    pub local: LocalEtcdArgs,
+
+    /// A peer region and its etcd's member URLs. Repeat for each peer.
+    ///
+    /// One value may also hold several peers separated by ';', which is how
+    /// the environment variable gives more than one.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PEER_ETCD",
+        value_name = "REGION=URL[,URL...]",
+        value_delimiter = ';',
+        help_heading = "Regions"
+    )]
+    pub peer_etcd: Vec<String>,
+
+    /// TLS for one peer's etcd: any of ca=<path>, cert=<path>, key=<path>,
+    /// server-name=<name>, comma-separated. Once per peer.
+    ///
+    /// cert and key go together. An https:// peer endpoint needs ca (there
+    /// are no system roots). Paths cannot contain ',' or ';'. Several peers
+    /// may be given in one value separated by ';'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PEER_TLS",
+        value_name = "REGION=ca=PATH,cert=PATH,key=PATH,server-name=NAME",
+        value_delimiter = ';',
+        help_heading = "Peer etcd TLS and auth"
+    )]
+    pub peer_tls: Vec<String>,
+
+    /// etcd user and password for one peer's etcd. Once per peer.
+    ///
+    /// The password is everything after the first ':' and cannot contain
+    /// ';', which separates several peers in one value. Prefer the
+    /// environment variable: a command line is visible to every local user.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PEER_AUTH",
+        hide_env_values = true,
+        value_name = "REGION=USER:PASSWORD",
+        value_delimiter = ';',
+        help_heading = "Peer etcd TLS and auth"
+    )]
+    pub peer_auth: Vec<Secret>,
+
+    /// TTL of the lease under which each peer holds this region's copy: if
+    /// the replicator is gone that long, the copy disappears. Whole seconds.
+    ///
+    /// Durations are a number and a unit, units from largest to smallest:
+    /// 30s, 500ms, 2m, 1h, 1m30s, 1.5h (units h, m, s, ms, us, ns).
+    /// [default: 30s]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LEASE_TTL",
+        value_name = "DURATION",
+        help_heading = "Mirror"
+    )]
+    pub lease_ttl: Option<String>,
+
+    /// TTL of the leader-election session in the local etcd: how long a dead
+    /// leader blocks a successor. Whole seconds, at most half of --lease-ttl
+    /// so a successor takes over before the peers' copies expire. [default:
+    /// a third of --lease-ttl, rounded up]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ELECTION_TTL",
+        value_name = "DURATION",
+        help_heading = "Mirror"
+    )]
+    pub election_ttl: Option<String>,
+
+    /// Most ops in one txn: the peers' etcd --max-txn-ops (at least 2).
+    /// [default: 128, etcd's default]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_TXN_OPS",
+        value_name = "N",
+        help_heading = "Mirror"
+    )]
+    pub max_txn_ops: Option<usize>,
+
+    /// Largest txn request: the peers' etcd --max-request-bytes. A number of
+    /// bytes, or with a unit: 512KiB, 1.5MiB (B, KiB, MiB, GiB). At least
+    /// 4096.
+    /// [default: 1.5MiB, etcd's default]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_REQUEST_BYTES",
+        value_name = "BYTES",
+        help_heading = "Mirror"
+    )]
+    pub max_request_bytes: Option<String>,
+
+    /// Mirror txns in flight to one peer (at least 1).
+    /// [default: 8]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_INFLIGHT",
+        value_name = "N",
+        help_heading = "Mirror"
+    )]
+    pub max_inflight: Option<usize>,
+
+    /// Keys per page when scanning the local etcd and the peers (at least 1).
+    /// [default: 10000]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PAGE_SIZE",
+        value_name = "N",
+        help_heading = "Mirror"
+    )]
+    pub page_size: Option<usize>,
+
+    /// The registry root: starts and ends with '/'.
+    /// [default: /aether/v1/regions/]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ROOT",
+        value_name = "PREFIX",
+        help_heading = "Mirror"
+    )]
+    pub root: Option<String>,
+
+    /// Address to serve metrics on.
+    /// [default: 127.0.0.1:9464]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_METRICS_ADDR",
+        value_name = "HOST:PORT",
+        help_heading = "Process"
+    )]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Log line format.
+    /// [default: text]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOG_FORMAT",
+        value_name = "FORMAT",
+        value_enum,
+        help_heading = "Process"
+    )]
+    pub log_format: Option<LogFormat>,
+
+    /// This replica's id in the leader election (shown as the leader).
+    /// Unique per process; Kubernetes sets it from the pod name. [default:
+    /// <hostname or "replica">-<pid>-<random>]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_REPLICA_ID",
+        value_name = "ID",
+        help_heading = "Process"
+    )]
+    pub replica_id: Option<String>,
+
+    /// How often to re-read the TLS and password files, so that rotated
+    /// certificates and passwords are used without a restart; "off" never
+    /// re-reads them.
+    /// [default: 10s]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_RELOAD_INTERVAL",
+        value_name = "DURATION",
+        help_heading = "Process"
+    )]
+    pub reload_interval: Option<String>,
+}

@@ -1,0 +1,134 @@
+//! The replicator's command line, and its validation into a [`Config`].
+//!
+//! ```text
+//! aether-replicator [FLAGS]            run the replicator
+//! aether-replicator check [FLAGS]      compare once and exit
+//! aether-replicator endpoints [FLAGS]  print (or --watch) the merged registry
+//! aether-replicator migrate [FLAGS]    move the legacy flat layout to v1 keys
+//! ```
+//!
+//! `endpoints` ([`EndpointsArgs`]) and `migrate` ([`MigrateArgs`]) talk to
+//! the local etcd only and take its flags as a run does ([`LocalEtcdArgs`]).
+//! A run and `check` take the same flags ([`RunArgs`]), which go after the
+//! subcommand:
+//!
+//! - `--region <name>` (required): the region this replicator mirrors.
+//! - `--local-etcd <url>[,<url>...]`: this region's etcd, with
+//!   `--local-ca`, `--local-cert`, `--local-key`, `--local-server-name`,
+//!   `--local-user` and `--local-password` for its TLS and auth.
+//! - `--peer-etcd <region>=<url>[,<url>...]`, once per peer region, with
+//!   per peer `--peer-tls <region>=ca=<path>,cert=<path>,key=<path>,server-name=<name>`
+//!   (any subset) and `--peer-auth <region>=<user>:<password>`.
+//! - Mirror tuning: `--lease-ttl`, `--election-ttl`, `--max-txn-ops`,
+//!   `--max-request-bytes`, `--max-inflight`, `--page-size`, `--root`.
+//! - Process: `--metrics-addr`, `--log-format`, `--replica-id`,
+//!   `--reload-interval`.
+//! - `--config <path>`: a TOML file holding any of the above (see below).
+//! - `--check-config` (before any subcommand): validate exactly as a run
+//!   would, print `config ok: region <r>, <n> peers` and exit 0, or the
+//!   one-line error and exit 2, connecting to nothing.
+//!
+//! # The config file
+//!
+//! `--config PATH` (or `AETHER_REPLICATOR_CONFIG`) names a TOML file whose
+//! keys are the long flag names in snake_case, with a `[local]` table and
+//! one `[peers.<region>]` table per peer:
+//!
+//! ```toml
+//! region = "a"
+//! lease_ttl = "30s"
+//! replica_id = "aether-replicator-a-5d9c7-x2x9q"
+//! [local]
+//! endpoints = ["http://etcd-a.aether.svc:2379"]
+//! [peers.b]
+//! endpoints = ["https://etcd-b.example:2379"]
+//! ca = "/etc/aether/peers/b/ca.crt"
+//! cert = "/etc/aether/peers/b/tls.crt"
+//! key = "/etc/aether/peers/b/tls.key"
+//! server_name = "etcd-b.example"
+//! username = "replicator"
+//! password_file = "/etc/aether/peers/b/password"
+//! max_txn_ops = 128                # this peer's own limits (optional)
+//! max_request_bytes = "1536KiB"
+//! ```
+//!
+//! - Flags and environment variables win over the file, the file over the
+//!   defaults. A peer may come from the file, from `--peer-etcd`, or both:
+//!   then `--peer-etcd` replaces its `endpoints`, `--peer-tls` its `ca`,
+//!   `cert`, `key` and `server_name` together, and `--peer-auth` its
+//!   `username` and `password_file`. Likewise for `[local]`: any of the
+//!   `--local-{ca,cert,key,server-name}` flags replace the table's TLS keys
+//!   together, `--local-user`/`--local-password` its credentials. A group
+//!   is replaced whole so that a flag never pairs with half of the file's
+//!   settings (a certificate from one, its key from the other).
+//! - Secrets come from files only: `password_file` is read at validation
+//!   (less one trailing newline), and re-read while running (see
+//!   `app::reload`). The file itself holds no secret.
+//! - Unknown keys are refused, and every error names the file, the table
+//!   and the key: `/etc/a.toml: [peers.b] max_request_bytes: invalid byte
+//!   size "12QB": ...`.
+//! - A peer table's `max_txn_ops`/`max_request_bytes` override the global
+//!   ones for that peer only (`MirrorConfig::peer_limits`); the one it
+//!   leaves out is the global value.
+//!
+//! # The replica id
+//!
+//! `--replica-id` (Kubernetes sets `AETHER_REPLICATOR_REPLICA_ID` from the
+//! pod name) is this process's value in the leader election. Without one,
+//! the id is `<$HOSTNAME or "replica">-<pid>-<32 random bits in hex>`:
+//! containers without a host name all have pid 1, and must still not
+//! share an id. The bits come from /dev/urandom, or std's randomly seeded
+//! hasher where that cannot be read.
+//!
+//! TLS and auth are per peer because regions are separate trust domains:
+//! each region's etcd has its own CA, its own client certificates and its own
+//! users, and one region's credentials must not be offered to another.
+//! The client has no system roots, so an `https://` endpoint needs a CA.
+//!
+//! Every flag can also be set from the environment as
+//! `AETHER_REPLICATOR_<FLAG>`, the long name in upper snake case
+//! (`--peer-etcd` is `AETHER_REPLICATOR_PEER_ETCD`). A flag on the command
+//! line wins over its variable. The repeatable flags (`--peer-etcd`,
+//! `--peer-tls`, `--peer-auth`) split a value on `;`, so one variable can
+//! hold several peers: `AETHER_REPLICATOR_PEER_ETCD='b=http://b:2379;c=http://c:2379'`.
+//! Passwords are best given through the environment
+//! (`AETHER_REPLICATOR_LOCAL_PASSWORD`, `AETHER_REPLICATOR_PEER_AUTH`),
+//! which `--help` does not print.
+//!
+//! clap checks the syntax (a missing `--region`, a number that is not one);
+//! [`RunArgs::validate`] checks everything else and names the flag at fault
+//! in a one-line [`ConfigError`].
+//!
+//! The module is split by concern: `args` defines the flags (clap),
+//! `file` the config file, `validate` turns both into the settings the
+//! program runs with, and
+//! the general-purpose parsers they use (durations, byte sizes, URLs, PEM
+//! files, peer specs) live in [`crate::app::parse`].
+
+mod args;
+mod file;
+mod validate;
+
+pub use args::{
+    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs, Secret,
+};
+pub use validate::{
+    Config, ConfigError, DEFAULT_LOCAL_ETCD, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL,
+    EndpointsConfig, MigrateConfig, PasswordFile,
+};
+
+use crate::etcd::DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
+
+/// Prefix of every flag's environment variable.
+pub const ENV_PREFIX: &str = "AETHER_REPLICATOR_";
+/// Smallest `--max-txn-ops`.
+pub const MIN_MAX_TXN_OPS: usize = 2;
+/// Smallest `--max-request-bytes`.
+pub const MIN_MAX_REQUEST_BYTES: usize = 4096;
+/// Largest `--max-request-bytes`: the client's largest outgoing message.
+pub const MAX_MAX_REQUEST_BYTES: usize = DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
+/// Largest lease TTL etcd grants, in seconds (etcd's `MaxLeaseTTL`).
+pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
+
+#[cfg(test)]
+mod tests;

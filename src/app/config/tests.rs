@@ -1,0 +1,1399 @@
+//! The command line's tests: clap's definitions, and validation's
+//! refusals and results. The parsers' own tests are in `app::parse`.
+
+use clap::CommandFactory;
+use clap::error::ErrorKind;
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+use crate::app::endpoints::Output;
+use crate::app::migrate::MigrateOptions;
+use crate::etcd::{ClientConfig, Credentials, TlsConfig, TxnLimits};
+use crate::mirror::{DEFAULT_LEASE_TTL, MirrorConfig};
+use crate::schema::DEFAULT_ROOT;
+
+fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("aether-replicator").chain(args.iter().copied()))
+}
+
+fn config(args: &[&str]) -> Result<Config, ConfigError> {
+    parse(args)
+        .expect("clap accepts the args")
+        .run_args()
+        .validate()
+}
+
+/// Asserts that validation refuses `args` with a one-line message that
+/// starts with `flag` and contains `needle`.
+#[track_caller]
+fn refused(args: &[&str], flag: &str, needle: &str) -> String {
+    let err = config(args).expect_err("validation refuses the args");
+    let msg = err.to_string();
+    assert_eq!(err.flag(), flag, "{msg}");
+    assert!(
+        msg.starts_with(flag),
+        "{msg:?} does not start with {flag:?}"
+    );
+    assert!(msg.contains(needle), "{msg:?} does not contain {needle:?}");
+    assert!(!msg.contains('\n'), "{msg:?} is not one line");
+    msg
+}
+
+/// PEM-shaped files for the TLS flags (validation reads only the
+/// framing; the handshake tests use real certificates).
+struct Pki {
+    _dir: tempfile::TempDir,
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+fn pki() -> Pki {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, kind: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!("-----BEGIN {kind}-----\nAA==\n-----END {kind}-----\n"),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    Pki {
+        ca: file("ca.pem", "CERTIFICATE"),
+        cert: file("cert.pem", "CERTIFICATE"),
+        key: file("key.pem", "PRIVATE KEY"),
+        _dir: dir,
+    }
+}
+
+#[test]
+fn tls_files_that_are_not_pem() {
+    let pki = pki();
+    let local_ca = format!("--local-ca={}", pki.key);
+    assert_eq!(
+        refused(
+            &["--region=a", "--local-etcd=https://x:1", &local_ca],
+            "--local-ca",
+            "no PEM",
+        ),
+        format!(
+            "--local-ca {:?}: no PEM \"-----BEGIN ...CERTIFICATE-----\" block",
+            pki.key
+        )
+    );
+    let peer_tls = format!("b=ca={},cert={},key={}", pki.ca, pki.cert, pki.cert);
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=https://b:1",
+            &format!("--peer-tls={peer_tls}"),
+        ],
+        "--peer-tls",
+        "PRIVATE KEY",
+    );
+}
+
+#[test]
+fn clap_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn every_flag_has_its_env_var() {
+    let cli = Cli::command();
+    let check = cli.find_subcommand("check").unwrap().clone();
+    for cmd in [&cli, &check] {
+        let mut n = 0;
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            // An action, not a setting: asked for on the command line.
+            if long == "check-config" {
+                assert_eq!(arg.get_env(), None);
+                continue;
+            }
+            let want = format!(
+                "{ENV_PREFIX}{}",
+                long.to_ascii_uppercase().replace('-', "_")
+            );
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(want.as_str()),
+                "--{long}"
+            );
+            n += 1;
+        }
+        // The 20 of the flags' first version, plus --config,
+        // --replica-id and --reload-interval.
+        assert_eq!(n, 23);
+    }
+}
+
+#[test]
+fn defaults() {
+    let c = config(&["--region", "a"]).unwrap();
+    assert_eq!(c.region, "a");
+    assert_eq!(c.local, ClientConfig::new(["http://127.0.0.1:2379"]));
+    assert!(c.peers.is_empty());
+    let mirror = MirrorConfig {
+        lease_ttl: DEFAULT_LEASE_TTL,
+        ..MirrorConfig::new("a")
+    };
+    assert_eq!(c.mirror, mirror);
+    assert_eq!(c.mirror.limits, TxnLimits::default());
+    assert_eq!(c.mirror.root, DEFAULT_ROOT);
+    assert_eq!(c.election_ttl, Duration::from_secs(10));
+    assert_eq!(c.metrics_addr, "127.0.0.1:9464".parse().unwrap());
+    assert_eq!(c.log_format, LogFormat::Text);
+}
+
+#[test]
+fn everything_set() {
+    let pki = pki();
+    let local_cert = format!("--local-cert={}", pki.cert);
+    let local_key = format!("--local-key={}", pki.key);
+    let local_ca = format!("--local-ca={}", pki.ca);
+    let peer_tls = format!(
+        "b=ca={},cert={},key={},server-name=etcd.b",
+        pki.ca, pki.cert, pki.key
+    );
+    let c = config(&[
+        "--region=a",
+        "--local-etcd=https://l1:2379, https://l2:2379",
+        &local_ca,
+        &local_cert,
+        &local_key,
+        "--local-server-name=etcd.a",
+        "--local-user=root",
+        "--local-password=pw",
+        "--peer-etcd=b=https://b1:2379,https://b2:2379",
+        "--peer-etcd",
+        "c=http://c:2379",
+        "--peer-tls",
+        &peer_tls,
+        "--peer-auth=c=mirror:p:a=ss",
+        "--lease-ttl=1m30s",
+        "--election-ttl=20s",
+        "--max-txn-ops=64",
+        "--max-request-bytes=512KiB",
+        "--max-inflight=3",
+        "--page-size=500",
+        "--root=/tenant/aether/v1/regions/",
+        "--metrics-addr=[::1]:9000",
+        "--log-format=json",
+    ])
+    .unwrap();
+    assert_eq!(c.local.endpoints, ["https://l1:2379", "https://l2:2379"]);
+    let tls = TlsConfig {
+        ca_file: Some(pki.ca.clone()),
+        cert_file: Some(pki.cert.clone()),
+        key_file: Some(pki.key.clone()),
+        server_name: Some("etcd.a".into()),
+    };
+    assert_eq!(c.local.tls, Some(tls.clone()));
+    let root = Credentials {
+        user: "root".into(),
+        password: "pw".into(),
+    };
+    assert_eq!(c.local.credentials, Some(root));
+
+    assert_eq!(c.peers.len(), 2);
+    assert_eq!(c.peers[0].region, "b");
+    assert_eq!(
+        c.peers[0].client.endpoints,
+        ["https://b1:2379", "https://b2:2379"]
+    );
+    let b_tls = TlsConfig {
+        server_name: Some("etcd.b".into()),
+        ..tls
+    };
+    assert_eq!(c.peers[0].client.tls, Some(b_tls));
+    assert_eq!(c.peers[0].client.credentials, None);
+    assert_eq!(c.peers[1].region, "c");
+    assert_eq!(c.peers[1].client.tls, None);
+    let mirror = Credentials {
+        user: "mirror".into(),
+        password: "p:a=ss".into(),
+    };
+    assert_eq!(c.peers[1].client.credentials, Some(mirror));
+
+    assert_eq!(c.mirror.region, "a");
+    assert_eq!(c.mirror.root, "/tenant/aether/v1/regions/");
+    assert_eq!(c.mirror.lease_ttl, Duration::from_secs(90));
+    assert_eq!(c.election_ttl, Duration::from_secs(20));
+    let limits = TxnLimits {
+        max_ops: 64,
+        max_bytes: 512 * 1024,
+    };
+    assert_eq!(c.mirror.limits, limits);
+    assert_eq!(c.mirror.max_inflight, 3);
+    assert_eq!(c.mirror.page_size, 500);
+    assert_eq!(c.metrics_addr, "[::1]:9000".parse().unwrap());
+    assert_eq!(c.log_format, LogFormat::Json);
+}
+
+#[test]
+fn check_subcommand_takes_the_same_flags() {
+    let cli = parse(&["check", "--region", "a", "--peer-etcd", "b=http://b:2379"]).unwrap();
+    assert!(matches!(cli.command, Some(Command::Check(_))));
+    let c = cli.run_args().validate().unwrap();
+    assert_eq!(c.region, "a");
+    assert_eq!(c.peers[0].region, "b");
+
+    let cli = parse(&["--region", "a"]).unwrap();
+    assert!(cli.command.is_none());
+    assert_eq!(cli.run_args().region.as_deref(), Some("a"));
+}
+
+#[test]
+fn clap_errors_exit_with_2() {
+    for args in [
+        &[][..],
+        &["check"],
+        &["--region", "a", "check"],
+        &["--region", "a", "--max-txn-ops", "many"],
+        &["--region", "a", "--log-format", "xml"],
+        &["--region", "a", "--bogus"],
+    ] {
+        let err = parse(args).expect_err("clap refuses");
+        assert_eq!(err.exit_code(), 2, "{args:?}: {err}");
+    }
+    let err = parse(&[]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+    assert!(err.to_string().contains("--region"));
+}
+
+#[test]
+fn bad_metrics_addr_is_a_clap_error() {
+    for addr in ["localhost", "127.0.0.1", "127.0.0.1:http", "1.2.3.4:70000"] {
+        let err = parse(&["--region", "a", "--metrics-addr", addr]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation, "{addr}");
+        assert!(err.to_string().contains("--metrics-addr"), "{err}");
+    }
+}
+
+#[test]
+fn several_peers_in_one_value() {
+    let c = config(&[
+        "--region=a",
+        "--peer-etcd",
+        "b=http://b:2379;c=http://c1:2379,http://c2:2379",
+        "--peer-auth",
+        "b=u:p;c=v:q",
+    ])
+    .unwrap();
+    let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
+    assert_eq!(regions, ["b", "c"]);
+    assert_eq!(
+        c.peers[1].client.endpoints,
+        ["http://c1:2379", "http://c2:2379"]
+    );
+    assert_eq!(c.peers[1].client.credentials.as_ref().unwrap().user, "v");
+}
+
+#[test]
+fn passwords_are_not_in_debug_output() {
+    let cli = parse(&[
+        "--region=a",
+        "--local-user=root",
+        "--local-password=hunter2",
+        "--peer-etcd=b=http://b:2379",
+        "--peer-auth=b=u:swordfish",
+    ])
+    .unwrap();
+    let shown = format!("{cli:?} {:?}", cli.run_args().validate().unwrap());
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(!shown.contains("swordfish"), "{shown}");
+}
+
+#[test]
+fn peer_spec_without_equals() {
+    let msg = refused(
+        &["--region=a", "--peer-etcd=b"],
+        "--peer-etcd",
+        "missing '='",
+    );
+    assert_eq!(
+        msg,
+        "--peer-etcd \"b\": missing '=' (expected <region>=<url>[,<url>...])"
+    );
+}
+
+#[test]
+fn empty_endpoint_lists() {
+    refused(
+        &["--region=a", "--peer-etcd=b="],
+        "--peer-etcd",
+        "--peer-etcd b: empty endpoint list",
+    );
+    refused(
+        &["--region=a", "--peer-etcd=b=,"],
+        "--peer-etcd",
+        "--peer-etcd b: empty endpoint list",
+    );
+    refused(
+        &["--region=a", "--local-etcd="],
+        "--local-etcd",
+        "--local-etcd: empty endpoint list",
+    );
+    refused(
+        &["--region=a", "--local-etcd", " , "],
+        "--local-etcd",
+        "empty endpoint list",
+    );
+    refused(
+        &["--region=a", "--local-etcd=http://x:1,"],
+        "--local-etcd",
+        "empty URL in endpoint list",
+    );
+}
+
+#[test]
+fn urls_that_are_not_endpoints() {
+    let msg = refused(
+        &["--region=a", "--peer-etcd=b=htp:/x"],
+        "--peer-etcd",
+        "not a valid URL",
+    );
+    assert_eq!(
+        msg,
+        "--peer-etcd b: \"htp:/x\" is not a valid URL (expected http://host:port or https://host:port)"
+    );
+    for url in [
+        "127.0.0.1:2379",
+        "ftp://x:21",
+        "http://",
+        "http://:2379",
+        "http://x:0",
+        "http://x:65536",
+        "http://x:port",
+        "http://x:",
+        "http://user:pw@x:2379",
+        "http://x:2379/v3",
+        "http://x:2379?a=b",
+        "http://x:2379#f",
+        "http://x y:2379",
+        "HTTP://x:2379",
+    ] {
+        refused(
+            &["--region=a", "--local-etcd", url],
+            "--local-etcd",
+            "is not a valid URL",
+        );
+    }
+    for url in [
+        "http://x",
+        "http://x:2379/",
+        "https://[fd00::1]:2379",
+        "http://10.0.0.1:2379",
+    ] {
+        let mut args = vec!["--region=a", "--local-etcd", url];
+        let pki = pki();
+        let ca = format!("--local-ca={}", pki.ca);
+        if url.starts_with("https") {
+            args.push(&ca);
+        }
+        config(&args).unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}
+
+#[test]
+fn duplicate_endpoints() {
+    refused(
+        &["--region=a", "--local-etcd=http://x:1,http://X:1/"],
+        "--local-etcd",
+        "duplicate endpoint",
+    );
+    refused(
+        &[
+            "--region=a",
+            "--local-etcd=http://x:1",
+            "--peer-etcd=b=http://x:1",
+        ],
+        "--peer-etcd",
+        "--peer-etcd b: endpoint \"http://x:1\" is also in --local-etcd",
+    );
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=http://x:1",
+            "--peer-etcd=c=http://x:1",
+        ],
+        "--peer-etcd",
+        "is also in --peer-etcd b",
+    );
+}
+
+#[test]
+fn mixed_schemes() {
+    let pki = pki();
+    let ca = format!("--local-ca={}", pki.ca);
+    refused(
+        &["--region=a", "--local-etcd=http://x:1,https://y:1", &ca],
+        "--local-etcd",
+        "mixes http:// and https://",
+    );
+}
+
+#[test]
+fn duplicate_peer_region() {
+    let msg = refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=http://b1:1",
+            "--peer-etcd=b=http://b2:1",
+        ],
+        "--peer-etcd",
+        "duplicate",
+    );
+    assert_eq!(msg, "--peer-etcd: duplicate peer region \"b\"");
+}
+
+#[test]
+fn peer_is_this_region() {
+    let msg = refused(
+        &["--region=a", "--peer-etcd=a=http://x:1"],
+        "--peer-etcd",
+        "this region",
+    );
+    assert_eq!(
+        msg,
+        "--peer-etcd \"a=http://x:1\": peer region is this region (--region a)"
+    );
+}
+
+#[test]
+fn peer_region_with_slash_or_empty() {
+    refused(
+        &["--region=a", "--peer-etcd=b/c=http://x:1"],
+        "--peer-etcd",
+        "contains '/'",
+    );
+    refused(
+        &["--region=a", "--peer-etcd==http://x:1"],
+        "--peer-etcd",
+        "empty peer region",
+    );
+}
+
+#[test]
+fn region_empty_or_with_slash() {
+    assert_eq!(
+        refused(&["--region="], "--region", "must not be empty"),
+        "--region \"\": must not be empty"
+    );
+    refused(&["--region=a/b"], "--region", "must not contain '/'");
+}
+
+#[test]
+fn zero_duration() {
+    assert_eq!(
+        refused(
+            &["--region=a", "--lease-ttl=0s"],
+            "--lease-ttl",
+            "greater than zero"
+        ),
+        "--lease-ttl \"0s\": must be greater than zero"
+    );
+    refused(
+        &["--region=a", "--election-ttl=0ms"],
+        "--election-ttl",
+        "greater than zero",
+    );
+    refused(
+        &["--region=a", "--lease-ttl=0h0m0s"],
+        "--lease-ttl",
+        "greater than zero",
+    );
+}
+
+#[test]
+fn malformed_durations() {
+    for (raw, why) in [
+        ("abc", "not a duration"),
+        ("10", "missing unit"),
+        ("10x", "unknown unit"),
+        ("-5s", "negative"),
+        ("", "empty duration"),
+        ("1.s", "not a duration"),
+        (".5s", "not a duration"),
+        ("1s30m", "largest to smallest"),
+        ("1s1s", "largest to smallest"),
+        ("1m 30s", "unknown unit"),
+        ("99999999999999999999999999999999999999999h", "too large"),
+    ] {
+        let flag = format!("--lease-ttl={raw}");
+        refused(&["--region=a", &flag], "--lease-ttl", why);
+    }
+}
+
+#[test]
+fn ttls_are_whole_seconds() {
+    refused(
+        &["--region=a", "--lease-ttl=1500ms"],
+        "--lease-ttl",
+        "whole number of seconds",
+    );
+    refused(
+        &["--region=a", "--election-ttl=2.5s"],
+        "--election-ttl",
+        "whole number of seconds",
+    );
+    refused(
+        &["--region=a", "--lease-ttl=9000000001s"],
+        "--lease-ttl",
+        "at most",
+    );
+    let c = config(&["--region=a", "--lease-ttl=2500ms", "--election-ttl=1s"]);
+    assert!(c.is_err());
+    let c = config(&["--region=a", "--lease-ttl=1.5m"]).unwrap();
+    assert_eq!(c.mirror.lease_ttl, Duration::from_secs(90));
+}
+
+#[test]
+fn election_ttl_at_most_half_the_lease_ttl() {
+    assert_eq!(
+        refused(
+            &["--region=a", "--lease-ttl=30s", "--election-ttl=16s"],
+            "--election-ttl",
+            "at most half"
+        ),
+        "--election-ttl 16s must be at most half of --lease-ttl 30s, so a successor takes over before the peers' copies can expire"
+    );
+    refused(
+        &["--region=a", "--lease-ttl=30s", "--election-ttl=1m"],
+        "--election-ttl",
+        "must be at most half of --lease-ttl 30s",
+    );
+    let c = config(&["--region=a", "--lease-ttl=30s", "--election-ttl=15s"]).unwrap();
+    assert_eq!(c.election_ttl, Duration::from_secs(15));
+    refused(
+        &["--region=a", "--lease-ttl=1s"],
+        "--election-ttl",
+        "the default",
+    );
+}
+
+#[test]
+fn default_election_ttl_is_a_third_rounded_up() {
+    for (lease, election) in [(30, 10), (31, 11), (2, 1), (3, 1), (4, 2), (90, 30)] {
+        let lease_ttl = format!("--lease-ttl={lease}s");
+        let c = config(&["--region=a", &lease_ttl]).unwrap();
+        assert_eq!(c.election_ttl, Duration::from_secs(election), "{lease}s");
+    }
+}
+
+#[test]
+fn limits() {
+    refused(
+        &["--region=a", "--max-txn-ops=1"],
+        "--max-txn-ops",
+        "at least 2",
+    );
+    refused(
+        &["--region=a", "--max-inflight=0"],
+        "--max-inflight",
+        "at least 1",
+    );
+    refused(
+        &["--region=a", "--page-size=0"],
+        "--page-size",
+        "at least 1",
+    );
+    refused(
+        &["--region=a", "--max-request-bytes=4095"],
+        "--max-request-bytes",
+        "at least 4096",
+    );
+    refused(
+        &["--region=a", "--max-request-bytes=65MiB"],
+        "--max-request-bytes",
+        "at most",
+    );
+    refused(
+        &["--region=a", "--max-request-bytes=1.5MB"],
+        "--max-request-bytes",
+        "ambiguous",
+    );
+    refused(
+        &["--region=a", "--max-request-bytes=1.3KiB"],
+        "--max-request-bytes",
+        "whole number",
+    );
+    refused(
+        &["--region=a", "--max-request-bytes=lots"],
+        "--max-request-bytes",
+        "not a size",
+    );
+    let c = config(&[
+        "--region=a",
+        "--max-txn-ops=2",
+        "--max-request-bytes=1.5 MiB",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.mirror.limits,
+        TxnLimits {
+            max_ops: 2,
+            max_bytes: 1572864
+        }
+    );
+}
+
+#[test]
+fn bad_root() {
+    for (root, why) in [
+        ("aether/", "must start with '/'"),
+        ("/aether", "must end with '/'"),
+        ("/", "at least one segment"),
+        ("/a//b/", "empty segment"),
+    ] {
+        let root_flag = format!("--root={root}");
+        refused(&["--region=a", &root_flag], "--root", why);
+    }
+    refused(&["--region=a", "--root=/aether/v1/"], "--root", "overlaps");
+    refused(
+        &["--region=a", "--root=/aether/v1/replication/x/"],
+        "--root",
+        "overlaps",
+    );
+}
+
+#[test]
+fn cert_without_key() {
+    let pki = pki();
+    let cert = format!("--local-cert={}", pki.cert);
+    let key = format!("--local-key={}", pki.key);
+    let ca = format!("--local-ca={}", pki.ca);
+    let https = "--local-etcd=https://x:1";
+    assert_eq!(
+        refused(
+            &["--region=a", https, &ca, &cert],
+            "--local-cert",
+            "without"
+        ),
+        "--local-cert is given without --local-key"
+    );
+    refused(
+        &["--region=a", https, &ca, &key],
+        "--local-key",
+        "--local-key is given without --local-cert",
+    );
+    let peer_tls = format!("b=ca={},cert={}", pki.ca, pki.cert);
+    assert_eq!(
+        refused(
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                "--peer-tls",
+                &peer_tls
+            ],
+            "--peer-tls",
+            "without"
+        ),
+        "--peer-tls b: cert is given without key"
+    );
+}
+
+#[test]
+fn missing_tls_file() {
+    let pki = pki();
+    let msg = refused(
+        &[
+            "--region=a",
+            "--local-etcd=https://x:1",
+            "--local-ca=/nonexistent/ca.pem",
+        ],
+        "--local-ca",
+        "/nonexistent/ca.pem",
+    );
+    assert!(
+        msg.starts_with("--local-ca \"/nonexistent/ca.pem\": "),
+        "{msg}"
+    );
+    let peer_tls = format!("b=ca={},key=/nonexistent/k.pem,cert={}", pki.ca, pki.cert);
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=https://b:1",
+            "--peer-tls",
+            &peer_tls,
+        ],
+        "--peer-tls",
+        "--peer-tls b: key \"/nonexistent/k.pem\": ",
+    );
+    let dir = format!("--local-ca={}", pki._dir.path().display());
+    refused(
+        &["--region=a", "--local-etcd=https://x:1", &dir],
+        "--local-ca",
+        "not a file",
+    );
+}
+
+#[test]
+fn unknown_peer_tls_field() {
+    let pki = pki();
+    let peer_tls = format!("b=ca={},sni=x", pki.ca);
+    let msg = refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=https://b:1",
+            "--peer-tls",
+            &peer_tls,
+        ],
+        "--peer-tls",
+        "unknown setting \"sni\"",
+    );
+    assert!(
+        msg.contains("expected ca, cert, key or server-name"),
+        "{msg}"
+    );
+    for bad in ["b=ca", "b=", "b", "b=ca=", "b=server-name=x,server-name=y"] {
+        refused(
+            &["--region=a", "--peer-etcd=b=https://b:1", "--peer-tls", bad],
+            "--peer-tls",
+            "",
+        );
+    }
+}
+
+#[test]
+fn peer_tls_for_unknown_region() {
+    let pki = pki();
+    let peer_tls = format!("c=ca={}", pki.ca);
+    assert_eq!(
+        refused(
+            &[
+                "--region=a",
+                "--peer-etcd=b=https://b:1",
+                "--peer-tls",
+                &peer_tls
+            ],
+            "--peer-tls",
+            "no --peer-etcd"
+        ),
+        "--peer-tls c: there is no --peer-etcd for region \"c\""
+    );
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=http://b:1",
+            "--peer-auth=c=u:p",
+        ],
+        "--peer-auth",
+        "no --peer-etcd for region \"c\"",
+    );
+}
+
+#[test]
+fn duplicate_peer_tls() {
+    let pki = pki();
+    let peer_tls = format!("b=ca={}", pki.ca);
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=https://b:1",
+            "--peer-tls",
+            &peer_tls,
+            "--peer-tls",
+            &peer_tls,
+        ],
+        "--peer-tls",
+        "duplicate entry for peer region \"b\"",
+    );
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=http://b:1",
+            "--peer-auth=b=u:p",
+            "--peer-auth=b=v:q",
+        ],
+        "--peer-auth",
+        "duplicate entry",
+    );
+}
+
+#[test]
+fn https_needs_a_ca() {
+    assert_eq!(
+        refused(
+            &["--region=a", "--peer-etcd=b=https://b:1"],
+            "--peer-etcd",
+            "needs"
+        ),
+        "--peer-etcd b: https endpoint needs --peer-tls b=ca=..."
+    );
+    refused(
+        &["--region=a", "--local-etcd=https://x:1"],
+        "--local-etcd",
+        "needs --local-ca",
+    );
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=https://b:1",
+            "--peer-tls=b=server-name=x",
+        ],
+        "--peer-etcd",
+        "needs --peer-tls b=ca=",
+    );
+}
+
+#[test]
+fn tls_for_plain_http_is_refused() {
+    let pki = pki();
+    let ca = format!("--local-ca={}", pki.ca);
+    refused(
+        &["--region=a", &ca],
+        "--local-etcd",
+        "no endpoint is https://",
+    );
+    let peer_tls = format!("b=ca={}", pki.ca);
+    refused(
+        &[
+            "--region=a",
+            "--peer-etcd=b=http://b:1",
+            "--peer-tls",
+            &peer_tls,
+        ],
+        "--peer-tls",
+        "no --peer-etcd b endpoint is https://",
+    );
+}
+
+#[test]
+fn auth_errors() {
+    refused(
+        &["--region=a", "--local-user=root"],
+        "--local-user",
+        "needs --local-password",
+    );
+    refused(
+        &["--region=a", "--local-password=x"],
+        "--local-password",
+        "needs --local-user",
+    );
+    refused(
+        &["--region=a", "--local-user=", "--local-password=x"],
+        "--local-user",
+        "empty",
+    );
+    let peer = "--peer-etcd=b=http://b:1";
+    for (auth, why) in [
+        ("b=user", "missing ':'"),
+        ("b=:pw", "empty user"),
+        ("b=user:", "empty password"),
+        ("user:pw", "has no '='"),
+        ("user:p=w", "does not start with a --peer-etcd region"),
+    ] {
+        let flag = format!("--peer-auth={auth}");
+        let msg = refused(&["--region=a", peer, &flag], "--peer-auth", why);
+        assert!(!msg.contains("pw") && !msg.contains("p=w"), "{msg}");
+    }
+}
+
+fn endpoints_config(args: &[&str]) -> Result<EndpointsConfig, ConfigError> {
+    let mut argv = vec!["endpoints"];
+    argv.extend_from_slice(args);
+    match parse(&argv).expect("clap accepts the args").command {
+        Some(Command::Endpoints(a)) => a.validate(),
+        other => panic!("not endpoints: {other:?}"),
+    }
+}
+
+fn migrate_config(args: &[&str]) -> Result<MigrateConfig, ConfigError> {
+    let mut argv = vec!["migrate"];
+    argv.extend_from_slice(args);
+    match parse(&argv).expect("clap accepts the args").command {
+        Some(Command::Migrate(a)) => a.validate(),
+        other => panic!("not migrate: {other:?}"),
+    }
+}
+
+#[track_caller]
+fn refused_by(err: ConfigError, flag: &str, needle: &str) -> String {
+    let msg = err.to_string();
+    assert_eq!(err.flag(), flag, "{msg}");
+    assert!(msg.starts_with(flag), "{msg:?}");
+    assert!(msg.contains(needle), "{msg:?} does not contain {needle:?}");
+    assert!(!msg.contains('\n'), "{msg:?} is not one line");
+    msg
+}
+
+#[test]
+fn endpoints_flags() {
+    let c = endpoints_config(&[
+        "--region=b",
+        "--zone=b-1",
+        "--service=checkout",
+        "--watch",
+        "--output=json",
+        "--root=/t/aether/v1/regions/",
+        "--local-etcd=http://e1:2379,http://e2:2379",
+        "--page-size=7",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.local,
+        ClientConfig::new(["http://e1:2379", "http://e2:2379"])
+    );
+    let o = c.options;
+    assert_eq!(o.view.region, "b");
+    assert_eq!(o.view.zone.as_deref(), Some("b-1"));
+    assert_eq!(o.view.schema.root(), "/t/aether/v1/regions/");
+    assert_eq!(o.view.page_size, 7);
+    assert_eq!(o.service.as_deref(), Some("checkout"));
+    assert!(o.watch);
+    assert_eq!(o.output, Output::Json);
+    let d = endpoints_config(&["--region=b"]).unwrap().options;
+    assert_eq!(
+        (d.watch, d.output, d.view.zone),
+        (false, Output::Table, None)
+    );
+    assert!(parse(&["endpoints"]).is_err(), "--region is required");
+}
+
+#[test]
+fn endpoints_refusals() {
+    for (args, flag, needle) in [
+        (&["--region=a/b"][..], "--region", "'/'"),
+        (&["--region="][..], "--region", "empty"),
+        (&["--region=b", "--zone="][..], "--zone", "empty"),
+        (&["--region=b", "--service=a/b"][..], "--service", "'/'"),
+        (&["--region=b", "--root=/x"][..], "--root", "end with"),
+        (
+            &["--region=b", "--page-size=0"][..],
+            "--page-size",
+            "at least 1",
+        ),
+        (
+            &["--region=b", "--local-etcd=ftp://x"][..],
+            "--local-etcd",
+            "not a valid URL",
+        ),
+        (
+            &["--region=b", "--local-etcd=https://x:1"][..],
+            "--local-etcd",
+            "--local-ca",
+        ),
+        (
+            &["--region=b", "--local-user=u"][..],
+            "--local-user",
+            "--local-password",
+        ),
+    ] {
+        refused_by(endpoints_config(args).unwrap_err(), flag, needle);
+    }
+}
+
+#[test]
+fn migrate_flags() {
+    let c = migrate_config(&[
+        "--region=a",
+        "--cluster=c1",
+        "--legacy-prefix=/old/services/",
+        "--apply",
+        "--delete-legacy",
+        "--max-txn-ops=32",
+        "--max-request-bytes=64KiB",
+    ])
+    .unwrap();
+    let o = c.options;
+    assert_eq!(o.region.as_deref(), Some("a"));
+    assert_eq!(o.cluster.as_deref(), Some("c1"));
+    assert_eq!(o.legacy_prefix, "/old/services/");
+    assert!(o.apply && o.delete_legacy);
+    assert_eq!(
+        o.limits,
+        TxnLimits {
+            max_ops: 32,
+            max_bytes: 65536
+        }
+    );
+    let d = migrate_config(&[]).unwrap().options;
+    assert_eq!(d, MigrateOptions::new(None, None), "a dry run by default");
+}
+
+#[test]
+fn migrate_refusals() {
+    for (args, flag, needle) in [
+        (&["--region=a/b"][..], "--region", "'/'"),
+        (&["--cluster="][..], "--cluster", "empty"),
+        (
+            &["--legacy-prefix=aether/"][..],
+            "--legacy-prefix",
+            "start with",
+        ),
+        (
+            &["--legacy-prefix=/aether/"][..],
+            "--legacy-prefix",
+            "overlaps --root",
+        ),
+        (
+            &["--legacy-prefix=/aether/v1/regions/x/"][..],
+            "--legacy-prefix",
+            "overlaps --root",
+        ),
+        (
+            &["--legacy-prefix=/aether/v1/replication/"][..],
+            "--legacy-prefix",
+            "replication state",
+        ),
+        (&["--max-txn-ops=1"][..], "--max-txn-ops", "at least 2"),
+        (
+            &["--max-request-bytes=1MB"][..],
+            "--max-request-bytes",
+            "ambiguous",
+        ),
+        (&["--page-size=0"][..], "--page-size", "at least 1"),
+        (
+            &["--local-password=x"][..],
+            "--local-password",
+            "--local-user",
+        ),
+    ] {
+        refused_by(migrate_config(args).unwrap_err(), flag, needle);
+    }
+}
+
+#[test]
+fn subcommand_flags_have_env_vars_except_the_destructive_ones() {
+    let cli = Cli::command();
+    for name in ["endpoints", "migrate"] {
+        let cmd = cli.find_subcommand(name).unwrap();
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let env = arg.get_env().and_then(|e| e.to_str());
+            if matches!(long, "apply" | "delete-legacy") {
+                assert_eq!(env, None, "--{long}");
+                continue;
+            }
+            let want = format!(
+                "{ENV_PREFIX}{}",
+                long.to_ascii_uppercase().replace('-', "_")
+            );
+            assert_eq!(env, Some(want.as_str()), "{name} --{long}");
+        }
+    }
+}
+
+/// A config file in a temp dir, with a password file beside it.
+struct ConfigFile {
+    dir: tempfile::TempDir,
+    path: String,
+}
+
+impl ConfigFile {
+    /// `text` with `{dir}` replaced by the temp dir.
+    fn new(text: &str) -> ConfigFile {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
+        let path = dir.path().join("a.toml");
+        let text = text.replace("{dir}", dir.path().to_str().unwrap());
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap().to_string();
+        ConfigFile { dir, path }
+    }
+
+    fn flag(&self) -> String {
+        format!("--config={}", self.path)
+    }
+
+    fn config(&self, more: &[&str]) -> Result<Config, ConfigError> {
+        let flag = self.flag();
+        let mut args = vec![flag.as_str()];
+        args.extend_from_slice(more);
+        config(&args)
+    }
+}
+
+const FILE: &str = r#"
+region = "a"
+lease_ttl = "60s"
+max_inflight = 3
+page_size = 500
+max_txn_ops = 64
+replica_id = "pod-a-1"
+metrics_addr = "0.0.0.0:9464"
+log_format = "json"
+reload_interval = "2s"
+
+[local]
+endpoints = ["http://l1:2379", "http://l2:2379"]
+username = "replicator"
+password_file = "{dir}/password"
+
+[peers.b]
+endpoints = ["http://b:2379"]
+max_txn_ops = 16
+max_request_bytes = "64KiB"
+
+[peers.c]
+endpoints = ["http://c:2379"]
+username = "mirror"
+password_file = "{dir}/password"
+"#;
+
+#[test]
+fn a_config_file_alone() {
+    let f = ConfigFile::new(FILE);
+    let c = f.config(&[]).unwrap();
+    assert_eq!(c.region, "a");
+    assert_eq!(c.mirror.lease_ttl, Duration::from_secs(60));
+    assert_eq!(c.election_ttl, Duration::from_secs(20));
+    assert_eq!((c.mirror.max_inflight, c.mirror.page_size), (3, 500));
+    assert_eq!(c.mirror.limits.max_ops, 64);
+    assert_eq!(c.replica_id, "pod-a-1");
+    assert_eq!(c.metrics_addr, "0.0.0.0:9464".parse().unwrap());
+    assert_eq!(c.log_format, LogFormat::Json);
+    assert_eq!(c.reload_interval, Some(Duration::from_secs(2)));
+    assert_eq!(c.local.endpoints, ["http://l1:2379", "http://l2:2379"]);
+    let creds = c.local.credentials.as_ref().unwrap();
+    assert_eq!(
+        (creds.user.as_str(), creds.password.as_str()),
+        ("replicator", "s3cret"),
+        "one trailing newline is not part of the password"
+    );
+    let pw = format!("{}/password", f.dir.path().display());
+    assert_eq!(c.local_password_file.as_ref().unwrap().path, pw);
+    let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
+    assert_eq!(regions, ["b", "c"]);
+    assert_eq!(
+        c.peers[1].client.credentials.as_ref().unwrap().user,
+        "mirror"
+    );
+    assert_eq!(c.peer_password_files["c"].user, "mirror");
+    assert!(!c.peer_password_files.contains_key("b"));
+    // b has limits of its own: its ops, and its bytes; c has none.
+    assert_eq!(
+        c.mirror.peer_limits.get("b"),
+        Some(&TxnLimits {
+            max_ops: 16,
+            max_bytes: 65536
+        })
+    );
+    assert_eq!(c.mirror.peer_limits.len(), 1);
+    // Only the file's password file is read: no secret in the args.
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+#[test]
+fn flags_override_the_file() {
+    let f = ConfigFile::new(FILE);
+    let c = f
+        .config(&[
+            "--region=x",
+            "--lease-ttl=90s",
+            "--max-txn-ops=32",
+            "--local-etcd=http://other:2379",
+            "--local-user=root",
+            "--local-password=pw",
+            "--peer-etcd=b=http://b2:2379",
+            "--peer-etcd=d=http://d:2379",
+            "--peer-auth=c=u:p",
+            "--replica-id=flag-id",
+            "--reload-interval=off",
+        ])
+        .unwrap();
+    assert_eq!(c.region, "x");
+    assert_eq!(c.mirror.lease_ttl, Duration::from_secs(90));
+    assert_eq!(c.mirror.limits.max_ops, 32);
+    assert_eq!(c.local.endpoints, ["http://other:2379"]);
+    assert_eq!(c.local.credentials.as_ref().unwrap().user, "root");
+    assert_eq!(c.local_password_file, None);
+    let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
+    assert_eq!(
+        regions,
+        ["b", "c", "d"],
+        "the file's peers, then the flags' own"
+    );
+    assert_eq!(c.peers[0].client.endpoints, ["http://b2:2379"]);
+    assert_eq!(c.peers[1].client.credentials.as_ref().unwrap().user, "u");
+    assert!(!c.peer_password_files.contains_key("c"));
+    assert_eq!(c.peers[2].client.endpoints, ["http://d:2379"]);
+    // The file's per-peer limits stay (the flag sets the global default).
+    assert_eq!(c.mirror.peer_limits["b"].max_ops, 16);
+    assert_eq!(c.replica_id, "flag-id");
+    assert_eq!(c.reload_interval, None);
+    // The file still gives what no flag overrides.
+    assert_eq!(c.mirror.max_inflight, 3);
+}
+
+#[test]
+fn file_peer_tls_and_a_flag_replacing_it() {
+    let pki = pki();
+    let f = ConfigFile::new(&format!(
+        r#"
+region = "a"
+[peers.b]
+endpoints = ["https://b:2379"]
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+server_name = "etcd-b"
+"#,
+        ca = pki.ca,
+        cert = pki.cert,
+        key = pki.key
+    ));
+    let c = f.config(&[]).unwrap();
+    let tls = c.peers[0].client.tls.as_ref().unwrap();
+    assert_eq!(tls.ca_file.as_deref(), Some(pki.ca.as_str()));
+    assert_eq!(tls.key_file.as_deref(), Some(pki.key.as_str()));
+    assert_eq!(tls.server_name.as_deref(), Some("etcd-b"));
+    let peer_tls = format!("--peer-tls=b=ca={}", pki.ca);
+    let c = f.config(&[&peer_tls]).unwrap();
+    let tls = c.peers[0].client.tls.as_ref().unwrap();
+    assert_eq!(
+        (tls.cert_file.as_ref(), tls.server_name.as_ref()),
+        (None, None)
+    );
+}
+
+/// Asserts that the file is refused with a one-line message starting with
+/// `<file>: <want>`.
+#[track_caller]
+fn file_refused(text: &str, args: &[&str], want: &str) {
+    let f = ConfigFile::new(text);
+    let err = f.config(args).expect_err("refused");
+    let msg = err.to_string();
+    let want = format!(
+        "{}: {}",
+        f.path,
+        want.replace("{dir}", f.dir.path().to_str().unwrap())
+    );
+    assert!(msg.starts_with(&want), "got  {msg:?}\nwant {want:?}");
+    assert!(!msg.contains('\n'), "{msg:?}");
+    assert!(!msg.contains("s3cret"), "{msg:?}");
+    assert_eq!(err.flag(), "--config");
+}
+
+#[test]
+fn file_errors_name_the_file_the_table_and_the_key() {
+    let b = "region = 'a'\n[peers.b]\nendpoints = ['http://b:1']\n";
+    for (extra, want) in [
+        (
+            "max_request_bytes = '12QB'\n",
+            "[peers.b] max_request_bytes: invalid byte size \"12QB\": unknown unit",
+        ),
+        (
+            "max_request_bytes = 100\n",
+            "[peers.b] max_request_bytes: invalid byte size \"100\": must be at least 4096",
+        ),
+        (
+            "max_txn_ops = 1\n",
+            "[peers.b] max_txn_ops: invalid txn op limit 1: must be at least 2",
+        ),
+        (
+            "password_file = '/nonexistent/pw'\nusername = 'u'\n",
+            "[peers.b] password_file \"/nonexistent/pw\": No such file",
+        ),
+        (
+            "username = 'u'\n",
+            "[peers.b] username: needs password_file",
+        ),
+        (
+            "password_file = '{dir}/password'\n",
+            "[peers.b] password_file: needs username",
+        ),
+        (
+            "pasword_file = 'x'\n",
+            "[peers.b] pasword_file: unknown key",
+        ),
+        (
+            "ca = '/nonexistent/ca.pem'\n",
+            "[peers.b] ca \"/nonexistent/ca.pem\": ",
+        ),
+    ] {
+        file_refused(&format!("{b}{extra}"), &[], want);
+    }
+    for (text, want) in [
+        (
+            "region = 'a'\nlease_ttl = '0s'\n",
+            "lease_ttl: invalid duration \"0s\": must be greater than zero",
+        ),
+        (
+            "region = 'a/b'\n",
+            "region: invalid region \"a/b\": must not contain '/'",
+        ),
+        ("region = 'a'\nroot = 'x'\n", "root: invalid root \"x\""),
+        (
+            "region = 'a'\nmax_inflight = 0\n",
+            "max_inflight: invalid number 0: must be at least 1",
+        ),
+        (
+            "region = 'a'\nmetrics_addr = 'localhost'\n",
+            "metrics_addr: invalid address \"localhost\"",
+        ),
+        (
+            "region = 'a'\nlog_format = 'xml'\n",
+            "log_format: invalid log format \"xml\"",
+        ),
+        (
+            "region = 'a'\nreplica_id = ''\n",
+            "replica_id: invalid replica id \"\"",
+        ),
+        (
+            "region = 'a'\nreload_interval = 'soon'\n",
+            "reload_interval: invalid duration \"soon\"",
+        ),
+        (
+            "region = 'a'\n[local]\nendpoints = []\n",
+            "[local] endpoints: empty endpoint list",
+        ),
+        (
+            "region = 'a'\n[peers.b]\nendpoints = ['https://b:1']\n",
+            "[peers.b]: an https:// endpoint needs ca",
+        ),
+        (
+            "region = 'a'\n[peers.b]\nca = 'x'\n",
+            "[peers.b]: missing key endpoints",
+        ),
+        (
+            "region = 'a'\n[peers.a]\nendpoints = ['http://x:1']\n",
+            "[peers.a]: peer region is this region",
+        ),
+        (
+            "region = 'a'\n[local]\nendpoints = ['http://x:1']\n[peers.b]\nendpoints = ['http://x:1']\n",
+            "[peers.b] endpoints: endpoint \"http://x:1\" is also in",
+        ),
+    ] {
+        file_refused(text, &[], want);
+    }
+}
+
+#[test]
+fn a_missing_config_file_names_the_flag() {
+    refused(
+        &["--config=/nonexistent/a.toml"],
+        "--config",
+        "--config \"/nonexistent/a.toml\": No such file",
+    );
+}
+
+#[test]
+fn region_may_come_from_the_file_only() {
+    assert!(
+        parse(&[]).is_err(),
+        "without a file, clap still asks for --region"
+    );
+    let f = ConfigFile::new("lease_ttl = '30s'\n");
+    let err = f.config(&[]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "--region: required (or region in the config file)"
+    );
+}
+
+#[test]
+fn generated_replica_ids_differ() {
+    let a = config(&["--region=a"]).unwrap().replica_id;
+    let b = config(&["--region=a"]).unwrap().replica_id;
+    assert_ne!(a, b);
+    let pid = format!("-{}-", std::process::id());
+    assert!(a.contains(&pid), "{a}");
+}

@@ -1,0 +1,186 @@
+//! The config file (`--config` / `AETHER_REPLICATOR_CONFIG`) and
+//! `--check-config`, on the real binary and real etcds.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use aether_replicator::etcd::{Client, ClientConfig, Credentials, Put, Range};
+use common::replicator::{Replicator, binary};
+use common::{Etcd, wait_until};
+
+const KEY: &str = "/aether/v1/regions/a/clusters/c/services/s/protocols/http/endpoints/10.0.0.1";
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Runs the binary with `args` to completion: (exit code, stdout, stderr).
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(binary()).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_accepts_a_good_file_without_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let pw = write(dir.path(), "password", "pw\n");
+    // Nothing listens on these ports: --check-config must not connect.
+    let file = write(
+        dir.path(),
+        "a.toml",
+        &format!(
+            r#"
+region = "a"
+lease_ttl = "30s"
+[local]
+endpoints = ["http://127.0.0.1:1"]
+username = "replicator"
+password_file = "{pw}"
+[peers.b]
+endpoints = ["http://127.0.0.1:2"]
+max_request_bytes = "1536KiB"
+[peers.c]
+endpoints = ["http://127.0.0.1:3"]
+"#
+        ),
+    );
+    let config = format!("--config={file}");
+    let (code, out, err) = run(&["--check-config", &config]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "config ok: region a, 2 peers\n");
+    // A flag adds a peer, exactly as a run would take it.
+    let (code, out, err) = run(&[
+        "--check-config",
+        &config,
+        "--peer-etcd=d=http://127.0.0.1:4",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "config ok: region a, 3 peers\n");
+}
+
+#[test]
+fn check_config_refuses_a_bad_file_with_one_line_naming_file_table_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "region = \"a\"\n[peers.b]\nendpoints = [\"http://127.0.0.1:2\"]\n";
+    for (name, extra, args, want) in [
+        (
+            "size.toml",
+            "max_request_bytes = \"12QB\"\n",
+            &[][..],
+            "[peers.b] max_request_bytes: invalid byte size \"12QB\"",
+        ),
+        (
+            "pw.toml",
+            "username = \"u\"\npassword_file = \"/nonexistent/pw\"\n",
+            &[],
+            "[peers.b] password_file \"/nonexistent/pw\": ",
+        ),
+        (
+            "key.toml",
+            "sni = \"x\"\n",
+            &[],
+            "[peers.b] sni: unknown key",
+        ),
+        // A flag that is wrong is named as a flag, even with a file.
+        ("flag.toml", "", &["--lease-ttl=0s"], "--lease-ttl \"0s\""),
+    ] {
+        let file = write(dir.path(), name, &format!("{base}{extra}"));
+        let config = format!("--config={file}");
+        let mut argv = vec!["--check-config", config.as_str()];
+        argv.extend_from_slice(args);
+        let (code, out, err) = run(&argv);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert_eq!(out, "", "{name}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{name}: {err}");
+        let want = if want.starts_with("--") {
+            format!("error: {want}")
+        } else {
+            format!("error: {file}: {want}")
+        };
+        assert!(
+            lines[0].starts_with(&want),
+            "{name}:\n got {err:?}\nwant {want:?}"
+        );
+    }
+    let (code, _, err) = run(&["--check-config", "--config=/nonexistent/a.toml"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.starts_with("error: --config \"/nonexistent/a.toml\": "),
+        "{err}"
+    );
+}
+
+/// The file names the region, the lease and the peer (with a password
+/// from a file, on an etcd with auth enabled); `--local-etcd` overrides the
+/// file's (wrong) local endpoint, and the file itself is given through
+/// `AETHER_REPLICATOR_CONFIG`.
+#[test]
+fn a_config_file_with_an_override_mirrors_between_two_real_etcds() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["role", "add", "root"],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        dst.etcdctl_ok(args);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pw = write(dir.path(), "password", "rootpw\n");
+    let file = write(
+        dir.path(),
+        "a.toml",
+        &format!(
+            r#"
+region = "a"
+lease_ttl = "6s"
+[local]
+endpoints = ["http://127.0.0.1:1"]
+[peers.b]
+endpoints = ["{dst}"]
+username = "root"
+password_file = "{pw}"
+"#,
+            dst = dst.endpoint()
+        ),
+    );
+    let replica = Replicator::spawn_with_env(
+        &[format!("--local-etcd={}", src.endpoint())],
+        &[("AETHER_REPLICATOR_CONFIG", &file)],
+    );
+    let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
+    rt.block_on(s.put(Put::new(KEY, "v1"))).unwrap();
+    let mut cfg = ClientConfig::new(dst.endpoints());
+    cfg.credentials = Some(Credentials {
+        user: "root".into(),
+        password: "rootpw".into(),
+    });
+    let d = Client::connect(cfg).unwrap();
+    let mirrored = || {
+        rt.block_on(d.range(Range::key(KEY)))
+            .ok()
+            .and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()))
+            == Some(b"v1".to_vec())
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), mirrored),
+        "never mirrored; log:\n{}",
+        replica.log_text()
+    );
+    // The copy is under the file's lease TTL.
+    let lease = rt.block_on(d.range(Range::key(KEY))).unwrap().kvs()[0].lease();
+    assert_ne!(lease, 0);
+    assert!(replica.log_text().contains("replica_id"));
+}
