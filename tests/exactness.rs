@@ -404,6 +404,10 @@ async fn randomized_wipes_restores_and_edits() {
         }
     }
     converged(&src, &dst, &cfg).await;
-    assert_eq!(contents(&src, PREFIX).await, contents(&dst, PREFIX).await, "seed {seed}");
+    assert_eq!(
+        contents(&src, PREFIX).await,
+        contents(&dst, PREFIX).await,
+        "seed {seed}"
+    );
     engine.shutdown().await;
 }

@@ -468,6 +468,51 @@ pub struct RunArgs {
     )]
     pub page_size: Option<usize>,
 
+    /// How often to check each peer's and the source's identity and
+    /// revision and write the heartbeat into the peer's state key; also the
+    /// resolution of peer_staleness_seconds.
+    /// [default: 5s]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_HEARTBEAT_INTERVAL",
+        value_name = "DURATION",
+        help_heading = "Freshness"
+    )]
+    pub heartbeat_interval: Option<String>,
+
+    /// Let a peer's copy lapse (stop its keep-alive) once it has been
+    /// stale this long even through a re-sync; "off" never does.
+    /// [default: 5m]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LAPSE_AFTER",
+        value_name = "DURATION|off",
+        help_heading = "Freshness"
+    )]
+    pub lapse_after: Option<String>,
+
+    /// How often to compare each peer's copy with the source and repair
+    /// differences (anti-entropy); "off" never does.
+    /// [default: 10m]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_VERIFY_INTERVAL",
+        value_name = "DURATION|off",
+        help_heading = "Freshness"
+    )]
+    pub verify_interval: Option<String>,
+
+    /// Keys per second a verification pass reads from each peer (at
+    /// least 1).
+    /// [default: 5000]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_VERIFY_RATE",
+        value_name = "N",
+        help_heading = "Freshness"
+    )]
+    pub verify_rate: Option<u32>,
+
     /// The registry root: starts and ends with '/'.
     /// [default: /aether/v1/regions/]
     #[arg(

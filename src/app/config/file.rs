@@ -36,6 +36,10 @@ pub(super) struct FileConfig {
     pub max_request_bytes: Option<String>,
     pub replica_id: Option<String>,
     pub reload_interval: Option<String>,
+    pub heartbeat_interval: Option<String>,
+    pub lapse_after: Option<String>,
+    pub verify_interval: Option<String>,
+    pub verify_rate: Option<u32>,
     pub local: Option<EtcdTable>,
     #[serde(default)]
     pub peers: BTreeMap<String, PeerTable>,

@@ -127,8 +127,8 @@ fn every_flag_has_its_env_var() {
             n += 1;
         }
         // The 20 of the flags' first version, plus --config,
-        // --replica-id and --reload-interval.
-        assert_eq!(n, 23);
+        // --replica-id, --reload-interval and the four freshness flags.
+        assert_eq!(n, 27);
     }
 }
 
@@ -1396,4 +1396,43 @@ fn generated_replica_ids_differ() {
     assert_ne!(a, b);
     let pid = format!("-{}-", std::process::id());
     assert!(a.contains(&pid), "{a}");
+}
+
+#[test]
+fn freshness_flags() {
+    let base = ["--region=a", "--peer-etcd=b=http://10.0.0.2:2379"];
+    let c = config(&base).unwrap();
+    assert_eq!(
+        c.mirror.heartbeat_interval,
+        crate::mirror::DEFAULT_HEARTBEAT_INTERVAL
+    );
+    assert_eq!(
+        c.mirror.lapse_after,
+        Some(crate::mirror::DEFAULT_LAPSE_AFTER)
+    );
+    assert_eq!(
+        c.mirror.verify_interval,
+        Some(crate::mirror::DEFAULT_VERIFY_INTERVAL)
+    );
+    let mut args = base.to_vec();
+    args.extend([
+        "--heartbeat-interval=2s",
+        "--lapse-after=off",
+        "--verify-interval=1m",
+        "--verify-rate=100",
+    ]);
+    let c = config(&args).unwrap();
+    assert_eq!(c.mirror.heartbeat_interval, Duration::from_secs(2));
+    assert_eq!(c.mirror.lapse_after, None);
+    assert_eq!(c.mirror.verify_interval, Some(Duration::from_secs(60)));
+    assert_eq!(c.mirror.verify_rate, 100);
+    let mut bad = base.to_vec();
+    bad.push("--lapse-after=soon");
+    refused(&bad, "--lapse-after", "not a duration");
+    let mut bad = base.to_vec();
+    bad.push("--heartbeat-interval=10ms");
+    refused(&bad, "--heartbeat-interval", "at least 100ms");
+    let mut bad = base.to_vec();
+    bad.push("--verify-rate=0");
+    refused(&bad, "--verify-rate", "at least 1");
 }

@@ -443,6 +443,38 @@ impl RunArgs {
         mirror.limits = limits;
         mirror.max_inflight = max_inflight;
         mirror.page_size = page_size;
+        // Freshness: durations, two of which may be "off".
+        let duration_or_off = |raw: Option<String>,
+                               origin: Origin,
+                               default: Option<Duration>|
+         -> Result<Option<Duration>, ConfigError> {
+            match raw.as_deref() {
+                None => Ok(default),
+                Some("off") => Ok(None),
+                Some(raw) => match parse_duration(raw) {
+                    Ok(d) if d.is_zero() => Ok(None),
+                    Ok(d) => Ok(Some(d)),
+                    Err(why) => Err(origin.refuse("duration", raw, why)),
+                },
+            }
+        };
+        let (raw, origin) = layered!(heartbeat_interval, "--heartbeat-interval");
+        mirror.heartbeat_interval = match raw.as_deref() {
+            None => mirror.heartbeat_interval,
+            Some(raw) => match parse_duration(raw) {
+                Ok(d) if d >= Duration::from_millis(100) => d,
+                Ok(_) => return Err(origin.refuse("duration", raw, "must be at least 100ms")),
+                Err(why) => return Err(origin.refuse("duration", raw, why)),
+            },
+        };
+        let (raw, origin) = layered!(lapse_after, "--lapse-after");
+        mirror.lapse_after = duration_or_off(raw, origin, mirror.lapse_after)?;
+        let (raw, origin) = layered!(verify_interval, "--verify-interval");
+        mirror.verify_interval = duration_or_off(raw, origin, mirror.verify_interval)?;
+        let (rate, origin) = layered!(verify_rate, "--verify-rate");
+        if let Some(rate) = rate {
+            mirror.verify_rate = at_least_one(&origin, rate as usize)? as u32;
+        }
 
         let (local, local_password_file) = self
             .local
