@@ -68,6 +68,9 @@ ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" suite
 echo "== doc tests"
 cargo test --doc
 
+echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
+bash e2e/check-deploy.sh --no-cargo
+
 echo "== docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
