@@ -92,8 +92,9 @@ for regions in 2 3; do
   echo "== multi-region e2e, $regions regions"
   state=$(mktemp -d)
   trap 'bash e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
-  bash e2e/multiregion.sh up --state "$state" --regions "$regions"
+  bash e2e/multiregion.sh up --state "$state" --regions "$regions" --prometheus
   bash e2e/multiregion.sh verify --state "$state"
+  bash e2e/multiregion.sh alerts --state "$state"
   bash e2e/multiregion.sh down --state "$state"
   trap - EXIT
   leftovers
