@@ -622,3 +622,22 @@ fn every_alert_has_promtool_tests_firing_and_not_firing() {
         );
     }
 }
+
+/// The README's quick-start config is region a's config.toml of the example, so that it passes the
+/// same `--check-config` as the manifests.
+#[test]
+fn the_readme_config_example_is_the_example_overlays_config() {
+    let readme = fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let block = readme
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("a ```toml block in README.md");
+    let from_readme: toml::Table = toml::from_str(block).expect("README's config is TOML");
+    let text = fs::read_to_string(overlay_dir("a").join(CONFIG_KEY)).expect("config.toml");
+    let from_overlay: toml::Table = toml::from_str(&text).expect("config.toml is TOML");
+    assert_eq!(
+        from_readme, from_overlay,
+        "README's quick-start config differs from deploy/kubernetes/examples/two-region/region-a/config.toml"
+    );
+}
