@@ -2,8 +2,9 @@
 # A multi-region aether-replicator deployment of real processes on loopback:
 # per region one etcd and two replicator replicas (one leads, one stands by).
 #
-#   e2e/multiregion.sh up      [--state DIR] [--regions 2|3] [--ttl SECONDS] [--bin PATH]
+#   e2e/multiregion.sh up      [--state DIR] [--regions 2|3] [--ttl SECONDS] [--bin PATH] [--prometheus]
 #   e2e/multiregion.sh verify  [--state DIR]
+#   e2e/multiregion.sh alerts  [--state DIR]
 #   e2e/multiregion.sh down    [--state DIR]
 #   e2e/multiregion.sh restart REGION [--state DIR]
 #
@@ -12,6 +13,10 @@
 # verify   runs the end-to-end checks (visibility, data path, leader handoff,
 #          lease-lapse failover, recovery, peer etcd restart), one line per
 #          step, and exits non-zero at the first failure.
+# alerts   (needs `up --prometheus`) stops both replicas of region a and
+#          asserts through Prometheus's HTTP API that AetherReplicatorNoLeader
+#          fires for a and AetherReplicatorOriginCopyLapsed for origin a in
+#          every other region, then restarts them and asserts both resolve.
 # down     stops every process the harness started (by pid) and removes the
 #          state dir. Idempotent.
 # restart  starts again whichever replicas of REGION are not running (after
@@ -28,9 +33,13 @@
 #                   `cargo build --release` if missing). up only; it is
 #                   copied into the state dir so every replica runs the same
 #                   build and its command line names the state dir.
+#   --prometheus    also run a Prometheus server (Debian `prometheus`) on
+#                   loopback that scrapes every replica (target label
+#                   `region`) with deploy/prometheus/aether-replicator.rules.yml
+#                   loaded, `for:` shortened to 2s. up only.
 #
 # $STATE/env is a sourceable file with every port, pid and URL, for example
-# ETCD_URL_a, REPLICA_PID_a_1, REPLICA_PORT_a_1 (metrics), E2E_BIN.
+# ETCD_URL_a, REPLICA_PID_a_1, REPLICA_PORT_a_1 (metrics), E2E_BIN, PROM_URL.
 # Everything listens on 127.0.0.1 only.
 set -euo pipefail
 
@@ -398,6 +407,7 @@ start_replicas() {
     done
   done
   save_env
+  if [[ -n $(getv PROM_PORT) ]]; then write_prom_targets; fi
 }
 
 # region_ready R: exactly one of R's replicas leads, the leader reports
@@ -469,6 +479,127 @@ leader_slot() {
   return 1
 }
 
+# ---------------------------------------------------------------- prometheus
+
+# The scrape targets, one group per region with the `region` target label the
+# rules group by (the ServiceMonitor of deploy/kubernetes sets the same).
+# Rewritten whenever replicas start, since a started replica gets a new port;
+# Prometheus re-reads the file on change.
+write_prom_targets() {
+  local r s sep="" tsep
+  {
+    echo "["
+    for r in "${REGIONS[@]}"; do
+      printf '%s  {"labels": {"region": "%s"}, "targets": [' "$sep" "$r"
+      tsep=""
+      for s in "${SLOTS[@]}"; do
+        printf '%s"127.0.0.1:%s"' "$tsep" "$(getv "REPLICA_PORT_${r}_$s")"
+        tsep=", "
+      done
+      printf ']}'
+      sep=$',\n'
+    done
+    printf '\n]\n'
+  } >"$STATE/prometheus/targets.json.tmp"
+  mv -f "$STATE/prometheus/targets.json.tmp" "$STATE/prometheus/targets.json"
+}
+
+prom_start() {
+  local dir="$STATE/prometheus" port pid log deadline tries=1
+  command -v prometheus >/dev/null ||
+    die "--prometheus: prometheus is not installed (apt-get install -y prometheus)"
+  mkdir -p "$dir/data"
+  # The shipped rules, with every `for:` shortened so that the alerts step
+  # takes seconds, not minutes. Expressions and thresholds are unchanged.
+  sed -E 's/^( *)for: .*/\1for: 2s/' "$REPO/deploy/prometheus/aether-replicator.rules.yml" >"$dir/rules.yml"
+  # e2e only: 1 s scrapes and evaluations (production: 15-30 s).
+  cat >"$dir/prometheus.yml" <<'YAML'
+global:
+  scrape_interval: 1s
+  scrape_timeout: 900ms
+  evaluation_interval: 1s
+rule_files:
+  - rules.yml
+scrape_configs:
+  - job_name: aether-replicator
+    file_sd_configs:
+      - files: [targets.json]
+        refresh_interval: 2s
+YAML
+  write_prom_targets
+  log="$STATE/logs/prometheus.log"
+  while :; do
+    port=$(free_ports 1)
+    echo "--- $(date -u +%FT%TZ) start prometheus :$port" >>"$log"
+    setsid prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/data" \
+      --storage.tsdb.retention.time=2h --web.listen-address="127.0.0.1:$port" --log.level=warn \
+      </dev/null >>"$log" 2>&1 &
+    pid=$!
+    disown "$pid"
+    setv PROM_PID "$pid"
+    setv PROM_PORT "$port"
+    setv PROM_URL "http://127.0.0.1:$port"
+    record_pid prometheus "$pid"
+    save_env
+    deadline=$(($(now_ms) + 20000))
+    while alive "$pid" && (($(now_ms) < deadline)); do
+      if listens "$pid" "$port" && [[ $(http_code "$port" /-/ready) == 200 ]]; then
+        echo "  prometheus: $PROM_URL (pid $pid), rules $dir/rules.yml"
+        return 0
+      fi
+      sleep 0.2
+    done
+    alive "$pid" && {
+      echo "prometheus did not become ready within 20s" >&2
+      return 1
+    }
+    ((tries++ < 5)) || {
+      echo "prometheus did not start after 5 attempts" >&2
+      return 1
+    }
+    echo "  prometheus exited (port taken?); starting it again (attempt $tries)" >&2
+  done
+}
+
+# prom_get PATH: Prometheus's HTTP API answer (empty if unreachable).
+prom_get() {
+  curl -s --max-time 2 "$PROM_URL$1" 2>/dev/null || true
+}
+
+# prom_alerts: one line per active alert, "<state> <alertname> region=<r> origin=<o> peer=<p>".
+prom_alerts() {
+  prom_get /api/v1/alerts | python3 -c '
+import json, sys
+try:
+    alerts = json.load(sys.stdin)["data"]["alerts"]
+except Exception:
+    sys.exit(1)
+for a in alerts:
+    l = a["labels"]
+    print(a["state"], l["alertname"], " ".join(f"{k}={l[k]}" for k in ("region", "origin", "peer") if k in l))'
+}
+
+# prom_count QUERY: how many series QUERY returns now (0 if Prometheus fails).
+prom_count() {
+  curl -s --max-time 2 -G "$PROM_URL/api/v1/query" --data-urlencode "query=$1" 2>/dev/null | python3 -c '
+import json, sys
+try:
+    print(len(json.load(sys.stdin)["data"]["result"]))
+except Exception:
+    print(0)'
+}
+
+# prom_targets_up: "<up> <total>" of the active scrape targets.
+prom_targets_up() {
+  prom_get /api/v1/targets | python3 -c '
+import json, sys
+try:
+    t = json.load(sys.stdin)["data"]["activeTargets"]
+except Exception:
+    print("0 ?"); sys.exit(0)
+print(sum(1 for x in t if x["health"] == "up"), len(t))'
+}
+
 # ---------------------------------------------------------------- state dir
 
 resolve_state() {
@@ -503,7 +634,8 @@ harness_pids() {
     ((${#argv[@]})) || continue
     exe=${argv[0]}
     if [[ $exe == "$STATE/bin/aether-replicator" ]] ||
-      [[ ${exe##*/} == etcd && " ${argv[*]} " == *" --data-dir $STATE/"* ]]; then
+      [[ ${exe##*/} == etcd && " ${argv[*]} " == *" --data-dir $STATE/"* ]] ||
+      [[ ${exe##*/} == prometheus && " ${argv[*]} " == *" --storage.tsdb.path=$STATE/"* ]]; then
       seen[$pid]=1
       echo "$pid"
     fi
@@ -593,6 +725,9 @@ cmd_up() {
     region_ready "$r" || true
     echo "  region $r: leader $r/$LEADER_SLOT, peers synced: $(peer_list "$r")"
   done
+  if ((WITH_PROM)); then
+    prom_start || up_failed
+  fi
   echo "== up in $(fmt_ms $(($(now_ms) - t0))); env: $STATE/env"
 }
 
@@ -1000,6 +1135,92 @@ cmd_verify() {
   echo "== verify: all steps passed in $(fmt_ms $(($(now_ms) - VERIFY_T0))) (${#REGIONS[@]} regions)"
 }
 
+# ---------------------------------------------------------------- alerts
+
+# wait_alerts STEP SECONDS WANT DESC: poll Prometheus's alerts until WANT (a
+# function of the `prom_alerts` lines on stdin) succeeds.
+ALERTS=""
+wait_alerts() {
+  local step=$1 secs=$2 want=$3 desc=$4 deadline
+  deadline=$(($(now_ms) + secs * 1000))
+  while :; do
+    if ALERTS=$(prom_alerts); then
+      "$want" <<<"$ALERTS" && return 0
+    else
+      ALERTS="<Prometheus unreachable>"
+    fi
+    (($(now_ms) < deadline)) ||
+      fail "$step" "$desc not seen within ${secs}s; active alerts: $(paste -sd';' <<<"$ALERTS")"
+    sleep 0.5
+  done
+}
+
+others_of_a() {
+  local r
+  for r in "${REGIONS[@]}"; do
+    [[ $r == a ]] || echo "$r"
+  done
+}
+
+# a_down_alerts_fire: NoLeader firing for region a, and OriginCopyLapsed
+# firing for origin a in every other region.
+a_down_alerts_fire() {
+  local lines r
+  lines=$(cat)
+  grep -qx 'firing AetherReplicatorNoLeader region=a' <<<"$lines" || return 1
+  for r in $(others_of_a); do
+    grep -qx "firing AetherReplicatorOriginCopyLapsed region=$r origin=a" <<<"$lines" || return 1
+  done
+}
+
+# a_down_alerts_gone: neither alert is active (firing or pending) any more.
+a_down_alerts_gone() {
+  ! grep -Eq 'AetherReplicatorNoLeader region=a$|AetherReplicatorOriginCopyLapsed region=[a-z]+ origin=a$'
+}
+
+cmd_alerts() {
+  local s up total t0 t_fire t_resolve fired deadline
+  if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
+    die "$STATE is not up: run '$0 up --prometheus --state $STATE' first"
+  fi
+  [[ -n $(getv PROM_PORT) ]] || die "$STATE has no Prometheus: run up with --prometheus"
+  ours "$PROM_PID" || fail alerts "prometheus (pid $PROM_PID) is not running"
+  VERIFY_T0=$(now_ms)
+  step_start
+  wait_ready 30 "${REGIONS[@]}" || fail alerts "regions not ready: $NOT_READY"
+  # Every replica scraped, and neither alert active, before anything is stopped.
+  deadline=$(($(now_ms) + 20000))
+  while :; do
+    read -r up total <<<"$(prom_targets_up)"
+    [[ $up == "$total" && $total == $((${#REGIONS[@]} * ${#SLOTS[@]})) ]] && break
+    (($(now_ms) < deadline)) || fail alerts "Prometheus scrapes $up of $total targets (want $((${#REGIONS[@]} * ${#SLOTS[@]})))"
+    sleep 0.5
+  done
+  wait_alerts alerts 20 a_down_alerts_gone "a healthy start (no NoLeader for a, no lapse of a)"
+  # The lapse alert needs the incoming-side metric from every other region;
+  # without it the alert can never fire, so say that instead of timing out.
+  for r in $(others_of_a); do
+    [[ $(prom_count "aether_replicator_origin_copy_present{origin=\"a\",region=\"$r\"}") -gt 0 ]] ||
+      fail alerts "Prometheus has no aether_replicator_origin_copy_present{origin=\"a\"} from region $r: this replicator binary does not export the incoming-side metrics, so AetherReplicatorOriginCopyLapsed cannot fire"
+  done
+
+  for s in "${SLOTS[@]}"; do
+    stop_pids "$(getv "REPLICA_PID_a_$s")"
+  done
+  t0=$(now_ms)
+  wait_alerts alerts $((TTL + 30)) a_down_alerts_fire \
+    "AetherReplicatorNoLeader{region=a} and AetherReplicatorOriginCopyLapsed{origin=a} in $(others_of_a | paste -sd' ' -)"
+  t_fire=$(($(now_ms) - t0))
+  fired=$(grep '^firing' <<<"$ALERTS" | cut -d' ' -f2- | paste -sd';' - | sed 's/;/; /g')
+
+  t0=$(now_ms)
+  start_replicas a/1 a/2 >/dev/null || fail alerts "could not restart a's replicas"
+  wait_ready 30 a >/dev/null 2>&1 || fail alerts "a not ready after the restart: $NOT_READY"
+  wait_alerts alerts 60 a_down_alerts_gone "resolution of both alerts after the restart"
+  t_resolve=$(($(now_ms) - t0))
+  ok alerts "stopped both a replicas: firing after $(fmt_ms "$t_fire") (lease TTL ${TTL}s, for: 2s): $fired; restarted: both resolved after $(fmt_ms "$t_resolve")"
+}
+
 # ---------------------------------------------------------------- down
 
 cmd_down() {
@@ -1051,10 +1272,11 @@ STATE="${TMPDIR:-/tmp}/aether-e2e"
 NREGIONS=2
 TTL=6
 BIN_ARG=""
+WITH_PROM=0
 REGIONS=()
 while (($#)); do
   case $1 in
-  up | verify | down | restart)
+  up | verify | alerts | down | restart)
     [[ -z $CMD ]] || die "one command at a time"
     CMD=$1
     if [[ $1 == restart ]]; then
@@ -1071,6 +1293,7 @@ while (($#)); do
   --ttl=*) TTL=${1#*=} ;;
   --bin) (($# >= 2)) || die "--bin needs a value"; BIN_ARG=$2; shift ;;
   --bin=*) BIN_ARG=${1#*=} ;;
+  --prometheus) WITH_PROM=1 ;;
   -h | --help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
   esac
@@ -1083,6 +1306,7 @@ TTL=${TTL%s}
 case $CMD in
 up) cmd_up ;;
 verify) cmd_verify ;;
+alerts) cmd_alerts ;;
 down) cmd_down ;;
 restart) cmd_restart "$REGION_ARG" ;;
 *) usage >&2; exit 2 ;;

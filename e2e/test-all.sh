@@ -68,6 +68,9 @@ ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" suite
 echo "== doc tests"
 cargo test --doc
 
+echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
+bash e2e/check-deploy.sh --no-cargo
+
 echo "== docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
@@ -89,8 +92,9 @@ for regions in 2 3; do
   echo "== multi-region e2e, $regions regions"
   state=$(mktemp -d)
   trap 'bash e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
-  bash e2e/multiregion.sh up --state "$state" --regions "$regions"
+  bash e2e/multiregion.sh up --state "$state" --regions "$regions" --prometheus
   bash e2e/multiregion.sh verify --state "$state"
+  bash e2e/multiregion.sh alerts --state "$state"
   bash e2e/multiregion.sh down --state "$state"
   trap - EXIT
   leftovers

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Checks everything under deploy/ without a cluster or a registry:
+#   - both Kubernetes overlays render with `kubectl kustomize`, and tests/deploy.rs checks what they render
+#     and runs the replicator's --check-config on it (skipped with --no-cargo: e2e/test-all.sh has run it
+#     with the other cargo tests already);
+#   - the PrometheusRule is what deploy/gen-prometheusrule.sh makes of the rules file;
+#   - `promtool check rules` and `promtool test rules` on the rules and their unit tests;
+#   - every PromQL expression of the Grafana dashboard passes `promtool check rules`;
+#   - every aether_replicator_* metric named in the rules, tests and dashboard is one the replicator exports.
+# Installs Debian's `prometheus` (for promtool) when missing, as root; a missing kubectl is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo_tests=1
+case ${1:-} in
+--no-cargo) cargo_tests=0 ;;
+"") ;;
+*)
+  echo "usage: $0 [--no-cargo]" >&2
+  exit 2
+  ;;
+esac
+
+if ! command -v promtool >/dev/null; then
+  echo "== installing promtool (Debian prometheus)"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "promtool is missing and this is not root: run apt-get update && apt-get install -y prometheus" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  # The package may start a system Prometheus on :9090; nothing here uses it.
+  command -v systemctl >/dev/null && systemctl stop prometheus 2>/dev/null || true
+fi
+if ! command -v kubectl >/dev/null; then
+  echo "kubectl is missing: install it with" >&2
+  echo "  curl -fsSLo /usr/local/bin/kubectl https://dl.k8s.io/release/v1.32.4/bin/linux/amd64/kubectl && chmod +x /usr/local/bin/kubectl" >&2
+  exit 1
+fi
+command -v python3 >/dev/null || {
+  echo "python3 is missing: apt-get install -y python3" >&2
+  exit 1
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+for overlay in deploy/kubernetes/examples/two-region/region-*; do
+  echo "== kubectl kustomize $overlay"
+  kubectl kustomize "$overlay" >"$tmp/render.yaml"
+  echo "   $(grep -c '^kind:' "$tmp/render.yaml") objects: $(grep '^kind:' "$tmp/render.yaml" | cut -d' ' -f2 | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}')"
+done
+
+if ((cargo_tests)); then
+  echo "== tests/deploy.rs (rendered objects, --check-config on the manifests)"
+  if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --test deploy
+  else
+    cargo test --test deploy
+  fi
+fi
+
+echo "== PrometheusRule generated from the rules file"
+deploy/gen-prometheusrule.sh --check
+
+echo "== promtool check rules"
+promtool check rules deploy/prometheus/aether-replicator.rules.yml
+
+echo "== promtool test rules"
+promtool test rules deploy/prometheus/tests.yml
+
+echo "== dashboard expressions"
+python3 deploy/grafana/check-exprs.py rules deploy/grafana/aether-replicator.json "$tmp/dashboard.rules.yml"
+promtool check rules "$tmp/dashboard.rules.yml"
+
+echo "== metric names"
+python3 deploy/grafana/check-exprs.py names deploy/prometheus/aether-replicator.rules.yml \
+  deploy/prometheus/tests.yml deploy/grafana/aether-replicator.json
+
+echo "== deploy checks passed"
