@@ -64,8 +64,14 @@ impl Open {
     /// Adds a single-key write of encoded size `len`, replacing an earlier
     /// write to the same key.
     fn push_key(&mut self, key: Bytes, op: Op, len: usize) {
-        match self.keys.get(&key) {
-            Some(&i) => {
+        let at = self.keys.get(&key).copied();
+        self.push_key_at(key, op, len, at);
+    }
+
+    /// [`Open::push_key`] with the key's index already looked up.
+    fn push_key_at(&mut self, key: Bytes, op: Op, len: usize, at: Option<usize>) {
+        match at {
+            Some(i) => {
                 self.bytes = self.bytes - self.ops[i].encoded_len() + len;
                 self.ops[i] = op;
             }
@@ -306,11 +312,12 @@ impl TxnBatcher {
                     // put: start a new txn, which also keeps their order.
                     self.flush();
                 }
-                let new_key = !self.open.keys.contains_key(&key);
-                if !self.has_room(usize::from(new_key), need) {
+                let mut at = self.open.keys.get(&key).copied();
+                if !self.has_room(usize::from(at.is_none()), need) {
                     self.flush();
+                    at = None;
                 }
-                self.open.push_key(key, op, len);
+                self.open.push_key_at(key, op, len, at);
             }
             None => {
                 if !self.has_room(1, need) {
