@@ -89,6 +89,11 @@ impl Peer {
         holder: u64,
         (cancel, pause): (CancellationToken, CancellationToken),
     ) -> Peer {
+        // Staleness counts from this engine's start until a store says
+        // better (a resumed state key's heartbeat, or a probe): counters
+        // kept across leadership terms must not make a new leader's copy
+        // look as old as the process.
+        stats.current_unix_ms.store(unix_ms(), Relaxed);
         Peer {
             writer: FencedWriter::new(
                 region,
@@ -416,6 +421,13 @@ impl Peer {
         marks
             .heartbeat_unix_ms
             .store(resume.map_or(0, |st| st.heartbeat_unix_ms), Relaxed);
+        if let Some(st) = resume.filter(|st| st.heartbeat_unix_ms > 0) {
+            // The store's word on when this copy was last current.
+            self.writer
+                .stats
+                .current_unix_ms
+                .store(st.heartbeat_unix_ms, Relaxed);
+        }
         marks
             .synced
             .store(resume.is_some_and(|st| st.synced), Relaxed);
