@@ -411,3 +411,33 @@ async fn randomized_wipes_restores_and_edits() {
     );
     engine.shutdown().await;
 }
+
+/// Txns a session left in flight must not land after the next session has
+/// started: every session claims the peer anew, so they fail its fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_claims_the_peer_anew() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::start();
+    let proxy = common::FaultProxy::start(peer_etcd.client_addr()).await;
+    let src = client(&src_etcd.endpoint());
+    let peer = client(&peer_etcd.endpoint());
+    put_each(&src, 0..5, "v").await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, client(&proxy.endpoint()), &peer, &cfg).await;
+    let fence = |peer: Client, cfg: MirrorConfig| async move {
+        let resp = peer.range(Range::key(cfg.state_key())).await.unwrap();
+        resp.kvs().first().map(|kv| kv.create_revision())
+    };
+    let first = fence(peer.clone(), cfg.clone()).await.unwrap();
+    // The session ends (the peer is cut off longer than a request); the
+    // lease outlives the cut, so the next session resumes, but claims anew.
+    proxy.cut();
+    let s = engine.stats()[0].clone();
+    assert!(common::wait_until_async(CONVERGE, || !s.is_synced()).await);
+    proxy.heal();
+    put_each(&src, 5..8, "after").await;
+    converged(&src, &peer, &cfg).await;
+    let second = fence(peer.clone(), cfg.clone()).await.unwrap();
+    assert!(second > first, "the fence stayed {first}: the session did not re-claim");
+    assert_eq!(s.resyncs(ResyncReason::LeaseLost), 0, "resumed, not re-synced");
+}
