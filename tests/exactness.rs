@@ -12,7 +12,9 @@ use aether_replicator::etcd::{Client, Put, Range};
 use aether_replicator::mirror::state::State;
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::Etcd;
-use common::mirror::{CONVERGE, PREFIX, client, config, contents, converged, key, start_synced};
+use common::mirror::{
+    CONVERGE, Lcg, PREFIX, Scene, client, config, contents, converged, key, start_synced,
+};
 
 /// A config whose freshness probe runs every 300 ms, so identity changes
 /// are noticed quickly; no lapse and no verification unless a test asks.
@@ -50,9 +52,12 @@ async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_lost_its_data_is_mirrored_exactly() {
-    let mut src_etcd = Etcd::start();
-    let peer_etcd = Etcd::start();
-    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    let Scene {
+        mut src_etcd,
+        peer_etcd: _peer_etcd,
+        src,
+        peer,
+    } = Scene::start();
     put_each(&src, 0..40, "old").await;
     let cfg = fast(5);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
@@ -68,9 +73,12 @@ async fn a_source_that_lost_its_data_is_mirrored_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_restored_from_an_older_snapshot_is_repaired() {
-    let src_etcd = Etcd::start();
-    let mut peer_etcd = Etcd::start();
-    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    let Scene {
+        src_etcd: _src_etcd,
+        mut peer_etcd,
+        src,
+        peer,
+    } = Scene::start();
     put_each(&src, 0..30, "v").await;
     let cfg = fast(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
@@ -148,9 +156,12 @@ async fn a_value_too_large_for_the_peer_does_not_leave_the_old_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_another_lease_ttl_replaces_the_lease() {
-    let src_etcd = Etcd::start();
-    let peer_etcd = Etcd::start();
-    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    let Scene {
+        src_etcd: _src_etcd,
+        peer_etcd: _peer_etcd,
+        src,
+        peer,
+    } = Scene::start();
     put_each(&src, 0..20, "v").await;
     let short = fast(4);
     let first = start_synced(&src, peer.clone(), &peer, &short).await;
@@ -199,9 +210,12 @@ async fn two_sites_with_one_region_name_do_not_mix_their_copies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_subtree_stays_fresh_and_its_heartbeat_moves() {
-    let src_etcd = Etcd::start();
-    let peer_etcd = Etcd::start();
-    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    let Scene {
+        src_etcd: _src_etcd,
+        peer_etcd: _peer_etcd,
+        src,
+        peer,
+    } = Scene::start();
     put_each(&src, 0..5, "v").await;
     let cfg = fast(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
@@ -231,9 +245,12 @@ async fn an_idle_subtree_stays_fresh_and_its_heartbeat_moves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verification_repairs_edits_made_on_the_peer() {
-    let src_etcd = Etcd::start();
-    let peer_etcd = Etcd::start();
-    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    let Scene {
+        src_etcd: _src_etcd,
+        peer_etcd: _peer_etcd,
+        src,
+        peer,
+    } = Scene::start();
     put_each(&src, 0..20, "v").await;
     let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
@@ -255,9 +272,12 @@ async fn verification_repairs_edits_made_on_the_peer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_wiped_and_rewritten_past_the_old_revision_is_caught_by_verification() {
-    let mut src_etcd = Etcd::start();
-    let peer_etcd = Etcd::start();
-    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    let Scene {
+        mut src_etcd,
+        peer_etcd: _peer_etcd,
+        src,
+        peer,
+    } = Scene::start();
     put_each(&src, 0..10, "old").await;
     let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
     let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
@@ -317,17 +337,6 @@ async fn a_peer_that_cannot_be_made_current_lapses_and_says_so() {
         state_on(&peer, &cfg).await.is_none(),
         "the state key lapsed with the copy"
     );
-}
-
-struct Lcg(u64);
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
 }
 
 /// Random writes with the faults that identity and verification exist
@@ -438,6 +447,13 @@ async fn every_session_claims_the_peer_anew() {
     put_each(&src, 5..8, "after").await;
     converged(&src, &peer, &cfg).await;
     let second = fence(peer.clone(), cfg.clone()).await.unwrap();
-    assert!(second > first, "the fence stayed {first}: the session did not re-claim");
-    assert_eq!(s.resyncs(ResyncReason::LeaseLost), 0, "resumed, not re-synced");
+    assert!(
+        second > first,
+        "the fence stayed {first}: the session did not re-claim"
+    );
+    assert_eq!(
+        s.resyncs(ResyncReason::LeaseLost),
+        0,
+        "resumed, not re-synced"
+    );
 }

@@ -482,21 +482,6 @@ async fn peer_restart_and_a_cut_longer_than_the_ttl() {
     engine.shutdown().await;
 }
 
-/// A tiny deterministic generator (no extra crates).
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomized_convergence() {
     let seed = std::env::var("MIRROR_SEED")
@@ -504,7 +489,7 @@ async fn randomized_convergence() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_2026u64);
     println!("randomized_convergence seed {seed}");
-    let mut rng = Lcg(seed);
+    let mut rng = common::mirror::Lcg(seed);
     let (src_etcd, mut dst_etcd) = (Etcd::start(), Etcd::start());
     let src = client(&src_etcd.endpoint());
     let dst = client(&dst_etcd.endpoint());

@@ -119,3 +119,53 @@ pub async fn start_synced(
     converged(src, observe, cfg).await;
     engine
 }
+
+/// The common scene: a source etcd and a peer etcd, with clients to each.
+pub struct Scene {
+    /// Region a's etcd, the source.
+    pub src_etcd: crate::common::Etcd,
+    /// Region b's etcd, the peer.
+    pub peer_etcd: crate::common::Etcd,
+    /// A client of the source.
+    pub src: Client,
+    /// A client of the peer, straight (not through a proxy).
+    pub peer: Client,
+}
+
+impl Scene {
+    /// Two fresh etcds.
+    pub fn start() -> Scene {
+        Scene::with(crate::common::Etcd::start(), crate::common::Etcd::start())
+    }
+
+    /// A scene over etcds the test built itself (extra flags).
+    pub fn with(src_etcd: crate::common::Etcd, peer_etcd: crate::common::Etcd) -> Scene {
+        let src = client(&src_etcd.endpoint());
+        let peer = client(&peer_etcd.endpoint());
+        Scene {
+            src_etcd,
+            peer_etcd,
+            src,
+            peer,
+        }
+    }
+}
+
+/// A tiny deterministic generator for randomized tests (no extra crates).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// The next value, 31 bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    /// A value in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
