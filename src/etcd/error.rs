@@ -78,6 +78,17 @@ pub enum Error {
     /// The watch was canceled by the server for a reason other than compaction.
     #[error("watch canceled: {0}")]
     WatchCanceled(String),
+    /// A proclaim from a candidate that does not (or no longer) lead the
+    /// election.
+    #[error("election: not leader")]
+    NotLeader,
+    /// `try_lock` found the lock held by another session.
+    #[error("mutex: locked by another session")]
+    Locked,
+    /// The session's lease expired or was revoked while waiting; its keys
+    /// are gone.
+    #[error("session expired")]
+    SessionExpired,
     /// The client's background task is gone (the client was dropped).
     #[error("client task closed")]
     Closed,

@@ -164,7 +164,7 @@ impl Range {
 pub struct RangeResponse {
     /// The response header.
     pub header: Header,
-    kvs: Vec<KeyValue>,
+    pub(crate) kvs: Vec<KeyValue>,
     /// Whether the limit cut the result short.
     pub more: bool,
     /// The number of keys in the range, regardless of the limit.

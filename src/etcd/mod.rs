@@ -13,6 +13,12 @@
 //! - `watch`: the watch-stream actor, with resume across reconnects.
 //! - `lease`: grant, revoke, TTL, and the keep-alive actor.
 //! - `maintenance`: member status.
+//! - [`concurrency`]: sessions, leader election and locks (Go's
+//!   `concurrency` package semantics).
+//! - `range_opts`: sorted and create-revision-bounded ranges.
+//! - `cluster`: member listing.
+//! - `maintenance_ops`: alarms, defragment, KV hash.
+//! - `namespace`: a key-prefix view of a client ([`Namespace`]).
 //! - `error`: the one error type.
 //! - `pb`: the generated code, private.
 //!
@@ -21,11 +27,16 @@
 mod backoff;
 mod batch;
 mod client;
+mod cluster;
+pub mod concurrency;
 mod error;
 mod kv;
 mod lease;
 mod maintenance;
+mod maintenance_ops;
+mod namespace;
 mod pb;
+mod range_opts;
 mod watch;
 
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
@@ -37,6 +48,7 @@ pub use client::{
     DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
     DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, TlsConfig,
 };
+pub use cluster::{Member, MemberList};
 pub use error::{Error, Result};
 pub use kv::{
     Compare, CompareOp, Delete, DeleteResponse, Header, KeyValue, Op, OpResponse, Page, Put,
@@ -44,4 +56,7 @@ pub use kv::{
 };
 pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl};
 pub use maintenance::Status;
+pub use maintenance_ops::{Alarm, AlarmKind, HashKv};
+pub use namespace::{Namespace, NamespaceWatcher};
+pub use range_opts::{SortOrder, SortTarget};
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};

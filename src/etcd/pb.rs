@@ -38,6 +38,15 @@ pub(crate) use etcdserverpb::{
     request_op::Request as PbOp, response_op::Response as PbOpResponse, watch_client::WatchClient,
     watch_request::RequestUnion as PbWatchRequestUnion,
 };
+// Cluster, maintenance and sorted-range types used by the client APIs in
+// `cluster.rs`, `maintenance_ops.rs` and `concurrency/`.
+pub(crate) use etcdserverpb::{
+    AlarmRequest as PbAlarmRequest, AlarmType as PbAlarmType,
+    DefragmentRequest as PbDefragmentRequest, HashKvRequest as PbHashKvRequest,
+    MemberListRequest as PbMemberListRequest, alarm_request::AlarmAction as PbAlarmAction,
+    cluster_client::ClusterClient, range_request::SortOrder as PbSortOrder,
+    range_request::SortTarget as PbSortTarget,
+};
 pub(crate) use mvccpb::{
     Event as PbEvent, KeyValue as PbKeyValue, event::EventType as PbEventType,
 };

@@ -122,7 +122,7 @@ pub struct WatchResponse {
 
 /// What to watch.
 #[derive(Clone, Debug)]
-pub struct WatchOptions(PbWatchCreateRequest);
+pub struct WatchOptions(pub(crate) PbWatchCreateRequest);
 
 impl WatchOptions {
     /// Watch exactly `key`.

@@ -1,0 +1,76 @@
+//! The cluster service: member listing.
+
+use super::client::Client;
+use super::error::Result;
+use super::kv::Header;
+use super::pb::{ClusterClient, PbMemberListRequest};
+
+/// One member of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The member id.
+    pub id: u64,
+    /// Its name; empty while the member has not started.
+    pub name: String,
+    /// The URLs it uses to talk to its peers.
+    pub peer_urls: Vec<String>,
+    /// The URLs it serves clients on; empty while it has not started.
+    pub client_urls: Vec<String>,
+    /// Whether it is a raft learner (not voting, and refusing most client
+    /// requests).
+    pub is_learner: bool,
+}
+
+/// The answer to [`Client::member_list`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberList {
+    /// The cluster id.
+    pub cluster_id: u64,
+    /// The response header.
+    pub header: Header,
+    /// Every member, learners included.
+    pub members: Vec<Member>,
+}
+
+impl Client {
+    /// Lists the cluster's members.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_replicator::etcd::Client)
+    /// # -> aether_replicator::etcd::Result<()> {
+    /// let list = client.member_list().await?;
+    /// for m in &list.members {
+    ///     println!("{:x} {} {:?}", m.id, m.name, m.client_urls);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn member_list(&self) -> Result<MemberList> {
+        let resp = self
+            .unary(
+                PbMemberListRequest {
+                    linearizable: false,
+                },
+                |svc, r| {
+                    let mut c = ClusterClient::new(svc);
+                    async move { c.member_list(r).await }
+                },
+            )
+            .await?;
+        let cluster_id = resp.header.as_ref().map_or(0, |h| h.cluster_id);
+        Ok(MemberList {
+            cluster_id,
+            header: resp.header.into(),
+            members: resp
+                .members
+                .into_iter()
+                .map(|m| Member {
+                    id: m.id,
+                    name: m.name,
+                    peer_urls: m.peer_ur_ls,
+                    client_urls: m.client_ur_ls,
+                    is_learner: m.is_learner,
+                })
+                .collect(),
+        })
+    }
+}

@@ -1,0 +1,209 @@
+//! A lease kept alive for as long as its holder lives.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::etcd::{Client, LeaseHandle, LeaseStatus, Result};
+
+/// The session TTL when none is given: Go's default.
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(60);
+
+/// How to open a [`Session`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionOptions {
+    ttl: Duration,
+    lease: Option<i64>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            ttl: DEFAULT_SESSION_TTL,
+            lease: None,
+        }
+    }
+}
+
+impl SessionOptions {
+    /// The lease TTL, in whole seconds (at least one): how long the
+    /// session's keys outlive a holder that stops without closing it.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Adopt this existing lease instead of granting one, for example the
+    /// lease of a session an earlier incarnation of this process left
+    /// running. The TTL should be the one it was granted with.
+    #[must_use]
+    pub fn with_lease(mut self, id: i64) -> Self {
+        self.lease = Some(id);
+        self
+    }
+}
+
+/// A lease kept alive through the client's [`LeaseKeeper`](crate::etcd::LeaseKeeper).
+/// Cheap to clone; clones share the lease.
+///
+/// The session is *lost* when the server says the lease is gone or when no
+/// keep-alive has been answered for a whole TTL (the server may already have
+/// let it expire): [`Session::lost`] resolves and [`Session::lost_signal`]
+/// turns true then, without polling.
+///
+/// Dropping the last clone stops the keep-alive but does not revoke the
+/// lease: it runs out within its TTL. Revoking needs a request, which a
+/// `Drop` cannot await; a process that crashes cannot revoke either, so
+/// anything built on a session must already cope with keys that outlive
+/// their holder by a TTL; and a lease that is left alone can be adopted by
+/// a successor ([`SessionOptions::with_lease`]). Call [`Session::close`] to
+/// revoke at once.
+///
+/// ```no_run
+/// # async fn demo() -> aether_replicator::etcd::Result<()> {
+/// use std::time::Duration;
+/// use aether_replicator::etcd::{Client, ClientConfig, Put};
+/// use aether_replicator::etcd::concurrency::{Session, SessionOptions};
+///
+/// let client = Client::connect(ClientConfig::new(["http://127.0.0.1:2379"]))?;
+/// let session =
+///     Session::with_options(&client, SessionOptions::default().with_ttl(Duration::from_secs(10)))
+///         .await?;
+/// // A key that lives as long as this process keeps the session.
+/// client.put(Put::new("/presence/me", "here").lease(session.lease())).await?;
+/// tokio::select! {
+///     _ = session.lost() => eprintln!("session lost; /presence/me is gone"),
+///     _ = tokio::time::sleep(Duration::from_secs(60)) => session.close().await?,
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Session(Arc<Inner>);
+
+struct Inner {
+    client: Client,
+    lease: i64,
+    ttl: i64,
+    lost: Arc<watch::Sender<bool>>,
+    _keep: LeaseHandle,
+    _monitor: DropGuard,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("lease", &self.0.lease)
+            .field("ttl", &self.0.ttl)
+            .field("lost", &*self.0.lost.borrow())
+            .finish()
+    }
+}
+
+impl Session {
+    /// Opens a session with the default TTL ([`DEFAULT_SESSION_TTL`]).
+    pub async fn new(client: &Client) -> Result<Session> {
+        Session::with_options(client, SessionOptions::default()).await
+    }
+
+    /// Opens a session: grants (or adopts) the lease and starts keeping it
+    /// alive.
+    pub async fn with_options(client: &Client, opts: SessionOptions) -> Result<Session> {
+        let ttl = opts.ttl.as_secs().max(1) as i64;
+        let (lease, ttl) = match opts.lease {
+            Some(id) => (id, ttl),
+            None => {
+                let grant = client.lease_grant(ttl, 0).await?;
+                (grant.id, grant.ttl)
+            }
+        };
+        let keep = client.lease_keeper().keep_alive(lease, ttl).await?;
+        let lost = Arc::new(watch::channel(false).0);
+        let cancel = CancellationToken::new();
+        // The monitor holds the lease status and the signal, never the
+        // client: it ends with the session.
+        tokio::spawn(monitor(keep.subscribe(), lost.clone(), cancel.clone()));
+        Ok(Session(Arc::new(Inner {
+            client: client.clone(),
+            lease,
+            ttl,
+            lost,
+            _keep: keep,
+            _monitor: cancel.drop_guard(),
+        })))
+    }
+
+    /// The session's lease id: attach keys to it to tie them to the session.
+    pub fn lease(&self) -> i64 {
+        self.0.lease
+    }
+
+    /// The TTL the lease was granted with, in seconds.
+    pub fn ttl(&self) -> i64 {
+        self.0.ttl
+    }
+
+    /// The client the session was opened on.
+    pub fn client(&self) -> &Client {
+        &self.0.client
+    }
+
+    /// Whether the session is lost.
+    pub fn is_lost(&self) -> bool {
+        *self.0.lost.borrow()
+    }
+
+    /// A receiver that turns true, once, when the session is lost.
+    pub fn lost_signal(&self) -> watch::Receiver<bool> {
+        self.0.lost.subscribe()
+    }
+
+    /// Resolves when the session is lost (at once if it already is).
+    pub async fn lost(&self) {
+        let mut rx = self.0.lost.subscribe();
+        // The sender lives as long as `self`, so this only ends on `true`.
+        let _ = rx.wait_for(|lost| *lost).await;
+    }
+
+    /// Revokes the lease, deleting every key attached to it, and marks the
+    /// session lost. The keep-alive stops when the last clone is dropped.
+    pub async fn close(&self) -> Result<()> {
+        let res = self.0.client.lease_revoke(self.0.lease).await;
+        self.0.lost.send_replace(true);
+        match res {
+            // Already gone: the session's keys are gone too.
+            Err(crate::etcd::Error::LeaseNotFound) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// Turns `lost` true when the keeper reports the lease gone, the keeper
+/// stops, or a whole TTL passes after the last answered keep-alive.
+async fn monitor(
+    mut status: watch::Receiver<LeaseStatus>,
+    lost: Arc<watch::Sender<bool>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let s = *status.borrow_and_update();
+        let Some(deadline) = expiry(&s) else { break };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = status.changed() => if changed.is_err() { break },
+            _ = tokio::time::sleep_until(deadline.into()) => break,
+        }
+    }
+    lost.send_replace(true);
+}
+
+/// When the lease may have expired, judged from the last answer; `None`
+/// when it is already lost.
+fn expiry(s: &LeaseStatus) -> Option<Instant> {
+    match s.last_ok {
+        Some(at) if !s.lost => Some(at + Duration::from_secs(s.ttl.max(0) as u64)),
+        _ => None,
+    }
+}
