@@ -519,3 +519,39 @@ async fn namespace_prefixes_and_strips_keys() {
         ]
     );
 }
+
+/// Auto-sync replaces the configured endpoints with the members' advertised
+/// client URLs, and its task ends with the last `Client`: it holds the
+/// connections, never the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
+    // The member advertises a proxy in front of itself, so the synced
+    // endpoint's connections can be counted.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let advertised = format!("http://{}", listener.local_addr().unwrap());
+    let etcd = Etcd::builder()
+        .extra_args(&[&format!("--advertise-client-urls={advertised}")])
+        .start();
+    let proxy = common::FaultProxy::with_listener(listener, etcd.client_addr());
+    assert_eq!(proxy.endpoint(), advertised);
+    // Configured: the member directly, and a port nothing listens on.
+    let config = ClientConfig {
+        auto_sync_interval: Some(Duration::from_millis(100)),
+        ..ClientConfig::new([etcd.endpoint(), "http://127.0.0.1:9".to_string()])
+    };
+    let c = Client::connect(config).unwrap();
+    assert!(
+        common::wait_until_async(T, || c.endpoints() == [advertised.clone()]).await,
+        "endpoints never synced: {:?}",
+        c.endpoints()
+    );
+    c.put(Put::new("/synced", "1")).await.unwrap();
+    assert!(proxy.active_connections() >= 1);
+
+    drop(c);
+    assert!(
+        common::wait_until_async(T, || proxy.active_connections() == 0).await,
+        "{} connections still open: the auto-sync task outlived its client",
+        proxy.active_connections()
+    );
+}

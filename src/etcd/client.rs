@@ -115,6 +115,10 @@ pub struct ClientConfig {
     /// (`hasleader` metadata), so a partitioned member's watch fails over
     /// instead of going quiet. On by default.
     pub watch_require_leader: bool,
+    /// Refresh the endpoints from the cluster's member list this often
+    /// (`None`: never). See [`Client::member_list`]; the task ends with the
+    /// last `Client` clone.
+    pub auto_sync_interval: Option<Duration>,
 }
 
 impl Default for ClientConfig {
@@ -132,6 +136,7 @@ impl Default for ClientConfig {
             stream_window: DEFAULT_STREAM_WINDOW,
             connection_window: DEFAULT_CONNECTION_WINDOW,
             watch_require_leader: true,
+            auto_sync_interval: None,
         }
     }
 }
@@ -191,6 +196,8 @@ pub struct Client {
 struct Handle {
     transport: Transport,
     keeper: OnceLock<LeaseKeeper>,
+    /// Stops the endpoint auto-sync task when the last clone goes.
+    _auto_sync: Option<tokio_util::sync::DropGuard>,
 }
 
 /// The connections, token and config: what a background task needs to make
@@ -237,18 +244,23 @@ impl Client {
             None => None,
         };
         let endpoints = build_endpoints(&config, config.endpoints.clone(), tls)?;
+        let auto_sync = config.auto_sync_interval;
+        let transport = Transport(Arc::new(Shared {
+            credentials: RwLock::new(config.credentials.clone()),
+            config,
+            endpoints: RwLock::new(Arc::new(endpoints)),
+            current: AtomicUsize::new(0),
+            token: Arc::new(RwLock::new(None)),
+            auth_lock: tokio::sync::Mutex::new(()),
+            authentications: AtomicU64::new(0),
+        }));
+        let _auto_sync =
+            auto_sync.map(|every| super::endpoint_sync::spawn(transport.clone(), every));
         Ok(Client {
             inner: Arc::new(Handle {
-                transport: Transport(Arc::new(Shared {
-                    credentials: RwLock::new(config.credentials.clone()),
-                    config,
-                    endpoints: RwLock::new(Arc::new(endpoints)),
-                    current: AtomicUsize::new(0),
-                    token: Arc::new(RwLock::new(None)),
-                    auth_lock: tokio::sync::Mutex::new(()),
-                    authentications: AtomicU64::new(0),
-                })),
+                transport,
                 keeper: OnceLock::new(),
+                _auto_sync,
             }),
         })
     }
@@ -268,19 +280,7 @@ impl Client {
     /// and reconnecting streams use them; calls under way finish where they
     /// are. Unchanged URLs keep their connections.
     pub fn set_endpoints(&self, urls: Vec<String>) -> Result<()> {
-        let t = &self.inner.transport;
-        let current = t.endpoints();
-        if current.urls == urls {
-            return Ok(());
-        }
-        let mut next = build_endpoints(t.config(), urls, current.tls.clone())?;
-        for (url, ch) in next.urls.iter().zip(next.channels.iter_mut()) {
-            if let Some(i) = current.urls.iter().position(|u| u == url) {
-                *ch = current.channels[i].clone();
-            }
-        }
-        t.replace_endpoints(next);
-        Ok(())
+        self.inner.transport.set_endpoints(urls)
     }
 
     /// Reads the TLS files named in the config again and, when their
@@ -354,6 +354,23 @@ impl Client {
 }
 
 impl Transport {
+    /// See [`Client::set_endpoints`]; here so that the auto-sync task,
+    /// which holds only the transport, can call it.
+    pub(crate) fn set_endpoints(&self, urls: Vec<String>) -> Result<()> {
+        let current = self.endpoints();
+        if current.urls == urls {
+            return Ok(());
+        }
+        let mut next = build_endpoints(self.config(), urls, current.tls.clone())?;
+        for (url, ch) in next.urls.iter().zip(next.channels.iter_mut()) {
+            if let Some(i) = current.urls.iter().position(|u| u == url) {
+                *ch = current.channels[i].clone();
+            }
+        }
+        self.replace_endpoints(next);
+        Ok(())
+    }
+
     pub(crate) fn config(&self) -> &ClientConfig {
         &self.0.config
     }

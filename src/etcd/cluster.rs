@@ -1,6 +1,6 @@
 //! The cluster service: member listing.
 
-use super::client::Client;
+use super::client::{Client, Transport};
 use super::error::Result;
 use super::kv::Header;
 use super::pb::{ClusterClient, PbMemberListRequest};
@@ -33,7 +33,10 @@ pub struct MemberList {
 }
 
 impl Client {
-    /// Lists the cluster's members.
+    /// Lists the cluster's members. With
+    /// [`ClientConfig::auto_sync_interval`](super::ClientConfig::auto_sync_interval)
+    /// set, a task does this periodically and makes the client's endpoints
+    /// the started voting members' client URLs.
     ///
     /// ```no_run
     /// # async fn demo(client: aether_replicator::etcd::Client)
@@ -45,32 +48,37 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn member_list(&self) -> Result<MemberList> {
-        let resp = self
-            .unary(
-                PbMemberListRequest {
-                    linearizable: false,
-                },
-                |svc, r| {
-                    let mut c = ClusterClient::new(svc);
-                    async move { c.member_list(r).await }
-                },
-            )
-            .await?;
-        let cluster_id = resp.header.as_ref().map_or(0, |h| h.cluster_id);
-        Ok(MemberList {
-            cluster_id,
-            header: resp.header.into(),
-            members: resp
-                .members
-                .into_iter()
-                .map(|m| Member {
-                    id: m.id,
-                    name: m.name,
-                    peer_urls: m.peer_ur_ls,
-                    client_urls: m.client_ur_ls,
-                    is_learner: m.is_learner,
-                })
-                .collect(),
-        })
+        member_list(self.transport()).await
     }
+}
+
+/// [`Client::member_list`] on the transport, for the auto-sync task.
+pub(crate) async fn member_list(t: &Transport) -> Result<MemberList> {
+    let resp = t
+        .unary(
+            PbMemberListRequest {
+                linearizable: false,
+            },
+            |svc, r| {
+                let mut c = ClusterClient::new(svc);
+                async move { c.member_list(r).await }
+            },
+        )
+        .await?;
+    let cluster_id = resp.header.as_ref().map_or(0, |h| h.cluster_id);
+    Ok(MemberList {
+        cluster_id,
+        header: resp.header.into(),
+        members: resp
+            .members
+            .into_iter()
+            .map(|m| Member {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_ur_ls,
+                client_urls: m.client_ur_ls,
+                is_learner: m.is_learner,
+            })
+            .collect(),
+    })
 }

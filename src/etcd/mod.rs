@@ -16,7 +16,8 @@
 //! - [`concurrency`]: sessions, leader election and locks (Go's
 //!   `concurrency` package semantics).
 //! - `range_opts`: sorted and create-revision-bounded ranges.
-//! - `cluster`: member listing.
+//! - `cluster`: member listing; `endpoint_sync`: the optional task that
+//!   refreshes the endpoints from it.
 //! - `maintenance_ops`: alarms, defragment, KV hash.
 //! - `namespace`: a key-prefix view of a client ([`Namespace`]).
 //! - `error`: the one error type.
@@ -29,6 +30,7 @@ mod batch;
 mod client;
 mod cluster;
 pub mod concurrency;
+mod endpoint_sync;
 mod error;
 mod kv;
 mod lease;

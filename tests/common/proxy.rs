@@ -74,13 +74,20 @@ impl FaultProxy {
     /// Binds 127.0.0.1:0 and starts forwarding to `upstream`, which must be a
     /// loopback address.
     pub async fn start(upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy on 127.0.0.1:0");
+        FaultProxy::with_listener(listener, upstream)
+    }
+
+    /// Like [`FaultProxy::start`] on a listener bound beforehand, so the
+    /// proxy's address can be handed to the upstream (say, as etcd's
+    /// advertised client URL) before the upstream exists.
+    pub fn with_listener(listener: TcpListener, upstream: SocketAddr) -> FaultProxy {
         assert!(
             upstream.ip().is_loopback(),
             "FaultProxy only proxies to loopback upstreams, got {upstream}"
         );
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind proxy on 127.0.0.1:0");
         let addr = listener.local_addr().expect("proxy local_addr");
         let (state, _) = watch::channel(LinkState::default());
         let shared = Arc::new(Shared {
