@@ -555,3 +555,55 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
         proxy.active_connections()
     );
 }
+
+/// The layout is Go's: `etcdctl elect` (etcd's own election, run by the
+/// server's v3election service) and this client campaign in one queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_interoperates_with_etcdctl_elect() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    /// Stops the etcdctl process by pid even when the test fails.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let go = Reap(
+        common::etcdctl_command()
+            .arg(format!("--endpoints={}", etcd.endpoint()))
+            .args(["elect", "/interop", "from-go"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run etcdctl elect"),
+    );
+    let s = session(&c, 30).await;
+    let mut e = Election::new(&s, "/interop");
+    let deadline = tokio::time::Instant::now() + T;
+    while leader_value(&e).await.as_deref() != Some("from-go") {
+        assert!(tokio::time::Instant::now() < deadline, "etcdctl never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ours = tokio::spawn(async move { e.campaign("from-rust").await.map(|_| e) });
+    let deadline = tokio::time::Instant::now() + T;
+    while c.range(Range::prefix("/interop/")).await.unwrap().count < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!ours.is_finished(), "led while etcdctl leads");
+    // etcdctl resigns on SIGINT.
+    let pid = go.0.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let e = within("the Rust candidate leads after etcdctl resigns", ours)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(go);
+    assert_eq!(leader_value(&e).await.as_deref(), Some("from-rust"));
+}

@@ -224,7 +224,7 @@ async fn metrics_and_health_over_http() {
         .unwrap();
     // A clean stop resigns: the campaign key is gone at once.
     let leader = client(&src)
-        .range(Range::key("/aether/v1/replicator/a/leader"))
+        .range(Range::prefix("/aether/v1/replicator/a/leader"))
         .await
         .unwrap();
     assert!(leader.kvs().is_empty());
@@ -522,7 +522,9 @@ async fn a_removed_campaign_key_ends_leadership_even_right_after_winning() {
         let election = Election::new(c.clone(), "a", "replica-1", ttl);
         let mut leadership = election.campaign().await.unwrap();
         // Delete the key before `lost()` has even created its watch.
-        c.delete(Delete::key(election.key().clone())).await.unwrap();
+        c.delete(Delete::key(leadership.key().clone()))
+            .await
+            .unwrap();
         tokio::time::sleep(delay).await;
         tokio::time::timeout(Duration::from_secs(20), leadership.lost())
             .await
@@ -535,6 +537,47 @@ async fn a_removed_campaign_key_ends_leadership_even_right_after_winning() {
             .unwrap();
         won.resign().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_own_campaign_key_is_taken_back_and_a_withdrawn_standby_leaves_none() {
+    use aether_replicator::app::election::Election;
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let ttl = Duration::from_secs(10);
+    // A key left by an earlier session of this replica, whose lease (say,
+    // renewed by an etcd restart) has a long while to run.
+    let old = c.lease_grant(60, 0).await.unwrap();
+    let stale = format!("/aether/v1/replicator/a/leader/{:x}", old.id);
+    c.put(Put::new(stale.clone(), "replica-1").lease(old.id))
+        .await
+        .unwrap();
+    let election = Election::new(c.clone(), "a", "replica-1", ttl);
+    let leadership = tokio::time::timeout(Duration::from_secs(5), election.campaign())
+        .await
+        .expect("the stale key is taken back, not waited out")
+        .unwrap();
+    assert_ne!(leadership.key(), stale.as_str());
+    // A standby queues behind the leader; when it stops, it withdraws.
+    let standby = Election::new(c.clone(), "a", "replica-2", ttl);
+    let queued = || async {
+        c.range(Range::prefix("/aether/v1/replicator/a/leader/"))
+            .await
+            .unwrap()
+            .count
+    };
+    tokio::select! {
+        r = standby.campaign() => panic!("the standby won while another leads: {:?}", r.err()),
+        _ = async {
+            while queued().await < 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        } => {}
+    }
+    standby.withdraw().await;
+    assert_eq!(queued().await, 1);
+    leadership.resign().await;
+    assert_eq!(queued().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,7 +86,12 @@ pub async fn run_with_state(
         // Standby: campaign until we lead. `session_ok` says whether the
         // campaign holds a live session (a healthy standby).
         let mut leadership = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => {
+                // A standby's queued campaign key would otherwise hold up
+                // a handoff for a TTL.
+                election.withdraw().await;
+                return Ok(());
+            }
             r = election.campaign_reporting(&state.session_ok) => match r {
                 Ok(l) => l,
                 Err(e) => {

@@ -111,24 +111,21 @@ impl Namespace {
     }
 
     /// [`Client::watch`] inside the namespace, on a watch stream of its
-    /// own that lives as long as the returned watcher.
+    /// own.
     pub fn watch(&self, mut opts: WatchOptions) -> Result<NamespaceWatcher> {
         self.range_in(&mut opts.0.key, &mut opts.0.range_end);
-        let (stream, watcher) = self.client.watch(opts)?;
+        // The watcher keeps its watch stream alive.
+        let (_, watcher) = self.client.watch(opts)?;
         let ns = self.clone();
-        let events = futures_util::stream::unfold(
-            (stream, watcher, ns),
-            |(stream, mut watcher, ns)| async move {
-                let mut msg = watcher.next().await?;
-                if let Ok(r) = &mut msg {
-                    for ev in &mut r.events {
-                        ns.strip(&mut ev.kv);
-                        ns.strip_opt(&mut ev.prev_kv);
-                    }
+        let events = futures_util::StreamExt::map(watcher, move |mut msg| {
+            if let Ok(r) = &mut msg {
+                for ev in &mut r.events {
+                    ns.strip(&mut ev.kv);
+                    ns.strip_opt(&mut ev.prev_kv);
                 }
-                Some((msg, (stream, watcher, ns)))
-            },
-        );
+            }
+            msg
+        });
         Ok(NamespaceWatcher(Box::pin(events)))
     }
 

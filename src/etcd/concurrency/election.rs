@@ -11,7 +11,7 @@ use super::Session;
 use super::wait::{first_created, range_kvs, wait_deletes};
 use crate::etcd::{
     Client, Compare, CompareOp, Delete, Error, EventKind, Header, KeyValue, Put, Range, Result,
-    Txn, WatchOptions, WatchStream, Watcher,
+    Txn, WatchOptions, Watcher,
 };
 
 /// One candidate in an election on a key prefix.
@@ -239,8 +239,8 @@ impl Election {
 
     /// A stream of the leader's key-value: the current leader first (once
     /// there is one), then each value it proclaims, then each next leader,
-    /// in order. It ends after yielding an error; it holds its own watch,
-    /// so dropping it stops everything.
+    /// in order. It ends after yielding an error. It holds its own watch
+    /// and no task: dropping it stops everything.
     ///
     /// ```no_run
     /// # async fn demo(election: aether_replicator::etcd::concurrency::Election)
@@ -297,7 +297,6 @@ enum Phase {
         pending: VecDeque<KeyValue>,
         /// The key was deleted: after `pending`, look up the next leader.
         ended: bool,
-        _stream: WatchStream,
         watcher: Watcher,
     },
     Done,
@@ -365,20 +364,19 @@ impl ObserveState {
         let resp = self.client.range(first_created(&self.prefix)).await?;
         let from = resp.header.revision + 1;
         if let Some(kv) = resp.into_kvs().into_iter().next() {
-            let (stream, watcher) = self
+            let (_, watcher) = self
                 .client
                 .watch(WatchOptions::key(kv.key().clone()).start_revision(from))?;
             self.phase = Phase::Follow {
                 create_rev: kv.create_revision(),
                 pending: VecDeque::new(),
                 ended: false,
-                _stream: stream,
                 watcher,
             };
             return Ok(Some(kv));
         }
         // Nobody campaigns: wait for the first put under the prefix.
-        let (_stream, mut watcher) = self
+        let (_, mut watcher) = self
             .client
             .watch(WatchOptions::prefix(self.prefix.clone()).start_revision(from))?;
         loop {
