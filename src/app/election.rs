@@ -16,11 +16,11 @@
 //! campaign key is removed. The engine's fence covers the moment between a
 //! new leader's claim and the old one noticing.
 //!
-//! Up to version 0.1 the campaign key was the prefix itself
-//! (`.../<region>/leader`, one key created if absent). Replicas of the two
-//! layouts do not see each other's campaigns: upgrade a region's replicas
-//! together. Should both kinds lead at once meanwhile, the peers' fences
-//! let only one engine write, and the other steps down.
+//! Earlier builds campaigned on the prefix itself (`.../<region>/leader`,
+//! one key created if absent). Replicas of the two layouts do not see each
+//! other's campaigns: upgrade a region's replicas together. Should both
+//! kinds lead at once meanwhile, the peers' fences let only one engine
+//! write, and the other steps down.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
