@@ -158,3 +158,98 @@ key = "{key}"
         replica.log_text()
     );
 }
+
+/// The peer's password changes in etcd and in the password file while the
+/// replicator runs: it re-reads the file and carries on, unrestarted.
+#[test]
+fn a_rotated_password_file_is_used_without_a_restart() {
+    use aether_replicator::etcd::Credentials;
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    for args in [
+        &["user", "add", "root:pw-one"][..],
+        &["role", "add", "root"],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        dst.etcdctl_ok(args);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("password");
+    std::fs::write(&pw, "pw-one\n").unwrap();
+    let config = dir.path().join("a.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+region = "a"
+reload_interval = "1s"
+[peers.b]
+endpoints = ["{dst}"]
+username = "root"
+password_file = "{pw}"
+"#,
+            dst = dst.endpoint(),
+            pw = pw.display()
+        ),
+    )
+    .unwrap();
+    let replica = Replicator::spawn(&[
+        format!("--config={}", config.display()),
+        format!("--local-etcd={}", src.endpoint()),
+    ]);
+    let reader = |password: &str| {
+        let mut cfg = ClientConfig::new(dst.endpoints());
+        cfg.credentials = Some(Credentials {
+            user: "root".into(),
+            password: password.into(),
+        });
+        cfg.request_timeout = Duration::from_secs(3);
+        Client::connect(cfg).unwrap()
+    };
+    let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
+    let before = format!("{PREFIX}10.0.1.1");
+    rt.block_on(s.put(Put::new(before.clone(), "1"))).unwrap();
+    let d = reader("pw-one");
+    assert!(
+        wait_until(Duration::from_secs(30), || has(&rt, &d, &before)),
+        "never mirrored; log:\n{}",
+        replica.log_text()
+    );
+
+    // Rotation: etcd first, then the file (by rename, as a Secret update).
+    let mut passwd = common::etcdctl_command()
+        .arg(format!("--endpoints={}", dst.endpoint()))
+        .args([
+            "--user=root:pw-one",
+            "user",
+            "passwd",
+            "root",
+            "--interactive=false",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    passwd.stdin.take().unwrap().write_all(b"pw-two\n").unwrap();
+    assert!(passwd.wait().unwrap().success(), "etcdctl user passwd");
+    let tmp = dir.path().join("password.tmp");
+    std::fs::write(&tmp, "pw-two\n").unwrap();
+    std::fs::rename(&tmp, &pw).unwrap();
+
+    let d = reader("pw-two");
+    let after = format!("{PREFIX}10.0.1.2");
+    rt.block_on(s.put(Put::new(after.clone(), "2"))).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || has(&rt, &d, &after)),
+        "never mirrored after the password rotation; log:\n{}",
+        replica.log_text()
+    );
+    let page = replica.scrape().unwrap_or_default();
+    let reloads = metric(&page, "aether_replicator_reloads_total{peer=\"b\"}");
+    assert!(reloads.is_some_and(|n| n >= 1.0), "{page}");
+}
