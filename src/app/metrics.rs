@@ -36,6 +36,8 @@ pub struct AppState {
     pub peers: Mutex<Vec<Arc<PeerStats>>>,
     /// Where the endpoints listen, once bound.
     pub bound: std::sync::OnceLock<SocketAddr>,
+    /// Rotated TLS or password files reloaded, by etcd.
+    pub reloads: Arc<super::reload::ReloadCounts>,
 }
 
 impl AppState {
@@ -241,6 +243,23 @@ impl AppState {
                 out,
                 "aether_replicator_apply_latency_seconds_count{{peer=\"{peer}\"}} {count}"
             );
+        }
+        // Rotation (app::reload): the local etcd is labelled with this
+        // region's name.
+        let reloads = self.reloads.snapshot();
+        if !reloads.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP aether_replicator_reloads_total Rotated TLS or password files reloaded without a restart."
+            );
+            let _ = writeln!(out, "# TYPE aether_replicator_reloads_total counter");
+            for (peer, n) in reloads {
+                let _ = writeln!(
+                    out,
+                    "aether_replicator_reloads_total{{peer=\"{}\"}} {n}",
+                    escape(&peer)
+                );
+            }
         }
         out
     }

@@ -5,6 +5,7 @@
 //!   files, peer specs).
 //! - [`election`]: leader election among one region's replicas.
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
+//! - [`reload`]: re-reads rotated TLS and password files while running.
 //! - [`replicator`]: [`run`], which ties them to the mirror engine.
 //! - [`check`]: the one-shot comparison behind `aether-replicator check`.
 //! - [`endpoints`]: `aether-replicator endpoints`, the merged registry as
@@ -22,6 +23,7 @@ pub mod endpoints;
 pub mod metrics;
 pub mod migrate;
 pub mod parse;
+pub mod reload;
 pub mod replicator;
 
 pub use replicator::run;

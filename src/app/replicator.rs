@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::Config;
 use super::election::Election;
 use super::metrics::{self, AppState};
+use super::reload;
 use crate::error::Result;
 use crate::etcd::{Backoff, Client};
 use crate::mirror::{Engine, PeerStats};
@@ -70,6 +71,29 @@ pub async fn run_with_state(
         .collect::<Result<_>>()?;
     *state.peers.lock().unwrap_or_else(|e| e.into_inner()) =
         peers.iter().map(|(_, _, s)| s.clone()).collect();
+
+    // Rotated certificates and passwords, re-read while this runs; the task
+    // (and its client handles) ends with `cancel`, when this returns.
+    if let Some(interval) = config.reload_interval {
+        let mut targets = vec![reload::Target::new(
+            config.region.clone(),
+            local.clone(),
+            config.local_password_file.clone(),
+        )];
+        for (region, client, _) in &peers {
+            targets.push(reload::Target::new(
+                region.clone(),
+                client.clone(),
+                config.peer_password_files.get(region).cloned(),
+            ));
+        }
+        tokio::spawn(reload::run(
+            targets,
+            interval,
+            state.reloads.clone(),
+            cancel.child_token(),
+        ));
+    }
 
     let election = Election::new(
         local.clone(),

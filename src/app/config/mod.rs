@@ -112,6 +112,7 @@ mod validate;
 pub use args::{
     CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs, Secret,
 };
+pub(crate) use validate::read_password;
 pub use validate::{
     Config, ConfigError, DEFAULT_LOCAL_ETCD, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL,
     EndpointsConfig, MigrateConfig, PasswordFile,

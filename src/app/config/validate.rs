@@ -1203,7 +1203,7 @@ fn file_credentials(
 /// Reads a password file: its contents less one trailing newline (what
 /// `echo` and most editors add; Kubernetes Secrets add none). Never
 /// quotes the contents.
-pub(super) fn read_password(path: &str) -> Result<String, String> {
+pub(crate) fn read_password(path: &str) -> Result<String, String> {
     let mut text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     if text.ends_with('\n') {
         text.pop();

@@ -1,0 +1,255 @@
+//! Certificate rotation without a restart (`app::reload`), on the real
+//! binary and a real mutual-TLS etcd.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aether_replicator::etcd::{Client, ClientConfig, Put, Range, TlsConfig};
+use common::replicator::{Replicator, metric};
+use common::{Etcd, TlsFiles, generate_mtls, wait_until};
+
+const PREFIX: &str = "/aether/v1/regions/a/clusters/c/services/s/protocols/http/endpoints/";
+
+/// A directory laid out as Kubernetes mounts a Secret: the visible files
+/// are symlinks through `..data`, a symlink to a timestamped directory that
+/// an update replaces by renaming a new `..data` over it.
+struct SecretMount {
+    dir: PathBuf,
+    version: u32,
+}
+
+impl SecretMount {
+    const FILES: [&str; 3] = ["ca.crt", "tls.crt", "tls.key"];
+
+    fn new(dir: &Path, pki: &TlsFiles) -> SecretMount {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut m = SecretMount {
+            dir: dir.to_path_buf(),
+            version: 0,
+        };
+        m.update(pki);
+        for f in Self::FILES {
+            std::os::unix::fs::symlink(Path::new("..data").join(f), dir.join(f)).unwrap();
+        }
+        m
+    }
+
+    /// Writes `pki`'s CA, client certificate and key as a new version and
+    /// swaps `..data` to it atomically.
+    fn update(&mut self, pki: &TlsFiles) {
+        self.version += 1;
+        let name = format!("..v{}", self.version);
+        let version = self.dir.join(&name);
+        std::fs::create_dir(&version).unwrap();
+        for (f, from) in Self::FILES
+            .iter()
+            .zip([&pki.ca, &pki.client_cert, &pki.client_key])
+        {
+            std::fs::copy(from, version.join(f)).unwrap();
+        }
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
+    }
+
+    fn path(&self, f: &str) -> String {
+        self.dir.join(f).to_str().unwrap().to_string()
+    }
+}
+
+/// A client of `etcd` trusting (and presenting) what `pki` holds now.
+fn reader(etcd: &Etcd, pki: &TlsFiles) -> Client {
+    let mut cfg = ClientConfig::new(etcd.endpoints());
+    cfg.tls = Some(TlsConfig {
+        ca_file: Some(pki.ca.to_str().unwrap().into()),
+        cert_file: Some(pki.client_cert.to_str().unwrap().into()),
+        key_file: Some(pki.client_key.to_str().unwrap().into()),
+        server_name: None,
+    });
+    cfg.request_timeout = Duration::from_secs(3);
+    Client::connect(cfg).unwrap()
+}
+
+fn has(rt: &tokio::runtime::Runtime, c: &Client, key: &str) -> bool {
+    rt.block_on(c.range(Range::key(key.to_string())))
+        .is_ok_and(|r| !r.kvs().is_empty())
+}
+
+/// The replicator starts with the peer's files from CA1. While it runs, the
+/// mounted files are replaced by ones from a new CA2 (client certificate
+/// too), and the peer etcd restarts trusting and presenting CA2 only: the
+/// replicator reaches the peer again, unrestarted, and says it reloaded.
+#[test]
+fn rotated_certificates_are_used_without_a_restart() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let pki = tempfile::tempdir().unwrap();
+    // The peer's own files: rewritten in place with CA2 before its restart.
+    let server = generate_mtls(&pki.path().join("server"));
+    let src = Etcd::start();
+    let mut dst = Etcd::builder().tls(server.clone()).start();
+    let mut mount = SecretMount::new(&pki.path().join("mount"), &server);
+    let config = pki.path().join("a.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+region = "a"
+lease_ttl = "20s"
+reload_interval = "1s"
+[peers.b]
+endpoints = ["{dst}"]
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+"#,
+            dst = dst.endpoint(),
+            ca = mount.path("ca.crt"),
+            cert = mount.path("tls.crt"),
+            key = mount.path("tls.key"),
+        ),
+    )
+    .unwrap();
+    let replica = Replicator::spawn(&[
+        format!("--config={}", config.display()),
+        format!("--local-etcd={}", src.endpoint()),
+    ]);
+    let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
+    let before = format!("{PREFIX}10.0.0.1");
+    rt.block_on(s.put(Put::new(before.clone(), "1"))).unwrap();
+    let d = reader(&dst, &server);
+    assert!(
+        wait_until(Duration::from_secs(30), || has(&rt, &d, &before)),
+        "never mirrored with CA1; log:\n{}",
+        replica.log_text()
+    );
+
+    // Rotation: a new CA, new server and client certificates.
+    let ca2 = generate_mtls(&pki.path().join("ca2"));
+    mount.update(&ca2);
+    for (from, to) in [
+        (&ca2.ca, &server.ca),
+        (&ca2.ca_key, &server.ca_key),
+        (&ca2.server_cert, &server.server_cert),
+        (&ca2.server_key, &server.server_key),
+        (&ca2.client_cert, &server.client_cert),
+        (&ca2.client_key, &server.client_key),
+    ] {
+        std::fs::copy(from, to).unwrap();
+    }
+    dst.restart();
+    let d = reader(&dst, &server);
+    let after = format!("{PREFIX}10.0.0.2");
+    rt.block_on(s.put(Put::new(after.clone(), "2"))).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || has(&rt, &d, &after)),
+        "never mirrored after the rotation to CA2; log:\n{}",
+        replica.log_text()
+    );
+    assert!(has(&rt, &d, &before), "the earlier key is still there");
+    let page = replica.scrape().unwrap_or_default();
+    let reloads = metric(&page, "aether_replicator_reloads_total{peer=\"b\"}");
+    assert!(reloads.is_some_and(|n| n >= 1.0), "{page}");
+    assert!(
+        replica.log_text().contains("reloaded rotated files"),
+        "{}",
+        replica.log_text()
+    );
+}
+
+/// The peer's password changes in etcd and in the password file while the
+/// replicator runs: it re-reads the file and carries on, unrestarted.
+#[test]
+fn a_rotated_password_file_is_used_without_a_restart() {
+    use aether_replicator::etcd::Credentials;
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    for args in [
+        &["user", "add", "root:pw-one"][..],
+        &["role", "add", "root"],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        dst.etcdctl_ok(args);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("password");
+    std::fs::write(&pw, "pw-one\n").unwrap();
+    let config = dir.path().join("a.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+region = "a"
+reload_interval = "1s"
+[peers.b]
+endpoints = ["{dst}"]
+username = "root"
+password_file = "{pw}"
+"#,
+            dst = dst.endpoint(),
+            pw = pw.display()
+        ),
+    )
+    .unwrap();
+    let replica = Replicator::spawn(&[
+        format!("--config={}", config.display()),
+        format!("--local-etcd={}", src.endpoint()),
+    ]);
+    let reader = |password: &str| {
+        let mut cfg = ClientConfig::new(dst.endpoints());
+        cfg.credentials = Some(Credentials {
+            user: "root".into(),
+            password: password.into(),
+        });
+        cfg.request_timeout = Duration::from_secs(3);
+        Client::connect(cfg).unwrap()
+    };
+    let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
+    let before = format!("{PREFIX}10.0.1.1");
+    rt.block_on(s.put(Put::new(before.clone(), "1"))).unwrap();
+    let d = reader("pw-one");
+    assert!(
+        wait_until(Duration::from_secs(30), || has(&rt, &d, &before)),
+        "never mirrored; log:\n{}",
+        replica.log_text()
+    );
+
+    // Rotation: etcd first, then the file (by rename, as a Secret update).
+    let mut passwd = common::etcdctl_command()
+        .arg(format!("--endpoints={}", dst.endpoint()))
+        .args([
+            "--user=root:pw-one",
+            "user",
+            "passwd",
+            "root",
+            "--interactive=false",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    passwd.stdin.take().unwrap().write_all(b"pw-two\n").unwrap();
+    assert!(passwd.wait().unwrap().success(), "etcdctl user passwd");
+    let tmp = dir.path().join("password.tmp");
+    std::fs::write(&tmp, "pw-two\n").unwrap();
+    std::fs::rename(&tmp, &pw).unwrap();
+
+    let d = reader("pw-two");
+    let after = format!("{PREFIX}10.0.1.2");
+    rt.block_on(s.put(Put::new(after.clone(), "2"))).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || has(&rt, &d, &after)),
+        "never mirrored after the password rotation; log:\n{}",
+        replica.log_text()
+    );
+    let page = replica.scrape().unwrap_or_default();
+    let reloads = metric(&page, "aether_replicator_reloads_total{peer=\"b\"}");
+    assert!(reloads.is_some_and(|n| n >= 1.0), "{page}");
+}
