@@ -880,3 +880,189 @@ async fn a_watcher_is_a_stream_that_keeps_its_watch_stream_alive() {
     .expect("five events");
     assert_eq!(keys, ["/s/1", "/s/2", "/s/3", "/s/4", "/s/5"]);
 }
+
+/// A response over the client's decode limit cannot be decoded, and
+/// resuming asks for the same response again: it must end the stream's
+/// watchers with a typed error, not reconnect in a silent loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_decode_limit_ends_the_watchers_instead_of_looping() {
+    let etcd = Etcd::start();
+    let writer = client(&etcd);
+    let limit = 64 * 1024;
+    let small = Client::connect(ClientConfig {
+        max_decoding_message_size: limit,
+        ..ClientConfig::new(etcd.endpoints())
+    })
+    .unwrap();
+    let start = writer
+        .put(Put::new("/big/seed", "x"))
+        .await
+        .unwrap()
+        .header
+        .revision
+        + 1;
+    // One revision of 200 KiB: etcd never splits a revision over two
+    // responses unless asked to fragment.
+    let big = Txn::new()
+        .and_then((0..20).map(|i| Put::new(format!("/big/{i:02}"), vec![b'v'; 10 * 1024])));
+    let big_rev = writer.txn(big).await.unwrap().header.revision;
+    let stream = small.watch_stream();
+    let mut catching_up = stream
+        .watch(WatchOptions::prefix("/big/").start_revision(start))
+        .unwrap();
+    // An innocent watcher on the same stream: nothing says which watcher
+    // the undecodable response was for, so it ends too.
+    let mut bystander = stream
+        .watch(WatchOptions::key("/other").start_revision(start))
+        .unwrap();
+    for (name, w) in [
+        ("catching up", &mut catching_up),
+        ("bystander", &mut bystander),
+    ] {
+        match tokio::time::timeout(T, w.next()).await {
+            Ok(Some(Err(Error::ResponseTooLarge { limit: l }))) => assert_eq!(l, limit, "{name}"),
+            other => panic!("{name}: expected ResponseTooLarge, got {other:?}"),
+        }
+        assert!(w.next().await.is_none(), "{name}: the watcher is finished");
+    }
+    assert_eq!(
+        stream.reconnects(),
+        0,
+        "no resume of the oversized response"
+    );
+    // The stream is still usable for watchers that fit. (Not on "/big/"
+    // from `big_rev + 1`: every create also asks for the revision before
+    // its start, which is the oversized one.)
+    let mut after = stream
+        .watch(WatchOptions::prefix("/after/").start_revision(big_rev + 1))
+        .unwrap();
+    let rev = writer
+        .put(Put::new("/after/small", "s"))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    let r = tokio::time::timeout(T, after.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.events[0].revision(), rev);
+    assert_eq!(stream.reconnects(), 0);
+}
+
+/// Each watcher's queue is bounded in bytes: a paused consumer of large
+/// responses holds at most its budget in the client (the rest waits in
+/// HTTP/2 flow control and on the server), and loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_watcher_buffers_at_most_its_byte_budget() {
+    let etcd = Etcd::start();
+    let writer = client(&etcd);
+    let budget = 1024 * 1024;
+    let c = Client::connect(ClientConfig {
+        watcher_buffer_bytes: budget,
+        ..ClientConfig::new(etcd.endpoints())
+    })
+    .unwrap();
+    let start = writer
+        .put(Put::new("/buf/seed", "x"))
+        .await
+        .unwrap()
+        .header
+        .revision
+        + 1;
+    let (stream, mut w) = c
+        .watch(WatchOptions::prefix("/buf/").start_revision(start))
+        .unwrap();
+    // Once synced, a watcher gets one response per revision (one still
+    // catching up gets many revisions per response): 60 responses of
+    // 100 KiB, six times the budget, ten of which fit.
+    const N: usize = 60;
+    const VALUE: usize = 100 * 1024;
+    let probe = writer.put(Put::new("/buf/probe", "p")).await.unwrap();
+    let r = tokio::time::timeout(T, w.next()).await.unwrap().unwrap();
+    assert_eq!(r.unwrap().events[0].revision(), probe.header.revision);
+    assert!(stream.is_connected());
+    let mut want = Vec::with_capacity(N);
+    for i in 0..N {
+        let p = writer.put(Put::new(format!("/buf/{i:02}"), vec![i as u8; VALUE]));
+        want.push(p.await.unwrap().header.revision);
+    }
+    let mut peak = 0;
+    let filled = common::wait_until_async(T, || {
+        let b = w.buffered_bytes();
+        peak = peak.max(b);
+        b + VALUE + 1024 > budget
+    })
+    .await;
+    assert!(filled, "the queue filled up: {} bytes", w.buffered_bytes());
+    assert!(peak <= budget, "{peak} bytes buffered, budget {budget}");
+    // Resumed: every event, in order, and the queue stays in its budget
+    // while the stream refills it.
+    let mut got = Vec::with_capacity(N);
+    tokio::time::timeout(T, async {
+        while got.len() < N {
+            assert!(w.buffered_bytes() <= budget, "{} bytes", w.buffered_bytes());
+            let r = w.next().await.unwrap().expect("no watch error");
+            for e in r.events {
+                assert_eq!(e.kv.value().len(), VALUE);
+                got.push(e.revision());
+            }
+        }
+    })
+    .await
+    .expect("all events");
+    assert_eq!(got, want);
+    assert_eq!(w.buffered_bytes(), 0);
+}
+
+/// A keep-alive path that goes silent without closing (a black hole) is
+/// left within the TTL, not after the fixed HTTP/2 ping timeout (10 s +
+/// 5 s), which is longer than the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
+    let etcd = Etcd::start();
+    let first = common::FaultProxy::start(etcd.client_addr()).await;
+    let second = common::FaultProxy::start(etcd.client_addr()).await;
+    let observer = client(&etcd);
+    let c = Client::connect(ClientConfig::new([first.endpoint(), second.endpoint()])).unwrap();
+    let ttl = 3;
+    let g = observer.lease_grant(ttl, 0).await.unwrap();
+    let h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    assert!(
+        common::wait_until_async(T, || h.status().successes >= 2).await,
+        "{:?}",
+        h.status()
+    );
+    assert_eq!(
+        second.accepted_connections(),
+        0,
+        "kept alive through the first path"
+    );
+    // Nothing passes the first path any more, but its connection stays open.
+    first.set_latency(Duration::from_secs(3600));
+    let stalled = h.status();
+    assert!(
+        common::wait_until_async(Duration::from_secs(ttl as u64), || h.status().failures
+            > stalled.failures)
+        .await,
+        "the stall was not noticed within the TTL: {:?}",
+        h.status()
+    );
+    assert_eq!(
+        first.active_connections(),
+        1,
+        "the first path was never closed"
+    );
+    // For three TTLs the server never sees the lease run down to zero.
+    let until = std::time::Instant::now() + Duration::from_secs(3 * ttl as u64);
+    while std::time::Instant::now() < until {
+        let left = observer.lease_time_to_live(g.id, false).await.unwrap().ttl;
+        assert!(left > 0, "lease TTL {left} on the server; {:?}", h.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = h.status();
+    assert!(!s.lost, "{s:?}");
+    assert!(s.successes > stalled.successes + 3, "{s:?}");
+    assert!(second.accepted_connections() >= 1);
+}

@@ -36,6 +36,13 @@ pub const DEFAULT_MAX_DECODING_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 /// Default largest message sent. etcd's own receive limit is lower
 /// (`--max-request-bytes` plus 512 KiB); it is the one that matters.
 pub const DEFAULT_MAX_ENCODING_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+/// Default budget of each watcher's queue, in encoded bytes of the
+/// responses waiting for its consumer. A catch-up response can be tens of
+/// MiB; once a watcher's queue is full its stream waits (and HTTP/2 flow
+/// control holds back the server) instead of buffering more. Twice the
+/// stream window: a paused consumer holds at most this much in the client
+/// plus one window in flight.
+pub const DEFAULT_WATCHER_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 /// Default HTTP/2 flow-control window of each stream: what etcd may send on
 /// one watch, keep-alive or unary stream before the client reads it. 8 MiB
 /// keeps a page of a range or a watch catch-up moving at full speed across
@@ -119,6 +126,10 @@ pub struct ClientConfig {
     /// (`None`: never). See [`Client::member_list`]; the task ends with the
     /// last `Client` clone.
     pub auto_sync_interval: Option<Duration>,
+    /// Bytes of responses each watcher may hold unread before its stream
+    /// waits for the consumer (one larger response still passes, alone).
+    /// 0 means one response at a time. See the `watch` module docs.
+    pub watcher_buffer_bytes: usize,
 }
 
 impl Default for ClientConfig {
@@ -137,6 +148,7 @@ impl Default for ClientConfig {
             connection_window: DEFAULT_CONNECTION_WINDOW,
             watch_require_leader: true,
             auto_sync_interval: None,
+            watcher_buffer_bytes: DEFAULT_WATCHER_BUFFER_BYTES,
         }
     }
 }

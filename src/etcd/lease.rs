@@ -11,6 +11,30 @@
 //! with TTL <= 0 is lost: its status says so and the task stops sending for
 //! it. Dropping the handle stops the keep-alive; it never revokes, so the
 //! lease runs out on its own (or a successor adopts it by id).
+//!
+//! # A stalled stream fails over within the TTL
+//!
+//! etcd answers every keep-alive request on the stream (TTL 0 for a lease
+//! it does not know) or ends the stream. So when a request has waited
+//! longer than the *stall bound* with no answer for any lease, the path is
+//! black-holed (a dead member whose TCP connection stays up, a partition,
+//! a stuck proxy): the task counts a failure for every lease, moves to the
+//! next endpoint and reopens the stream, sending every lease at once. The
+//! HTTP/2 keep-alive (10 s + 5 s by default) would find the same thing,
+//! but too late for any TTL under about 15 s, and its timing does not
+//! follow the TTL.
+//!
+//! The bound is half the shortest keep-alive interval (TTL/6 of the
+//! shortest TTL kept), at least [`MIN_KEEPALIVE_STALL`]; opening the stream
+//! is bounded by it too. Worst case, the last answer came just before the
+//! stall, the next request goes out one interval (TTL/3) later and is
+//! given up on TTL/6 after that; the new stream refreshes the lease with
+//! half its TTL left. TTL/3 instead would leave a third, which etcd
+//! reports as a TTL of 0 for a 3 s lease (it truncates to whole seconds),
+//! and a second stalled endpoint in a row would lose the lease. The floor
+//! keeps a slow answer from a loaded or distant member from counting as a
+//! stall: an etcd round trip is milliseconds on a LAN and a few hundred at
+//! most across regions.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -30,6 +54,10 @@ use super::pb::{
 
 /// Longest wait between attempts to reopen the keep-alive stream.
 pub const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
+/// Shortest wait for a keep-alive answer before the stream counts as
+/// stalled; the bound is otherwise TTL/6 of the shortest lease kept (see
+/// the module docs).
+pub const MIN_KEEPALIVE_STALL: Duration = Duration::from_millis(500);
 
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,22 +280,26 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
         // Unbounded: each request is a lease id, at most one per lease per
         // interval, and a bounded queue would leave leases past its size
         // waiting a whole interval after a reconnect. A stalled stream is
-        // found out by the HTTP/2 keep-alive.
+        // found out by the stall bound (module docs).
         let (out_tx, out_rx) = mpsc::unbounded_channel::<PbLeaseKeepAliveRequest>();
         let now = Instant::now();
+        let mut waiting = Waiting::default();
         for (id, k) in leases.iter_mut() {
             k.due = now + k.interval;
-            let _ = out_tx.send(PbLeaseKeepAliveRequest { id: *id });
+            waiting.send(&out_tx, *id);
         }
         let (idx, svc) = client.svc();
         let mut lc = LeaseClient::new(svc);
         let open = lc.lease_keep_alive(UnboundedReceiverStream::new(out_rx));
-        let mut inbound = match tokio::time::timeout(client.config().request_timeout, open).await {
+        // etcd sends the response headers with the first answer, so a
+        // black-holed path shows here first: bound it like any answer.
+        let open_timeout = client.config().request_timeout.min(stall_bound(&leases));
+        let mut inbound = match tokio::time::timeout(open_timeout, open).await {
             Ok(Ok(r)) => r.into_inner(),
             failed => {
                 let err = match failed {
                     Ok(Err(s)) => Error::from(s),
-                    _ => Error::Timeout(client.config().request_timeout),
+                    _ => Error::Timeout(open_timeout),
                 };
                 if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
                     return;
@@ -283,12 +315,19 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                     None => std::future::pending().await,
                 }
             };
+            let stalled_at = waiting.since.map(|t| t + stall_bound(&leases));
+            let stall = async {
+                match stalled_at {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
                     Some(Cmd::Add { id, ttl, reply }) => {
                         apply(&mut leases, Cmd::Add { id, ttl, reply });
-                        let _ = out_tx.send(PbLeaseKeepAliveRequest { id });
+                        waiting.send(&out_tx, id);
                     }
                     Some(cmd) => apply(&mut leases, cmd),
                     None => return,
@@ -297,12 +336,22 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                     let now = Instant::now();
                     for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
                         k.due = now + k.interval;
-                        let _ = out_tx.send(PbLeaseKeepAliveRequest { id: *id });
+                        waiting.send(&out_tx, *id);
                     }
+                }
+                _ = stall => {
+                    let bound = stall_bound(&leases);
+                    tracing::warn!(?bound, unanswered = waiting.pending, "lease keep-alive stream stalled; moving to the next endpoint");
+                    let err = Error::Unavailable(format!("no keep-alive answer in {bound:?}"));
+                    if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
+                        return;
+                    }
+                    continue 'reconnect;
                 }
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
+                        waiting.answered();
                         if let Some(k) = leases.get(&resp.id) {
                             let lost = resp.ttl <= 0;
                             k.status.send_modify(|s| {
@@ -335,6 +384,42 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
             }
         }
     }
+}
+
+/// Keep-alive requests sent and not yet answered on the current stream.
+#[derive(Default)]
+struct Waiting {
+    pending: u64,
+    /// Since when the stream owes an answer without having sent any: the
+    /// first send with nothing pending, or the last answer while more are
+    /// pending.
+    since: Option<Instant>,
+}
+
+impl Waiting {
+    fn send(&mut self, out: &mpsc::UnboundedSender<PbLeaseKeepAliveRequest>, id: i64) {
+        if out.send(PbLeaseKeepAliveRequest { id }).is_ok() {
+            self.pending += 1;
+            self.since.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn answered(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+        self.since = (self.pending > 0).then(Instant::now);
+    }
+}
+
+/// How long a keep-alive may go unanswered before the stream counts as
+/// stalled: half the shortest interval (TTL/6), at least
+/// [`MIN_KEEPALIVE_STALL`].
+fn stall_bound(leases: &HashMap<i64, Kept>) -> Duration {
+    leases
+        .values()
+        .map(|k| k.interval / 2)
+        .min()
+        .unwrap_or(MIN_KEEPALIVE_STALL)
+        .max(MIN_KEEPALIVE_STALL)
 }
 
 fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {

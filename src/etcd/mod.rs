@@ -48,7 +48,8 @@ pub use batch::{
 pub use client::{
     Client, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
     DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
-    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, TlsConfig,
+    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCHER_BUFFER_BYTES,
+    TlsConfig,
 };
 pub use cluster::{Member, MemberList};
 pub use error::{Error, Result};
@@ -56,7 +57,7 @@ pub use kv::{
     Compare, CompareOp, Delete, DeleteResponse, Header, KeyValue, Op, OpResponse, Page, Put,
     PutResponse, Range, RangeResponse, Scan, Txn, TxnResponse, prefix_end,
 };
-pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl};
+pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL};
 pub use maintenance::Status;
 pub use maintenance_ops::{Alarm, AlarmKind, HashKv};
 pub use namespace::{Namespace, NamespaceWatcher};

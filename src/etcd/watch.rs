@@ -24,18 +24,53 @@
 //! turns that silent loss into [`Error::Compacted`]. The cost is one
 //! revision's events sent twice per create.
 //!
-//! Each watcher has a bounded queue. A consumer that stops reading holds
-//! back the whole stream (HTTP/2 flow control then holds back the server),
-//! so consumers that must not slow each other down use separate streams:
-//! [`Client::watch_stream`] opens a new one each time.
+//! # Each watcher's buffer is bounded in bytes
+//!
+//! Responses wait for their consumer in a per-watcher queue bounded by
+//! their encoded size ([`ClientConfig::watcher_buffer_bytes`], default
+//! [`DEFAULT_WATCHER_BUFFER_BYTES`]), not by their number: one catch-up
+//! response can be tens of MiB, so a count bound let a paused watcher hold
+//! gigabytes. The task takes byte permits from the watcher's budget before
+//! it queues a response, and the consumer gives them back when it takes
+//! the response. A response larger than the whole budget still passes, on
+//! its own (it takes the whole budget). Nothing is dropped: a consumer that
+//! stops reading holds back the whole stream (HTTP/2 flow control then
+//! holds back the server), so consumers that must not slow each other down
+//! use separate streams: [`Client::watch_stream`] opens a new one each time.
+//! Errors are queued without waiting for the budget.
+//!
+//! # A response over the decode limit ends the stream's watchers
+//!
+//! A response larger than [`ClientConfig::max_decoding_message_size`]
+//! cannot be decoded, and resuming would only ask for the same response
+//! again: that used to be a silent reconnect loop. Instead the task ends
+//! **every watcher on the stream** with [`Error::ResponseTooLarge`] and does
+//! not reconnect for them. It cannot do better: the undecodable message
+//! carries the watch id, so nothing says which watcher it was for, and
+//! guessing ("the ones still catching up") is wrong too, because a watcher
+//! that has caught up receives one whole revision per response, so a single
+//! large txn written now overflows it as well. Any watcher that is
+//! re-created at its resume revision may hit the same response again; only
+//! the caller can re-read that range in pieces (by range, with a higher
+//! limit, or with [`WatchOptions::fragment`] when the server's own request
+//! limit is below the client's decode limit). The stream itself stays
+//! usable: watchers added later open a new gRPC stream. Consumers that
+//! should not share this fate use separate streams. Note that a create asks
+//! for the revision *before* its start (below), so a watcher started just
+//! after an oversized revision on its keys hits that revision as well.
+//!
+//! [`ClientConfig::watcher_buffer_bytes`]: super::ClientConfig::watcher_buffer_bytes
+//! [`ClientConfig::max_decoding_message_size`]: super::ClientConfig::max_decoding_message_size
+//! [`DEFAULT_WATCHER_BUFFER_BYTES`]: super::DEFAULT_WATCHER_BUFFER_BYTES
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
@@ -50,8 +85,11 @@ use super::pb::{
 
 /// Longest wait between attempts to reopen a broken watch stream.
 pub const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
-/// Responses buffered per watcher before the stream waits for its consumer.
-pub const WATCHER_QUEUE: usize = 64;
+/// What one queued response costs beyond its events' encoded size, so that
+/// empty progress notices are bounded too.
+const RESPONSE_OVERHEAD_BYTES: usize = 64;
+/// What one event costs beyond its key-values' encoded size (type, tags).
+const EVENT_OVERHEAD_BYTES: usize = 8;
 
 /// What happened to a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,9 +226,86 @@ impl WatchOptions {
 /// ```
 pub struct Watcher {
     id: i64,
-    rx: mpsc::Receiver<Result<WatchResponse>>,
+    rx: mpsc::UnboundedReceiver<Queued>,
+    buffered: Arc<AtomicUsize>,
     cmds: mpsc::UnboundedSender<Cmd>,
     _stream: Arc<DropGuard>,
+}
+
+/// A response waiting for its consumer, holding its share of the
+/// watcher's byte budget until the consumer takes it.
+struct Queued {
+    msg: Result<WatchResponse>,
+    bytes: usize,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The stream task's end of one watcher's queue.
+struct Sink {
+    tx: mpsc::UnboundedSender<Queued>,
+    /// Byte permits; `capacity` of them in all.
+    budget: Arc<Semaphore>,
+    capacity: usize,
+    buffered: Arc<AtomicUsize>,
+}
+
+impl Sink {
+    /// Queues a response once its bytes fit the budget (one larger than
+    /// the whole budget waits until the queue is empty). False when the
+    /// consumer is gone.
+    async fn send(&self, resp: WatchResponse) -> bool {
+        let bytes = response_bytes(&resp);
+        // `capacity` fits in u32: see `WatchStream::watch`.
+        let want = bytes.min(self.capacity) as u32;
+        let permit = tokio::select! {
+            p = self.budget.clone().acquire_many_owned(want) => match p {
+                Ok(p) => p,
+                Err(_) => return false,
+            },
+            // A consumer that drops its watcher while the stream waits for
+            // it must not hold the stream for ever.
+            _ = self.tx.closed() => return false,
+        };
+        self.push(Ok(resp), bytes, Some(permit))
+    }
+
+    /// Queues an error at once: it ends the watcher, and it is small.
+    fn send_err(&self, err: Error) {
+        self.push(Err(err), 0, None);
+    }
+
+    fn push(
+        &self,
+        msg: Result<WatchResponse>,
+        bytes: usize,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        self.buffered.fetch_add(bytes, Ordering::Relaxed);
+        let sent = self.tx.send(Queued {
+            msg,
+            bytes,
+            _permit: permit,
+        });
+        if sent.is_err() {
+            self.buffered.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        sent.is_ok()
+    }
+}
+
+/// What a response costs against its watcher's budget: its events'
+/// encoded size plus a fixed overhead.
+fn response_bytes(resp: &WatchResponse) -> usize {
+    RESPONSE_OVERHEAD_BYTES
+        + resp
+            .events
+            .iter()
+            .map(|e| {
+                EVENT_OVERHEAD_BYTES
+                    + e.kv.0.encoded_len()
+                    + e.prev_kv.as_ref().map_or(0, |p| p.0.encoded_len())
+            })
+            .sum::<usize>()
 }
 
 impl Watcher {
@@ -202,13 +317,30 @@ impl Watcher {
     /// The next response. `None` when the stream's task has stopped. After
     /// an error (compaction, cancellation) the watcher is finished.
     pub async fn next(&mut self) -> Option<Result<WatchResponse>> {
-        self.rx.recv().await
+        let q = self.rx.recv().await?;
+        Some(self.take(q))
     }
 
     /// A response that has already arrived, without waiting; `None` if
     /// nothing is buffered right now.
     pub fn try_next(&mut self) -> Option<Result<WatchResponse>> {
-        self.rx.try_recv().ok()
+        let q = self.rx.try_recv().ok()?;
+        Some(self.take(q))
+    }
+
+    /// Encoded bytes of the responses queued for this watcher and not yet
+    /// taken. At most the budget ([`ClientConfig::watcher_buffer_bytes`]),
+    /// or one response when that response alone is larger.
+    ///
+    /// [`ClientConfig::watcher_buffer_bytes`]: super::ClientConfig::watcher_buffer_bytes
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    /// Hands a queued response over, giving its bytes back to the budget.
+    fn take(&self, q: Queued) -> Result<WatchResponse> {
+        self.buffered.fetch_sub(q.bytes, Ordering::Relaxed);
+        q.msg
     }
 }
 
@@ -216,10 +348,11 @@ impl futures_util::Stream for Watcher {
     type Item = Result<WatchResponse>;
 
     fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        let this = self.get_mut();
+        this.rx.poll_recv(cx).map(|q| q.map(|q| this.take(q)))
     }
 }
 
@@ -233,7 +366,7 @@ enum Cmd {
     Create {
         id: i64,
         req: PbWatchCreateRequest,
-        tx: mpsc::Sender<Result<WatchResponse>>,
+        sink: Sink,
     },
     Cancel(i64),
     Progress,
@@ -247,6 +380,8 @@ pub struct WatchStream {
     next_id: Arc<AtomicI64>,
     cmds: mpsc::UnboundedSender<Cmd>,
     connected: Arc<AtomicBool>,
+    reconnects: Arc<AtomicU64>,
+    buffer_bytes: usize,
     _guard: Arc<DropGuard>,
 }
 
@@ -256,6 +391,7 @@ impl Client {
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let connected = Arc::new(AtomicBool::new(false));
+        let reconnects = Arc::new(AtomicU64::new(0));
         // Logs under the caller's span (the engine's per-peer span).
         tokio::spawn(
             run(
@@ -263,6 +399,7 @@ impl Client {
                 rx,
                 cancel.clone(),
                 connected.clone(),
+                reconnects.clone(),
             )
             .instrument(tracing::Span::current()),
         );
@@ -270,6 +407,8 @@ impl Client {
             next_id: Arc::new(AtomicI64::new(1)),
             cmds: tx,
             connected,
+            reconnects,
+            buffer_bytes: self.config().watcher_buffer_bytes,
             _guard: Arc::new(cancel.drop_guard()),
         }
     }
@@ -292,18 +431,36 @@ impl WatchStream {
     /// (for example one past a read's header revision).
     pub fn watch(&self, opts: WatchOptions) -> Result<Watcher> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(WATCHER_QUEUE);
+        let (tx, rx) = mpsc::unbounded_channel();
+        // At least one byte, so a zero budget means one response at a time
+        // rather than no bound; at most what one acquire can ask for.
+        let capacity = self.buffer_bytes.clamp(1, u32::MAX as usize);
+        let buffered = Arc::new(AtomicUsize::new(0));
+        let sink = Sink {
+            tx,
+            budget: Arc::new(Semaphore::new(capacity)),
+            capacity,
+            buffered: buffered.clone(),
+        };
         let mut req = opts.0;
         req.watch_id = id;
         self.cmds
-            .send(Cmd::Create { id, req, tx })
+            .send(Cmd::Create { id, req, sink })
             .map_err(|_| Error::Closed)?;
         Ok(Watcher {
             id,
             rx,
+            buffered,
             cmds: self.cmds.clone(),
             _stream: self._guard.clone(),
         })
+    }
+
+    /// How many times the task has reopened the stream after it broke or
+    /// failed to open. A steady climb with no outage means something is
+    /// wrong with the stream itself.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
     }
 
     /// Whether the stream is open right now. False before the first watcher
@@ -324,7 +481,7 @@ struct State {
     req: PbWatchCreateRequest,
     /// First revision not yet delivered; 0 until known ("from now").
     resume: i64,
-    tx: mpsc::Sender<Result<WatchResponse>>,
+    sink: Sink,
     fragments: Vec<Event>,
 }
 
@@ -355,6 +512,7 @@ async fn run(
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     cancel: CancellationToken,
     connected: Arc<AtomicBool>,
+    reconnects: Arc<AtomicU64>,
 ) {
     let mut watchers: HashMap<i64, State> = HashMap::new();
     let mut backoff = Backoff::new(Duration::from_millis(50), MAX_WATCH_BACKOFF);
@@ -367,8 +525,8 @@ async fn run(
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
-                    Some(Cmd::Create { id, req, tx }) => {
-                        watchers.insert(id, State { resume: req.start_revision, req, tx, fragments: Vec::new() });
+                    Some(Cmd::Create { id, req, sink }) => {
+                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Vec::new() });
                     }
                     Some(_) => {}
                     None => commands_open = false,
@@ -417,6 +575,7 @@ async fn run(
                     client.clear_token();
                 }
                 client.rotate(idx);
+                reconnects.fetch_add(1, Ordering::Relaxed);
                 if !sleep_or_cancel(&cancel, &mut backoff).await {
                     return;
                 }
@@ -427,8 +586,8 @@ async fn run(
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv(), if commands_open => match cmd {
-                    Some(Cmd::Create { id, req, tx }) => {
-                        let st = State { resume: req.start_revision, req, tx, fragments: Vec::new() };
+                    Some(Cmd::Create { id, req, sink }) => {
+                        let st = State { resume: req.start_revision, req, sink, fragments: Vec::new() };
                         let _ = out_tx.send(create_msg(id, &st));
                         watchers.insert(id, st);
                     }
@@ -458,11 +617,26 @@ async fn run(
                             _ => Error::Unavailable("watch stream ended".into()),
                         };
                         connected.store(false, Ordering::Relaxed);
+                        if let Error::ResponseTooLarge { limit } = err {
+                            // Every member would send the same response, so
+                            // neither a resume nor another endpoint helps:
+                            // end the watchers (see the module docs).
+                            let limit = if limit == 0 { client.max_decoding() } else { limit };
+                            tracing::warn!(limit, watchers = watchers.len(), "a watch response is over the decode limit; ending every watcher on the stream");
+                            for (_, st) in watchers.drain() {
+                                st.sink.send_err(Error::ResponseTooLarge { limit });
+                            }
+                            if !commands_open {
+                                return;
+                            }
+                            break;
+                        }
                         tracing::debug!(error = %err, watchers = watchers.len(), "watch stream broke; resuming");
                         if err.is_invalid_token() {
                             client.clear_token();
                         }
                         client.rotate(idx);
+                        reconnects.fetch_add(1, Ordering::Relaxed);
                         for st in watchers.values_mut() {
                             st.fragments.clear();
                         }
@@ -500,10 +674,10 @@ async fn dispatch(
             deliver(
                 watchers,
                 id,
-                Ok(WatchResponse {
+                WatchResponse {
                     revision,
                     events: Vec::new(),
-                }),
+                },
                 out,
             )
             .await;
@@ -522,7 +696,7 @@ async fn dispatch(
         } else {
             Error::WatchCanceled(resp.cancel_reason.clone())
         };
-        let _ = st.tx.send(Err(err)).await;
+        st.sink.send_err(err);
         watchers.remove(&id);
         return;
     }
@@ -558,17 +732,17 @@ async fn dispatch(
         // watchers that have caught up, so nothing below it is pending.
         st.resume = revision + 1;
     }
-    deliver(watchers, id, Ok(WatchResponse { revision, events }), out).await;
+    deliver(watchers, id, WatchResponse { revision, events }, out).await;
 }
 
 async fn deliver(
     watchers: &mut HashMap<i64, State>,
     id: i64,
-    msg: Result<WatchResponse>,
+    resp: WatchResponse,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
 ) {
     let Some(st) = watchers.get(&id) else { return };
-    if st.tx.send(msg).await.is_err() {
+    if !st.sink.send(resp).await {
         watchers.remove(&id);
         let _ = out.send(cancel_msg(id));
     }
