@@ -37,6 +37,33 @@
 //!   key is counted ([`RegistryView::skipped`]) and ignored; a value that is
 //!   not JSON is kept as bytes ([`EndpointValue::NotJson`]).
 //!
+//! - **Origins: synced and current.** Each origin region's replicator
+//!   keeps a state key, `<state_root><origin>/state`, in this etcd under
+//!   its mirror lease (see [`crate::mirror::state`]). The view watches that
+//!   prefix too, on the same watch stream, and keeps one [`OriginStatus`]
+//!   per origin: whether a state key is there, whether a complete copy was
+//!   made under the origin's lease (`synced`), and its heartbeat, from
+//!   which [`OriginStatus::staleness`] is read *on demand* (the view emits
+//!   nothing per heartbeat). The viewer's own region is the source: it is
+//!   always listed, synced and current. An origin is listed while it has a
+//!   state key or endpoints; one with endpoints but no state key (its lease
+//!   just lapsed, or keys written by hand) is listed as not synced.
+//!   [`Change::Origin`] is emitted when an origin is listed or unlisted or
+//!   its `synced` or `state_present` changes. Origins are part of the
+//!   [`Registry`] snapshot, so a reader sees endpoints and their origins'
+//!   status at one point. **A consumer never acts on a half-synced first
+//!   copy without knowing it:** [`Registry::is_synced`] tells per origin,
+//!   and [`RegistryView::endpoints_synced_only`] leaves out the endpoints
+//!   of origins not synced (never the viewer's own).
+//! - **Ordering of the two watches.** When a state response arrives, the
+//!   registry responses already delivered are applied first. While both
+//!   watchers are caught up, etcd sends one stream's responses in commit
+//!   order, so an origin turns synced only once every endpoint written
+//!   before its synced marker is in the view. While a watcher catches up
+//!   after a reconnect, etcd may send the two backlogs in either order for
+//!   one catch-up pass (about 100 ms); the state can then run ahead of the
+//!   endpoints by that much. A compaction of either watch resyncs both.
+//!
 //! Dropping the view stops its task and the watch stream with it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -51,7 +78,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::etcd::{self, Backoff, Client, EventKind, KeyValue, WatchOptions, WatchResponse};
+use crate::etcd::{
+    self, Backoff, Client, EventKind, KeyValue, Range, WatchOptions, WatchResponse, Watcher,
+};
+use crate::mirror::DEFAULT_STATE_ROOT;
+use crate::mirror::state::State;
 use crate::schema::{EndpointKey, Schema, validate_segment};
 
 /// Priority of an endpoint in the viewer's own zone.
@@ -83,6 +114,9 @@ pub struct ViewConfig {
     pub channel_capacity: usize,
     /// Cap on the backoff between attempts after an error.
     pub max_backoff: Duration,
+    /// Prefix of the replicators' state keys, `<state_root><origin>/state`
+    /// (default [`DEFAULT_STATE_ROOT`]); must not overlap the root.
+    pub state_root: String,
 }
 
 impl ViewConfig {
@@ -95,7 +129,16 @@ impl ViewConfig {
             page_size: DEFAULT_VIEW_PAGE_SIZE,
             channel_capacity: DEFAULT_CHANNEL_CAPACITY,
             max_backoff: DEFAULT_VIEW_MAX_BACKOFF,
+            state_root: DEFAULT_STATE_ROOT.to_owned(),
         }
+    }
+
+    /// The same config with another state-key prefix (the one the
+    /// replicators writing into this etcd use).
+    #[must_use]
+    pub fn with_state_root(mut self, state_root: impl Into<String>) -> Self {
+        self.state_root = state_root.into();
+        self
     }
 
     /// The same config with the viewer's zone set.
@@ -112,7 +155,26 @@ impl ViewConfig {
         if self.channel_capacity == 0 {
             return Err(Error::Config("channel capacity must be at least 1".into()));
         }
+        let (root, state) = (self.schema.root(), self.state_root.as_str());
+        if !state.starts_with('/') || !state.ends_with('/') {
+            return Err(Error::Config(format!(
+                "state root {state:?}: must start and end with '/'"
+            )));
+        }
+        if root.starts_with(state) || state.starts_with(root) {
+            return Err(Error::Config(format!(
+                "state root {state:?} overlaps the registry root {root:?}"
+            )));
+        }
         Ok(())
+    }
+
+    /// The origin region a state key belongs to, if `key` is one.
+    fn state_origin<'k>(&self, key: &'k [u8]) -> Option<&'k str> {
+        let rest = key.strip_prefix(self.state_root.as_bytes())?;
+        let region = std::str::from_utf8(rest.strip_suffix(b"/state")?).ok()?;
+        validate_segment("region", region).ok()?;
+        Some(region)
     }
 
     /// The locality priority of an endpoint of `origin` region in `zone`,
@@ -224,6 +286,113 @@ fn probe(priority: u8, addr: Option<IpAddr>, key: &EndpointKey) -> SortKey<'_> {
     )
 }
 
+/// What the view knows about one origin region's copy in this etcd; see
+/// the [module docs](self). Read staleness with
+/// [`OriginStatus::staleness`]: it moves with the clock, so it is not a
+/// change.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OriginStatus {
+    /// The viewer's own region: the source itself, always synced and
+    /// current (it has no state key in its own etcd).
+    pub local: bool,
+    /// The origin's state key is present (its mirror lease is live).
+    pub state_present: bool,
+    /// A complete copy was made under the origin's current lease. Always
+    /// true for the viewer's own region; false without a state key, and
+    /// for a state key whose value does not decode.
+    pub synced: bool,
+    /// When the copy was last known current, Unix ms; 0: never or unknown.
+    pub heartbeat_unix_ms: i64,
+    /// The origin's source revision the copy is applied through; 0:
+    /// unknown or no complete sync yet.
+    pub source_revision: i64,
+    /// The origin's mirror lease; 0: unknown.
+    pub lease: i64,
+    /// The origin's source etcd cluster id; 0: unknown.
+    pub source_cluster: u64,
+    /// Revision (in this etcd) of the state key's last write; 0: none.
+    pub state_mod_revision: i64,
+    /// Endpoints of this origin in the view.
+    pub endpoints: usize,
+}
+
+impl OriginStatus {
+    /// How stale the copy is at `now_unix_ms`: now minus the heartbeat
+    /// (the consumer's clock against the replicator's, skew included;
+    /// never negative). Zero for the viewer's own region; `None` when
+    /// unknown (no state key, or no heartbeat yet).
+    pub fn staleness_at(&self, now_unix_ms: i64) -> Option<Duration> {
+        if self.local {
+            return Some(Duration::ZERO);
+        }
+        if !self.state_present || self.heartbeat_unix_ms <= 0 {
+            return None;
+        }
+        let ms = now_unix_ms.saturating_sub(self.heartbeat_unix_ms).max(0);
+        Some(Duration::from_millis(ms.unsigned_abs()))
+    }
+
+    /// [`OriginStatus::staleness_at`] by the system clock.
+    pub fn staleness(&self) -> Option<Duration> {
+        self.staleness_at(unix_ms_now())
+    }
+
+    /// Whether the origin stays listed.
+    fn listed(&self) -> bool {
+        self.local || self.state_present || self.endpoints > 0
+    }
+
+    /// What a [`Change::Origin`] is emitted for.
+    fn signal(&self) -> (bool, bool) {
+        (self.synced, self.state_present)
+    }
+
+    /// Takes a state key: its decoded value (`None` if it does not decode)
+    /// and mod revision, or `None` once the key is gone. The viewer's own
+    /// region is the source, whatever a stray state key says.
+    fn set_state(&mut self, state: Option<(Option<State>, i64)>) {
+        if self.local {
+            return;
+        }
+        let endpoints = self.endpoints;
+        *self = match state {
+            None => OriginStatus::default(),
+            Some((decoded, state_mod_revision)) => {
+                let mut s = OriginStatus {
+                    state_present: true,
+                    state_mod_revision,
+                    ..OriginStatus::default()
+                };
+                if let Some(d) = decoded {
+                    s.synced = d.synced;
+                    s.heartbeat_unix_ms = d.heartbeat_unix_ms;
+                    s.source_revision = d.revision;
+                    s.lease = d.lease;
+                    s.source_cluster = d.source_cluster;
+                }
+                s
+            }
+        };
+        self.endpoints = endpoints;
+    }
+
+    fn local(endpoints: usize) -> OriginStatus {
+        OriginStatus {
+            local: true,
+            synced: true,
+            endpoints,
+            ..OriginStatus::default()
+        }
+    }
+}
+
+/// The system clock as Unix milliseconds.
+pub fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// One change to the view.
 #[derive(Clone, Debug)]
 pub enum Change {
@@ -266,6 +435,19 @@ pub enum Change {
         /// Endpoints removed by the resync.
         removed: usize,
     },
+    /// An origin was listed or unlisted, or its `synced` or
+    /// `state_present` changed (not its heartbeat: read staleness on
+    /// demand). A resync sends these too, after its endpoint changes and
+    /// before [`Change::Resynced`].
+    Origin {
+        /// The origin region.
+        region: String,
+        /// Its status now; `None` once it is no longer listed (no state
+        /// key and no endpoints).
+        status: Option<OriginStatus>,
+        /// The revision of the change.
+        revision: i64,
+    },
 }
 
 impl Change {
@@ -275,27 +457,29 @@ impl Change {
             Change::Added { revision, .. }
             | Change::Updated { revision, .. }
             | Change::Removed { revision, .. }
-            | Change::Resynced { revision, .. } => *revision,
+            | Change::Resynced { revision, .. }
+            | Change::Origin { revision, .. } => *revision,
         }
     }
 
     /// The endpoint concerned (after the change for an update); `None` for
-    /// a resync.
+    /// a resync or an origin change.
     pub fn endpoint(&self) -> Option<&Arc<Endpoint>> {
         match self {
             Change::Added { endpoint, .. } | Change::Removed { endpoint, .. } => Some(endpoint),
             Change::Updated { new, .. } => Some(new),
-            Change::Resynced { .. } => None,
+            Change::Resynced { .. } | Change::Origin { .. } => None,
         }
     }
 
-    /// `"added"`, `"updated"`, `"removed"` or `"resynced"`.
+    /// `"added"`, `"updated"`, `"removed"`, `"resynced"` or `"origin"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Change::Added { .. } => "added",
             Change::Updated { .. } => "updated",
             Change::Removed { .. } => "removed",
             Change::Resynced { .. } => "resynced",
+            Change::Origin { .. } => "origin",
         }
     }
 }
@@ -313,6 +497,7 @@ pub struct Registry {
     revision: i64,
     len: usize,
     services: BTreeMap<String, Arc<Service>>,
+    origins: BTreeMap<String, OriginStatus>,
 }
 
 /// What an upsert did.
@@ -381,10 +566,71 @@ impl Registry {
         find(list, key).map(|i| &list[i])
     }
 
+    /// Every listed origin, in region order: the viewer's own region, each
+    /// region with a state key here, each region with endpoints here.
+    pub fn origins(&self) -> impl Iterator<Item = (&str, &OriginStatus)> {
+        self.origins.iter().map(|(r, s)| (r.as_str(), s))
+    }
+
+    /// One origin's status, if it is listed.
+    pub fn origin(&self, region: &str) -> Option<&OriginStatus> {
+        self.origins.get(region)
+    }
+
+    /// Whether `region`'s copy is synced: true for the viewer's own region
+    /// and for an origin whose state key says a complete copy was made;
+    /// false otherwise (not yet synced, no state key, unknown region).
+    pub fn is_synced(&self, region: &str) -> bool {
+        self.origins.get(region).is_some_and(|o| o.synced)
+    }
+
+    /// Like [`Registry::service_endpoints`], without the endpoints of
+    /// origins whose copy is not synced.
+    pub fn synced_endpoints(&self, service: &str) -> Vec<Arc<Endpoint>> {
+        self.protocols(service)
+            .flat_map(|(_, eps)| eps.iter())
+            .filter(|e| self.is_synced(&e.key.region))
+            .cloned()
+            .collect()
+    }
+
+    #[cfg(test)]
     fn build(revision: i64, endpoints: Vec<Endpoint>) -> Registry {
+        Registry::build_with(revision, endpoints, None, Vec::new())
+    }
+
+    /// The registry of `endpoints` at `revision`, with the origins: `local`
+    /// (the viewer's region), those of `states` (region, decoded value, mod
+    /// revision) and those with endpoints.
+    fn build_with(
+        revision: i64,
+        endpoints: Vec<Endpoint>,
+        local: Option<&str>,
+        states: Vec<(String, Option<State>, i64)>,
+    ) -> Registry {
+        let mut origins: BTreeMap<String, OriginStatus> = BTreeMap::new();
+        if let Some(local) = local {
+            origins.insert(local.to_owned(), OriginStatus::local(0));
+        }
+        for (region, state, mod_revision) in states {
+            origins
+                .entry(region)
+                .or_default()
+                .set_state(Some((state, mod_revision)));
+        }
         let mut services: BTreeMap<String, Service> = BTreeMap::new();
         let len = endpoints.len();
         for ep in endpoints {
+            match origins.get_mut(&ep.key.region) {
+                Some(o) => o.endpoints += 1,
+                None => {
+                    let o = OriginStatus {
+                        endpoints: 1,
+                        ..OriginStatus::default()
+                    };
+                    origins.insert(ep.key.region.clone(), o);
+                }
+            }
             services
                 .entry(ep.key.service.clone())
                 .or_default()
@@ -405,7 +651,45 @@ impl Registry {
                 .into_iter()
                 .map(|(k, v)| (k, Arc::new(v)))
                 .collect(),
+            origins,
         }
+    }
+
+    /// Applies `f` to `region`'s status (a fresh unlisted one if there is
+    /// none) and returns the [`Change::Origin`] it makes, if any.
+    fn update_origin(
+        &mut self,
+        region: &str,
+        revision: i64,
+        f: impl FnOnce(&mut OriginStatus),
+    ) -> Option<Change> {
+        let (before, after) = match self.origins.get_mut(region) {
+            Some(o) => {
+                let before = Some(o.signal());
+                f(o);
+                if o.listed() {
+                    (before, Some(o.signal()))
+                } else {
+                    self.origins.remove(region);
+                    (before, None)
+                }
+            }
+            None => {
+                let mut o = OriginStatus::default();
+                f(&mut o);
+                if !o.listed() {
+                    return None;
+                }
+                let after = Some(o.signal());
+                self.origins.insert(region.to_owned(), o);
+                (None, after)
+            }
+        };
+        (before != after).then(|| Change::Origin {
+            region: region.to_owned(),
+            status: self.origins.get(region).cloned(),
+            revision,
+        })
     }
 
     fn upsert(&mut self, ep: Endpoint) -> Upsert {
@@ -447,6 +731,18 @@ impl Registry {
         Some(old)
     }
 
+    /// Counts an endpoint of `region` in (`added`) or out, returning the
+    /// origin change it makes, if any.
+    fn count(&mut self, region: &str, added: bool, revision: i64) -> Option<Change> {
+        self.update_origin(region, revision, |o| {
+            if added {
+                o.endpoints += 1;
+            } else {
+                o.endpoints = o.endpoints.saturating_sub(1);
+            }
+        })
+    }
+
     /// The changes that turn `self` into `new`, in `new`'s order, then the
     /// removals in `self`'s order.
     fn diff(&self, new: &Registry) -> Vec<Change> {
@@ -472,6 +768,18 @@ impl Registry {
             if old.contains_key(&ep.key) {
                 changes.push(Change::Removed {
                     endpoint: ep.clone(),
+                    revision,
+                });
+            }
+        }
+        let regions: std::collections::BTreeSet<&String> =
+            self.origins.keys().chain(new.origins.keys()).collect();
+        for region in regions {
+            let (o, n) = (self.origins.get(region), new.origins.get(region));
+            if o.map(OriginStatus::signal) != n.map(OriginStatus::signal) {
+                changes.push(Change::Origin {
+                    region: region.clone(),
+                    status: n.cloned(),
                     revision,
                 });
             }
@@ -532,6 +840,7 @@ impl RegistryView {
     pub async fn start(client: Client, config: ViewConfig) -> Result<RegistryView> {
         config.validate()?;
         let (registry, skipped) = load(&client, &config).await?;
+        let revision = registry.revision;
         let (changes, _) = broadcast::channel(config.channel_capacity);
         let shared = Arc::new(Shared {
             snapshot: RwLock::new(Arc::new(registry)),
@@ -543,6 +852,8 @@ impl RegistryView {
         let cancel = CancellationToken::new();
         let task = Task {
             current: shared.snapshot().clone(),
+            registry_revision: revision,
+            state_revision: revision,
             client,
             config,
             shared: shared.clone(),
@@ -562,8 +873,23 @@ impl RegistryView {
     }
 
     /// Every endpoint of `service`: by protocol, then closest first.
+    /// Includes endpoints of origins whose copy is not synced yet; see
+    /// [`RegistryView::endpoints_synced_only`].
     pub fn endpoints(&self, service: &str) -> Vec<Arc<Endpoint>> {
         self.snapshot().service_endpoints(service)
+    }
+
+    /// Like [`RegistryView::endpoints`], without the endpoints of origins
+    /// whose copy is not synced (a half-done first sync, or no state key).
+    pub fn endpoints_synced_only(&self, service: &str) -> Vec<Arc<Endpoint>> {
+        self.snapshot().synced_endpoints(service)
+    }
+
+    /// Every listed origin and its status, as of the last change applied.
+    /// Staleness is read from a status on demand
+    /// ([`OriginStatus::staleness`]).
+    pub fn origins(&self) -> BTreeMap<String, OriginStatus> {
+        self.snapshot().origins.clone()
     }
 
     /// Changes from now on. A receiver that falls more than the channel
@@ -628,15 +954,30 @@ impl Shared {
     }
 }
 
-/// Reads every key under the root at one revision: the registry and the
-/// number of key-values skipped.
+/// Reads every key under the root and every state key at one revision:
+/// the registry and the number of key-values skipped.
 async fn load(client: &Client, config: &ViewConfig) -> etcd::Result<(Registry, u64)> {
-    let mut scan = client.scan_prefix(config.schema.root().to_owned(), config.page_size, 0);
+    // The state keys first: their header revision pins the scan.
+    let resp = client
+        .range(Range::prefix(config.state_root.clone()))
+        .await?;
+    let revision = resp.header.revision;
+    let states = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let region = config.state_origin(kv.key())?;
+            Some((
+                region.to_owned(),
+                State::decode(kv.value()),
+                kv.mod_revision(),
+            ))
+        })
+        .collect();
+    let mut scan = client.scan_prefix(config.schema.root().to_owned(), config.page_size, revision);
     let mut endpoints = Vec::new();
     let mut skipped = 0;
-    let mut revision = 0;
     while let Some(page) = scan.next_page().await? {
-        revision = page.revision;
         for kv in &page.kvs {
             match config.schema.parse(kv.key()) {
                 Ok(key) => endpoints.push(Endpoint::new(key, kv, config)),
@@ -644,7 +985,8 @@ async fn load(client: &Client, config: &ViewConfig) -> etcd::Result<(Registry, u
             }
         }
     }
-    Ok((Registry::build(revision, endpoints), skipped))
+    let registry = Registry::build_with(revision, endpoints, Some(&config.region), states);
+    Ok((registry, skipped))
 }
 
 /// The view's task: owns the working copy of the registry.
@@ -654,43 +996,54 @@ struct Task {
     shared: Arc<Shared>,
     cancel: CancellationToken,
     current: Arc<Registry>,
+    /// Last revision applied from the registry watch: it resumes after it.
+    registry_revision: i64,
+    /// Last revision applied from the state-key watch.
+    state_revision: i64,
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What a watch message asks the task to do next.
+enum Flow {
+    Continue,
+    Compacted(Option<i64>),
+    Failed,
+    Stop,
+}
 
 impl Task {
     async fn run(mut self) {
         let mut backoff = Backoff::new(MIN_BACKOFF, self.config.max_backoff.max(MIN_BACKOFF));
         loop {
-            let opts = WatchOptions::prefix(self.config.schema.root().to_owned())
-                .start_revision(self.current.revision + 1);
-            let Ok((stream, mut watcher)) = self.client.watch(opts) else {
+            // Both watches on one stream: etcd then sends caught-up
+            // watchers' responses in commit order (see the module docs).
+            let stream = self.client.watch_stream();
+            let registry = WatchOptions::prefix(self.config.schema.root().to_owned())
+                .start_revision(self.registry_revision + 1);
+            let states = WatchOptions::prefix(self.config.state_root.clone())
+                .start_revision(self.state_revision + 1);
+            let (Ok(mut registry), Ok(mut states)) = (stream.watch(registry), stream.watch(states))
+            else {
                 return;
             };
             *self.shared.stream.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
-            let compacted = loop {
-                let msg = tokio::select! {
-                    _ = self.cancel.cancelled() => return,
-                    msg = watcher.next() => msg,
+            let flow = loop {
+                let flow = tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled() => Flow::Stop,
+                    msg = registry.next() => self.on_registry(msg),
+                    msg = states.next() => self.on_state(msg, &mut registry),
                 };
-                match msg {
-                    None => return,
-                    Some(Ok(resp)) => {
-                        backoff.reset();
-                        self.apply(resp);
-                    }
-                    Some(Err(etcd::Error::Compacted { compact_revision })) => {
-                        break Some(compact_revision);
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, revision = self.current.revision, "registry watch failed; retrying");
-                        break None;
-                    }
+                match flow {
+                    Flow::Continue => backoff.reset(),
+                    other => break other,
                 }
             };
-            drop(watcher);
-            match compacted {
-                Some(compact_revision) => {
+            drop((registry, states));
+            match flow {
+                Flow::Continue | Flow::Stop => return,
+                Flow::Compacted(compact_revision) => {
                     tracing::info!(
                         revision = self.current.revision,
                         ?compact_revision,
@@ -700,13 +1053,59 @@ impl Task {
                         return;
                     }
                 }
-                None => {
+                Flow::Failed => {
                     if !self.sleep(&mut backoff).await {
                         return;
                     }
                 }
             }
         }
+    }
+
+    /// Classifies a watch message; `apply` takes a response.
+    fn flow(
+        &mut self,
+        msg: Option<etcd::Result<WatchResponse>>,
+        what: &str,
+        apply: impl FnOnce(&mut Self, WatchResponse),
+    ) -> Flow {
+        match msg {
+            None => Flow::Stop,
+            Some(Ok(resp)) => {
+                apply(self, resp);
+                Flow::Continue
+            }
+            Some(Err(etcd::Error::Compacted { compact_revision })) => {
+                Flow::Compacted(compact_revision)
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, revision = self.current.revision, "{what} watch failed; retrying");
+                Flow::Failed
+            }
+        }
+    }
+
+    fn on_registry(&mut self, msg: Option<etcd::Result<WatchResponse>>) -> Flow {
+        self.flow(msg, "registry", Self::apply)
+    }
+
+    /// A state response: the registry responses already delivered go
+    /// first, so that an origin does not turn synced ahead of endpoints
+    /// written before its marker.
+    fn on_state(
+        &mut self,
+        msg: Option<etcd::Result<WatchResponse>>,
+        registry: &mut Watcher,
+    ) -> Flow {
+        while let Some(earlier) = registry.try_next() {
+            match self.on_registry(Some(earlier)) {
+                Flow::Continue => {}
+                // The state response is not applied: the resync or the
+                // resumed watch brings it again.
+                other => return other,
+            }
+        }
+        self.flow(msg, "state-key", Self::apply_state)
     }
 
     async fn sleep(&self, backoff: &mut Backoff) -> bool {
@@ -727,6 +1126,7 @@ impl Task {
         for ev in resp.events {
             let revision = ev.revision();
             reg.revision = reg.revision.max(revision);
+            self.registry_revision = self.registry_revision.max(revision);
             let key = match self.config.schema.parse(ev.kv.key()) {
                 Ok(key) => key,
                 Err(e) => {
@@ -739,7 +1139,11 @@ impl Task {
             };
             match ev.kind {
                 EventKind::Put => match reg.upsert(Endpoint::new(key, &ev.kv, &self.config)) {
-                    Upsert::Added(endpoint) => changes.push(Change::Added { endpoint, revision }),
+                    Upsert::Added(endpoint) => {
+                        let origin = reg.count(&endpoint.key.region, true, revision);
+                        changes.push(Change::Added { endpoint, revision });
+                        changes.extend(origin);
+                    }
                     Upsert::Updated(old, new) => {
                         changes.push(Change::Updated { old, new, revision })
                     }
@@ -747,10 +1151,36 @@ impl Task {
                 },
                 EventKind::Delete => {
                     if let Some(endpoint) = reg.remove(&key) {
+                        let origin = reg.count(&endpoint.key.region, false, revision);
                         changes.push(Change::Removed { endpoint, revision });
+                        changes.extend(origin);
                     }
                 }
             }
+        }
+        self.shared.publish(self.current.clone(), changes);
+    }
+
+    /// Applies one response of the state-key watch and publishes the
+    /// result. A heartbeat updates the status without a change.
+    fn apply_state(&mut self, resp: WatchResponse) {
+        if resp.events.is_empty() {
+            return;
+        }
+        let reg = Arc::make_mut(&mut self.current);
+        let mut changes = Vec::new();
+        for ev in resp.events {
+            let revision = ev.revision();
+            reg.revision = reg.revision.max(revision);
+            self.state_revision = self.state_revision.max(revision);
+            let Some(region) = self.config.state_origin(ev.kv.key()) else {
+                continue;
+            };
+            let state = match ev.kind {
+                EventKind::Put => Some((State::decode(ev.kv.value()), revision)),
+                EventKind::Delete => None,
+            };
+            changes.extend(reg.update_origin(region, revision, |o| o.set_state(state)));
         }
         self.shared.publish(self.current.clone(), changes);
     }
@@ -777,6 +1207,8 @@ impl Task {
                         removed: count("removed"),
                     };
                     changes.push(resynced);
+                    self.registry_revision = registry.revision;
+                    self.state_revision = registry.revision;
                     self.current = Arc::new(registry);
                     self.shared.publish(self.current.clone(), changes);
                     backoff.reset();
@@ -960,9 +1392,14 @@ mod tests {
         let got: Vec<String> = old
             .diff(&new)
             .iter()
-            .map(|c| {
-                let e = c.endpoint().unwrap();
-                format!("{} {} {}", c.kind(), e.key.ip, c.revision())
+            .map(|c| match c {
+                Change::Origin { region, status, .. } => {
+                    format!("origin {region} {:?} {}", status, c.revision())
+                }
+                _ => {
+                    let e = c.endpoint().unwrap();
+                    format!("{} {} {}", c.kind(), e.key.ip, c.revision())
+                }
             })
             .collect();
         assert_eq!(
@@ -970,14 +1407,141 @@ mod tests {
             [
                 "updated 10.0.0.2 9",
                 "added 10.0.0.4 9",
-                "removed 10.0.0.3 9"
+                "removed 10.0.0.3 9",
+                "origin a None 9"
             ]
         );
         assert!(new.diff(&new).is_empty());
     }
 
+    fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
+        State {
+            revision: 40,
+            lease: 7,
+            holder: 1,
+            source_cluster: 2,
+            heartbeat_unix_ms,
+            synced,
+        }
+    }
+
+    #[test]
+    fn origins_follow_state_keys_and_endpoint_counts() {
+        let c = cfg();
+        let mut reg = Registry::build_with(
+            3,
+            vec![ep(&c, "a", "10.0.0.1", "{}"), ep(&c, "x", "10.0.0.2", "{}")],
+            Some("b"),
+            vec![("a".into(), Some(state(false, 0)), 2)],
+        );
+        let listed: Vec<(&str, bool, bool, usize)> = reg
+            .origins()
+            .map(|(r, o)| (r, o.synced, o.state_present, o.endpoints))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("a", false, true, 1),
+                ("b", true, false, 0),
+                ("x", false, false, 1)
+            ]
+        );
+        // The viewer's own region is current; a state key without a
+        // heartbeat, or no state key, is unknown.
+        let now = 1_000_000;
+        assert_eq!(
+            reg.origin("b").unwrap().staleness_at(now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(reg.origin("a").unwrap().staleness_at(now), None);
+        assert_eq!(reg.origin("x").unwrap().staleness_at(now), None);
+        assert!(reg.is_synced("b") && !reg.is_synced("a") && !reg.is_synced("x"));
+        assert!(!reg.is_synced("nowhere"));
+        assert_eq!(reg.synced_endpoints("svc").len(), 0);
+
+        // A heartbeat alone is no change; the synced marker is.
+        let set = |r: &mut Registry, st: Option<State>, rev| {
+            r.update_origin("a", rev, |o| o.set_state(Some((st, rev))))
+        };
+        assert!(set(&mut reg, Some(state(false, now - 500)), 4).is_none());
+        assert_eq!(
+            reg.origin("a").unwrap().staleness_at(now),
+            Some(Duration::from_millis(500))
+        );
+        // A heartbeat ahead of the viewer's clock is not negative.
+        assert!(set(&mut reg, Some(state(false, now + 500)), 5).is_none());
+        assert_eq!(
+            reg.origin("a").unwrap().staleness_at(now),
+            Some(Duration::ZERO)
+        );
+        match set(&mut reg, Some(state(true, now)), 6) {
+            Some(Change::Origin {
+                region,
+                status: Some(s),
+                revision: 6,
+            }) => {
+                assert_eq!(region, "a");
+                assert!(s.synced && s.state_present);
+                assert_eq!((s.endpoints, s.source_revision, s.lease), (1, 40, 7));
+            }
+            other => panic!("expected an origin change, got {other:?}"),
+        }
+        assert_eq!(reg.synced_endpoints("svc").len(), 1);
+        // A value that does not decode: present, not synced.
+        assert!(set(&mut reg, None, 7).is_some());
+        let a = reg.origin("a").unwrap();
+        assert!(a.state_present && !a.synced && a.heartbeat_unix_ms == 0);
+        // The key gone: still listed while it has endpoints, then not.
+        assert!(reg.update_origin("a", 8, |o| o.set_state(None)).is_some());
+        assert!(!reg.origin("a").unwrap().state_present);
+        match reg.count("a", false, 9) {
+            Some(Change::Origin { status: None, .. }) => {}
+            other => panic!("expected the origin to go, got {other:?}"),
+        }
+        assert!(reg.origin("a").is_none());
+        // The viewer's own region ignores a stray state key, and stays
+        // listed without endpoints.
+        assert!(reg.update_origin("b", 10, |o| o.set_state(None)).is_none());
+        assert!(reg.origin("b").unwrap().synced);
+        // A new origin with endpoints only is listed, not synced.
+        assert!(matches!(
+            reg.count("z", true, 11),
+            Some(Change::Origin { status: Some(ref s), .. }) if !s.synced
+        ));
+    }
+
+    #[test]
+    fn state_keys_are_recognized() {
+        let c = cfg();
+        assert_eq!(c.state_origin(b"/aether/v1/replication/a/state"), Some("a"));
+        assert_eq!(c.state_origin(b"/aether/v1/replication/a/other"), None);
+        assert_eq!(c.state_origin(b"/aether/v1/replication/a/b/state"), None);
+        assert_eq!(c.state_origin(b"/aether/v1/replication//state"), None);
+        assert_eq!(c.state_origin(b"/aether/v1/regions/a/state"), None);
+        let t = cfg().with_state_root("/t/state/");
+        assert_eq!(t.state_origin(b"/t/state/eu/state"), Some("eu"));
+    }
+
     #[test]
     fn config_is_validated() {
+        assert!(
+            ViewConfig::new("a")
+                .with_state_root("/aether/v1/")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            ViewConfig::new("a")
+                .with_state_root("x/")
+                .validate()
+                .is_err()
+        );
+        assert!(
+            ViewConfig::new("a")
+                .with_state_root("/s/")
+                .validate()
+                .is_ok()
+        );
         assert!(ViewConfig::new("a/b").validate().is_err());
         assert!(ViewConfig::new("a").zone("").validate().is_err());
         let mut c = ViewConfig::new("a");

@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use aether_replicator::app::endpoints::{self, EndpointsOptions, Output};
 use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range};
-use aether_replicator::mirror::{Engine, MirrorConfig};
+use aether_replicator::mirror::state::State;
+use aether_replicator::mirror::{DEFAULT_STATE_ROOT, Engine, MirrorConfig};
 use aether_replicator::schema::{EndpointKey, Schema};
 use aether_replicator::view::{
-    Change, PRIORITY_FOREIGN, PRIORITY_REGION, PRIORITY_ZONE, RegistryView, ViewConfig,
+    Change, OriginStatus, PRIORITY_FOREIGN, PRIORITY_REGION, PRIORITY_ZONE, RegistryView,
+    ViewConfig, unix_ms_now,
 };
 use common::replicator::binary;
 use common::{Etcd, FaultProxy};
@@ -60,6 +62,23 @@ fn describe(c: &Change) -> String {
             e.priority
         ),
         None => c.kind().to_string(),
+    }
+}
+
+/// Origin `region`'s state key under the default state root.
+fn state_key(region: &str) -> String {
+    format!("{DEFAULT_STATE_ROOT}{region}/state")
+}
+
+/// A state value: `synced`, heartbeat at `heartbeat_unix_ms`.
+fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
+    State {
+        revision: 1,
+        lease: 0,
+        holder: 1,
+        source_cluster: 1,
+        heartbeat_unix_ms,
+        synced,
     }
 }
 
@@ -232,15 +251,24 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
     // view, one removal each; b's own stay.
     engine.abort();
     let mut removed_a = 0;
-    while removed_a < 30 {
+    let mut origin_gone = false;
+    while removed_a < 30 || !origin_gone {
         let c = next(&mut rx).await;
         match &c {
             Change::Removed { endpoint, .. } if endpoint.key.region == "a" => removed_a += 1,
+            // Its state key goes with the lease (and, once its endpoints
+            // are gone too, the origin is no longer listed).
+            Change::Origin { region, status, .. } if region == "a" => {
+                origin_gone = status
+                    .as_ref()
+                    .is_none_or(|s| !s.state_present && !s.synced);
+            }
             other => panic!("expected removals of a's endpoints, got {other:?}"),
         }
     }
     let snap = view.snapshot();
     assert_eq!(snap.iter().filter(|e| e.key.region == "a").count(), 0);
+    assert!(snap.origin("a").is_none(), "{:?}", snap.origin("a"));
     assert_eq!(snap.len(), 22);
     assert_eq!(view.resyncs(), 0);
 
@@ -309,6 +337,10 @@ async fn compaction_while_cut_off_forces_a_resync_with_the_diff() {
     b.delete(Delete::key(key("b", "s", "10.0.0.7")))
         .await
         .unwrap();
+    // Another region's state key appears: the resync brings it too.
+    b.put(Put::new(state_key("c"), state(true, 1).encode()))
+        .await
+        .unwrap();
     let rev = count_revision(&b).await;
     b.compact(rev, true).await.unwrap();
     proxy.heal();
@@ -336,11 +368,21 @@ async fn compaction_while_cut_off_forces_a_resync_with_the_diff() {
         got,
         [
             "added b/s/10.0.0.6 0",
+            "origin",
             "removed b/s/10.0.0.2 0",
             "updated b/s/10.0.0.1 1"
         ]
     );
     assert_eq!(view.resyncs(), 1);
+    assert!(view.origins()["c"].synced);
+    // And the state watch resumed after the resync.
+    b.delete(Delete::key(state_key("c"))).await.unwrap();
+    match next(&mut rx).await {
+        Change::Origin { region, status, .. } => {
+            assert_eq!((region.as_str(), status), ("c", None));
+        }
+        other => panic!("expected origin c to go, got {other:?}"),
+    }
     // The view equals a fresh one, and keeps following the watch.
     let fresh = RegistryView::start(b.clone(), view_config()).await.unwrap();
     let pairs = |v: &RegistryView| -> Vec<(EndpointKey, Option<String>)> {
@@ -418,6 +460,10 @@ async fn endpoints_command_prints_tables_and_json() {
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "\
+ORIGIN  KIND      SYNCED  STALENESS  ENDPOINTS
+a       no-state  no      unknown    1
+b       local     yes     0.0s       3
+
 SERVICE  PROTOCOL  IP         REGION  CLUSTER  ZONE  PRIORITY
 db       http      fd00::1    b       c1       b-1   0
 web      http      10.0.0.9   b       c1       b-1   0
@@ -448,6 +494,20 @@ web      http      10.0.0.1   a       c1       -     2
     assert_eq!(eps[2]["zone"], serde_json::Value::Null);
     assert_eq!(eps[2]["value"], "raw bytes");
     assert_eq!(eps[2]["value_is_json"], false);
+    assert_eq!(eps[2]["origin_synced"], false, "a has no state key");
+    assert_eq!(
+        eps[0]["origin_synced"], true,
+        "b is the viewer's own region"
+    );
+    let origins = doc["origins"].as_array().unwrap();
+    assert_eq!(origins.len(), 2);
+    assert_eq!(origins[0]["region"], "a");
+    assert_eq!(origins[0]["synced"], false);
+    assert_eq!(origins[0]["staleness_seconds"], serde_json::Value::Null);
+    assert_eq!(origins[1]["region"], "b");
+    assert_eq!(origins[1]["kind"], "local");
+    assert_eq!(origins[1]["synced"], true);
+    assert_eq!(origins[1]["staleness_seconds"], 0.0);
 
     // Watching, as JSON lines, one service only.
     let buf = Shared::default();
@@ -496,18 +556,23 @@ web      http      10.0.0.1   a       c1       -     2
     c.delete(Delete::key(key("a", "web", "10.0.0.1")))
         .await
         .unwrap();
-    let text = lines(3).await;
+    let text = lines(4).await;
     let events: Vec<serde_json::Value> = text
         .lines()
         .skip(1)
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(events.len(), 2, "the db change is filtered out: {text}");
+    assert_eq!(events.len(), 3, "the db change is filtered out: {text}");
     assert_eq!(events[0]["event"], "updated");
     assert_eq!(events[0]["endpoint"]["priority"], 1);
     assert_eq!(events[0]["previous"]["priority"], 0);
     assert_eq!(events[1]["event"], "removed");
     assert_eq!(events[1]["endpoint"]["ip"], "10.0.0.1");
+    // Its last endpoint gone, origin a is no longer listed.
+    assert_eq!(events[2]["event"], "origin");
+    assert_eq!(events[2]["origin"]["region"], "a");
+    assert_eq!(events[2]["origin"]["endpoints"], 0);
+    assert_eq!(events[2]["origin"]["synced"], false);
     stop.send(()).unwrap();
     tokio::time::timeout(T, task)
         .await
@@ -561,8 +626,17 @@ fn endpoints_binary_watches_until_sigterm_and_refuses_bad_flags() {
             }
         }
     });
-    let line = rx.recv_timeout(T).expect("the table header");
-    assert!(line.starts_with("SERVICE  PROTOCOL  IP"), "{line}");
+    let mut head = Vec::new();
+    while head.len() < 4 {
+        head.push(
+            rx.recv_timeout(T)
+                .expect("the origins and the table header"),
+        );
+    }
+    assert!(head[0].starts_with("ORIGIN  KIND"), "{head:?}");
+    assert_eq!(head[1], "b       local  yes     0.0s       0", "{head:?}");
+    assert_eq!(head[2], "", "{head:?}");
+    assert!(head[3].starts_with("SERVICE  PROTOCOL  IP"), "{head:?}");
     e.etcdctl_ok(&["put", &key("b", "web", "10.0.0.3"), &value("b", "b-1", "")]);
     let line = rx.recv_timeout(T).expect("a change line");
     assert!(
@@ -578,4 +652,174 @@ fn endpoints_binary_watches_until_sigterm_and_refuses_bad_flags() {
     let status = common::wait_until(T, || matches!(child.try_wait(), Ok(Some(_))));
     assert!(status, "did not exit on SIGTERM");
     assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+/// The origins table of the `endpoints` command, once.
+async fn origins_table(c: &Client) -> String {
+    let mut out = Vec::new();
+    endpoints::run(
+        c.clone(),
+        &options(Output::Table, false, None),
+        &mut out,
+        async {},
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    text.split("\n\n").next().unwrap().to_owned()
+}
+
+/// The next origin change for `region`, counting the endpoints of `region`
+/// added before it.
+async fn next_origin(rx: &mut Receiver<Change>, region: &str) -> (Option<OriginStatus>, usize) {
+    let mut added = 0;
+    loop {
+        match next(rx).await {
+            Change::Origin {
+                region: r, status, ..
+            } if r == region => return (status, added),
+            Change::Added { endpoint, .. } if endpoint.key.region == region => added += 1,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origins_show_synced_and_staleness_and_go_with_the_lease() {
+    common::init_logging();
+    let (a_etcd, b_etcd) = (Etcd::start(), Etcd::start());
+    let (a, b) = (client(&a_etcd.endpoint()), client(&b_etcd.endpoint()));
+    const N: usize = 300;
+    put_many(
+        &a,
+        (0..N).map(|i| {
+            (
+                key(
+                    "a",
+                    &format!("s{}", i % 3),
+                    &format!("10.1.{}.{}", i / 256, i % 256),
+                ),
+                value("a", "a-1", ""),
+            )
+        }),
+    )
+    .await;
+    b.put(Put::new(key("b", "s0", "10.2.0.1"), value("b", "b-1", "")))
+        .await
+        .unwrap();
+
+    let view = RegistryView::start(b.clone(), view_config()).await.unwrap();
+    let mut rx = view.subscribe();
+    let origins = view.origins();
+    assert_eq!(
+        origins.keys().collect::<Vec<_>>(),
+        ["b"],
+        "only the viewer's own"
+    );
+    assert!(origins["b"].local && origins["b"].synced);
+    assert_eq!(origins["b"].staleness(), Some(Duration::ZERO));
+
+    // A first copy under way: the state key says not synced. Its endpoints
+    // are in the view, and marked so.
+    b.put(Put::new(state_key("a"), state(false, 0).encode()))
+        .await
+        .unwrap();
+    let (status, _) = next_origin(&mut rx, "a").await;
+    let status = status.expect("a is listed");
+    assert!(status.state_present && !status.synced);
+    assert_eq!(status.staleness(), None, "no heartbeat yet");
+    b.put(Put::new(key("a", "s0", "10.1.9.9"), value("a", "a-1", "")))
+        .await
+        .unwrap();
+    assert_eq!(describe(&next(&mut rx).await), "added a/s0/10.1.9.9 2");
+    assert_eq!(view.endpoints("s0").len(), 2);
+    let synced_only = view.endpoints_synced_only("s0");
+    assert_eq!(synced_only.len(), 1);
+    assert_eq!(synced_only[0].key.region, "b");
+    assert!(!view.snapshot().is_synced("a"));
+    let table = origins_table(&b).await;
+    assert!(
+        table.contains("\na       mirrored  no      unknown    1\n"),
+        "{table}"
+    );
+    // A heartbeat alone changes nothing on the stream; the view has it.
+    let beat = unix_ms_now() - 3_000;
+    b.put(Put::new(state_key("a"), state(false, beat).encode()))
+        .await
+        .unwrap();
+    assert!(common::wait_until_async(T, || view.origins()["a"].heartbeat_unix_ms == beat).await);
+    let stale = view.origins()["a"].staleness().unwrap();
+    assert!(stale >= Duration::from_secs(3) && stale < T, "{stale:?}");
+    // The hand-written key and endpoint go; the engine takes over.
+    b.delete(Delete::key(key("a", "s0", "10.1.9.9")))
+        .await
+        .unwrap();
+    b.delete(Delete::key(state_key("a"))).await.unwrap();
+    loop {
+        if let (None, _) = next_origin(&mut rx, "a").await {
+            break;
+        }
+    }
+    assert!(!view.origins().contains_key("a"));
+
+    let engine = Engine::start(a.clone(), vec![("b".into(), b.clone())], mirror_config(2)).unwrap();
+    // The engine claims b unsynced, copies, then marks it synced: by then
+    // every endpoint of the first copy has reached the view.
+    let (first, mut added) = next_origin(&mut rx, "a").await;
+    let first = first.expect("listed");
+    assert!(first.state_present);
+    let last = if first.synced {
+        first
+    } else {
+        loop {
+            let (status, more) = next_origin(&mut rx, "a").await;
+            added += more;
+            let status = status.expect("listed");
+            if status.synced {
+                break status;
+            }
+        }
+    };
+    assert_eq!(
+        added, N,
+        "the synced marker came after the whole first copy"
+    );
+    assert!(last.state_present && last.heartbeat_unix_ms > 0);
+    assert_eq!(view.snapshot().synced_endpoints("s0").len(), N / 3 + 1);
+    tokio::time::timeout(T, engine.wait_synced()).await.unwrap();
+    // The engine heartbeats: the copy is current.
+    let stale = view.origins()["a"].staleness().expect("a heartbeat");
+    assert!(stale < Duration::from_secs(10), "{stale:?}");
+    let table = origins_table(&b).await;
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("a "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..3], ["a", "mirrored", "yes"], "{table}");
+    assert!(row[3].ends_with('s') && row[3] != "unknown", "{table}");
+    assert_eq!(row[4], N.to_string(), "{table}");
+    // A view started now reads a synced from its snapshot.
+    let fresh = RegistryView::start(b.clone(), view_config()).await.unwrap();
+    assert!(fresh.origins()["a"].synced);
+    fresh.shutdown().await;
+
+    // The engine stops; the lease lapses: the state key and the endpoints
+    // go, and so does the origin.
+    engine.abort();
+    let gone = common::wait_until_async(T, || {
+        let snap = view.snapshot();
+        snap.origin("a").is_none() && snap.iter().all(|e| e.key.region != "a")
+    })
+    .await;
+    assert!(gone, "{:?}", view.origins().get("a"));
+    assert_eq!(count(&b, DEFAULT_STATE_ROOT).await, 0);
+    assert_eq!(view.snapshot().len(), 1);
+    let table = origins_table(&b).await;
+    assert_eq!(
+        table,
+        "ORIGIN  KIND   SYNCED  STALENESS  ENDPOINTS\nb       local  yes     0.0s       1"
+    );
+    view.shutdown().await;
 }

@@ -60,7 +60,8 @@ pub enum Command {
     /// once, report the differences and exit.
     Check(CheckArgs),
     /// Print the merged endpoint registry as this region's consumers see
-    /// it: its own endpoints and those mirrored in from other regions,
+    /// it: first each origin region (synced yes/no, staleness in seconds),
+    /// then its own endpoints and those mirrored in from other regions,
     /// ranked by locality. With --watch, keep printing changes.
     Endpoints(EndpointsArgs),
     /// Move the legacy flat layout (PREFIX SERVICE/protocols/PROTO/endpoints/IP)

@@ -964,6 +964,7 @@ fn endpoints_refusals() {
         (&["--region=b", "--zone="][..], "--zone", "empty"),
         (&["--region=b", "--service=a/b"][..], "--service", "'/'"),
         (&["--region=b", "--root=/x"][..], "--root", "end with"),
+        (&["--region=b", "--root=/aether/"][..], "--root", "overlaps"),
         (
             &["--region=b", "--page-size=0"][..],
             "--page-size",

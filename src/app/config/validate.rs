@@ -229,6 +229,15 @@ impl EndpointsArgs {
             segment_flag("--service", "service", service)?;
         }
         let schema = prefix_flag("--root", &self.root)?;
+        let root = schema.root();
+        if root.starts_with(DEFAULT_STATE_ROOT) || DEFAULT_STATE_ROOT.starts_with(root) {
+            return Err(ConfigError::new(
+                "--root",
+                format!(
+                    "--root {root:?}: overlaps the replication state prefix {DEFAULT_STATE_ROOT:?}"
+                ),
+            ));
+        }
         let page_size = page_size_flag(self.page_size)?;
         let local = self.local.validate()?;
         let mut view = ViewConfig::new(region.clone());
