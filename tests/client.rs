@@ -1066,3 +1066,63 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
     assert!(s.successes > stalled.successes + 3, "{s:?}");
     assert!(second.accepted_connections() >= 1);
 }
+
+/// `hasleader`: etcd ends a watch stream that asked for a leader once its
+/// member has had none for three election timeouts, and refuses new ones,
+/// so the client sees the watch down and keeps trying; without it the
+/// stream stays open and silent. Once the member has a leader again the
+/// watch resumes where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
+    let mut cluster = common::Cluster::start(3);
+    let first = cluster.members[0].endpoints();
+    let c = Client::connect(ClientConfig::new(first.clone())).unwrap();
+    let silent = Client::connect(ClientConfig {
+        watch_require_leader: false,
+        ..ClientConfig::new(first)
+    })
+    .unwrap();
+    let start = c
+        .put(Put::new("/q/seed", "x"))
+        .await
+        .unwrap()
+        .header
+        .revision
+        + 1;
+    let (stream, mut w) = c
+        .watch(WatchOptions::prefix("/q/").start_revision(start))
+        .unwrap();
+    let (silent_stream, mut silent_w) = silent
+        .watch(WatchOptions::prefix("/q/").start_revision(start))
+        .unwrap();
+    let rev = c.put(Put::new("/q/1", "a")).await.unwrap().header.revision;
+    for w in [&mut w, &mut silent_w] {
+        let r = tokio::time::timeout(T, w.next()).await.unwrap().unwrap();
+        assert_eq!(r.unwrap().events[0].revision(), rev);
+    }
+    // The first member loses its quorum.
+    tokio::task::block_in_place(|| {
+        cluster.members[1].kill();
+        cluster.members[2].kill();
+    });
+    assert!(
+        common::wait_until_async(T, || !stream.is_connected()).await,
+        "the watch that requires a leader is still open"
+    );
+    assert!(
+        silent_stream.is_connected(),
+        "without hasleader the watch stays open (and silent)"
+    );
+    let reconnects = stream.reconnects();
+    assert!(
+        common::wait_until_async(T, || stream.reconnects() > reconnects).await,
+        "new streams are refused while there is no leader"
+    );
+    // Quorum again: the watch comes back and resumes.
+    tokio::task::block_in_place(|| cluster.members[1].restart());
+    let rev = c.put(Put::new("/q/2", "b")).await.unwrap().header.revision;
+    let r = tokio::time::timeout(T, w.next()).await.unwrap().unwrap();
+    let got: Vec<i64> = r.unwrap().events.iter().map(|e| e.revision()).collect();
+    assert_eq!(got, vec![rev]);
+    assert!(stream.is_connected());
+}

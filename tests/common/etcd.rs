@@ -1,4 +1,5 @@
-//! A real single-member etcd server owned by a test.
+//! Real etcd servers owned by a test: a single member ([`Etcd`]) or a
+//! cluster ([`Cluster`]).
 //!
 //! All calls here are blocking (std::process / std::net). Calling them from a
 //! `#[tokio::test]` is fine as long as nothing on the *same* current-thread
@@ -90,6 +91,7 @@ impl EtcdBuilder {
             log_path,
             proc: None,
             last_pid: 0,
+            cluster: None,
             dir,
         };
         // Only a data dir that holds no member yet may be wiped between
@@ -122,6 +124,21 @@ struct Ports {
 }
 
 impl Ports {
+    /// Ports for `n` members, all distinct (all bound at once, then released).
+    fn pick_many(n: usize) -> Vec<Ports> {
+        let ls: Vec<TcpListener> = (0..3 * n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+            .collect();
+        let port = |i: usize| ls[i].local_addr().expect("local_addr").port();
+        (0..n)
+            .map(|m| Ports {
+                client: port(3 * m),
+                peer: port(3 * m + 1),
+                metrics: port(3 * m + 2),
+            })
+            .collect()
+    }
+
     /// Three distinct free loopback ports (all bound at once, then released).
     fn pick() -> Ports {
         let ls: Vec<TcpListener> = (0..3)
@@ -167,8 +184,18 @@ pub struct Etcd {
     log_path: PathBuf,
     proc: Option<Proc>,
     last_pid: u32,
+    /// Set for a member of a [`Cluster`]: its bootstrap membership.
+    cluster: Option<ClusterArgs>,
     // Last field: removed after the process has been killed in Drop.
     dir: tempfile::TempDir,
+}
+
+/// The bootstrap flags every member of one cluster shares.
+#[derive(Clone, Debug)]
+struct ClusterArgs {
+    /// `name=http://127.0.0.1:peer,...` for every member.
+    initial: String,
+    token: String,
 }
 
 impl Etcd {
@@ -400,8 +427,14 @@ impl Etcd {
             format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={peer_url}"),
             format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster={}={peer_url}", self.name),
-            format!("--initial-cluster-token={}", self.name),
+            match &self.cluster {
+                Some(c) => format!("--initial-cluster={}", c.initial),
+                None => format!("--initial-cluster={}={peer_url}", self.name),
+            },
+            format!(
+                "--initial-cluster-token={}",
+                self.cluster.as_ref().map_or(&self.name, |c| &c.token)
+            ),
             "--initial-cluster-state=new".into(),
             format!("--listen-metrics-urls=http://127.0.0.1:{}", p.metrics),
             "--logger=zap".into(),
@@ -423,6 +456,18 @@ impl Etcd {
     /// One launch attempt on the current ports: spawn, then wait for
     /// readiness. On failure the process is killed and reaped.
     fn launch(&mut self, attempt: u32) -> Result<(), String> {
+        self.spawn(attempt);
+        match self.wait_ready() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.kill();
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the process on the current ports without waiting for it.
+    fn spawn(&mut self, attempt: u32) {
         assert!(self.proc.is_none(), "etcd is already running");
         let args = self.args();
         let mut log = OpenOptions::new()
@@ -454,13 +499,6 @@ impl Etcd {
         self.last_pid = child.id();
         let watchdog = spawn_watchdog(child.id(), self.dir.path());
         self.proc = Some(Proc { child, watchdog });
-        match self.wait_ready() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.kill();
-                Err(e)
-            }
-        }
     }
 
     fn wait_ready(&mut self) -> Result<(), String> {
@@ -752,4 +790,94 @@ fn metric_server_id(metrics: &str) -> Option<u64> {
     let line = metrics.lines().find(|l| l.starts_with("etcd_server_id{"))?;
     let rest = &line[line.find("server_id=\"")? + 11..];
     u64::from_str_radix(&rest[..rest.find('"')?], 16).ok()
+}
+
+/// A cluster of real etcd members on 127.0.0.1, each an [`Etcd`] with its
+/// own ports and temp dir (stop, kill and restart them one by one). The
+/// members bootstrap together, so they are started together and then
+/// waited for; a failed attempt kills every member and retries on fresh
+/// ports. Dropping the cluster kills every member.
+pub struct Cluster {
+    pub members: Vec<Etcd>,
+}
+
+impl Cluster {
+    /// Starts `n` plain-HTTP members and waits until each has a leader.
+    pub fn start(n: usize) -> Cluster {
+        crate::common::init_logging();
+        let bin = etcd_bin();
+        let token = format!(
+            "cluster-{}-{}",
+            std::process::id(),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut members: Vec<Etcd> = (0..n)
+            .map(|i| {
+                let dir = tempfile::Builder::new()
+                    .prefix("aether-etcd-")
+                    .tempdir()
+                    .expect("create etcd temp dir");
+                Etcd {
+                    bin: bin.clone(),
+                    name: format!("{token}-m{i}"),
+                    ports: Ports::pick(),
+                    tls: None,
+                    extra_args: Vec::new(),
+                    data_dir: dir.path().join("data"),
+                    log_path: dir.path().join("etcd.log"),
+                    proc: None,
+                    last_pid: 0,
+                    cluster: None,
+                    dir,
+                }
+            })
+            .collect();
+        let mut failures = Vec::new();
+        for attempt in 1..=ATTEMPTS {
+            if attempt > 1 {
+                for m in &mut members {
+                    m.kill();
+                    let _ = fs::remove_dir_all(&m.data_dir);
+                }
+            }
+            // Picked together, so no two members get the same port.
+            let ports = Ports::pick_many(n);
+            let initial = members
+                .iter()
+                .zip(&ports)
+                .map(|(m, p)| format!("{}=http://127.0.0.1:{}", m.name, p.peer))
+                .collect::<Vec<_>>()
+                .join(",");
+            for (m, p) in members.iter_mut().zip(ports) {
+                m.ports = p;
+                m.cluster = Some(ClusterArgs {
+                    initial: initial.clone(),
+                    token: token.clone(),
+                });
+                m.spawn(attempt);
+            }
+            let mut failed = None;
+            for m in &mut members {
+                if let Err(e) = m.wait_ready() {
+                    failed = Some(format!("attempt {attempt}, {}: {e}", m.name));
+                    break;
+                }
+            }
+            match failed {
+                None => return Cluster { members },
+                Some(f) => failures.push(f),
+            }
+        }
+        let logs: Vec<String> = members.iter().map(|m| m.log_diagnostics()).collect();
+        panic!(
+            "etcd cluster start failed:\n  {}\n{}",
+            failures.join("\n  "),
+            logs.join("\n")
+        )
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.endpoint()).collect()
+    }
 }

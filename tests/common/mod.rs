@@ -6,6 +6,7 @@
 //!
 //! * [`etcd::Etcd`]: a real single-member etcd on free loopback ports, owned by
 //!   the test (killed and its temp dir removed on drop).
+//! * [`etcd::Cluster`]: several such members bootstrapped as one cluster.
 //! * [`tls::generate_tls`]: a throw-away CA plus server and client certificates.
 //! * [`proxy::FaultProxy`]: a loopback TCP proxy that can cut, black-hole,
 //!   delay and throttle traffic.
@@ -20,7 +21,7 @@ pub mod tls;
 
 use std::time::{Duration, Instant};
 
-pub use etcd::{Etcd, EtcdBuilder, etcdctl_command};
+pub use etcd::{Cluster, Etcd, EtcdBuilder, etcdctl_command};
 pub use proxy::FaultProxy;
 pub use tls::{TlsFiles, generate_mtls, generate_tls};
 
