@@ -27,6 +27,7 @@ pub mod batch;
 pub mod check;
 mod config;
 mod diff;
+mod pacing;
 mod peer;
 pub mod state;
 pub mod stats;
@@ -42,8 +43,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
-    DEFAULT_LEASE_TTL, DEFAULT_MAX_BACKOFF, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
-    DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT, MirrorConfig, PeerConfig,
+    DEFAULT_LEASE_TTL, DEFAULT_MAX_BACKOFF, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_TXNS,
+    DEFAULT_PAGE_SIZE, DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT, MirrorConfig, PeerConfig,
 };
 pub use stats::{ErrorKind, PeerStats, ResyncReason};
 

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{Batch, Batcher};
 use super::config::MirrorConfig;
+use super::pacing::Pacer;
 use super::state::{self, State};
 use super::stats::{ErrorKind, PeerStats, ResyncReason};
 use super::window::Window;
@@ -45,6 +46,7 @@ enum Start {
 struct Done {
     seq: u64,
     batch: Batch,
+    sent: Instant,
     result: etcd::Result<TxnResponse>,
 }
 
@@ -58,6 +60,9 @@ pub(crate) struct Peer {
     /// lease alive for one more TTL so a successor can adopt it.
     pause: CancellationToken,
     fresh: bool,
+    /// The adaptive window: it outlives sessions, so what was learnt about
+    /// the link in the sync carries into the live phase and across retries.
+    pacer: Pacer,
 }
 
 impl Peer {
@@ -70,7 +75,10 @@ impl Peer {
         holder: u64,
         (cancel, pause): (CancellationToken, CancellationToken),
     ) -> Peer {
+        let pacer = Pacer::new(cfg.max_inflight, cfg.max_inflight_bytes, Instant::now());
+        pacer.publish(&stats);
         Peer {
+            pacer,
             writer: FencedWriter::new(region, peer, Bytes::from(cfg.state_key()), holder, stats),
             prefix: Bytes::from(cfg.prefix()),
             local,
@@ -190,7 +198,13 @@ impl Peer {
         self.stats().resync(reason);
         self.stats().set_synced(false);
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
-        let fut = super::sync::run(&self.writer, &self.local, self.prefix.clone(), &self.cfg);
+        let fut = super::sync::run(
+            &self.writer,
+            &self.local,
+            self.prefix.clone(),
+            &self.cfg,
+            &mut self.pacer,
+        );
         let rev = tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
@@ -346,6 +360,8 @@ impl Peer {
             cfg: &self.cfg,
             batcher: Batcher::new(self.cfg.limits, self.writer.lease_id()),
             window: Window::new(from - 1),
+            pacer: &mut self.pacer,
+            bytes_in_flight: 0,
             inflight: FuturesUnordered::new(),
             splits_seen: 0,
         };
@@ -354,19 +370,25 @@ impl Peer {
 }
 
 /// The live phase of one session: watch events in, fenced batches out,
-/// up to `max_inflight` at once.
+/// as many at once as the adaptive window allows (capped by
+/// `max_inflight`).
 struct Live<'a> {
     writer: &'a FencedWriter,
     cfg: &'a MirrorConfig,
     batcher: Batcher,
     window: Window,
+    pacer: &'a mut Pacer,
+    /// Request bytes of the txns in flight.
+    bytes_in_flight: usize,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
     splits_seen: u64,
 }
 
 impl Live<'_> {
-    fn max_inflight(&self) -> usize {
-        self.cfg.max_inflight.max(1)
+    /// Sealed batches to hold at most before reading the watch again: two
+    /// windows' worth, so the batches fill while a window is in flight.
+    fn max_ready(&self) -> usize {
+        self.pacer.window_txns() * 2
     }
 
     async fn run(
@@ -375,9 +397,9 @@ impl Live<'_> {
         mut lease_status: watch::Receiver<LeaseStatus>,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        let max_ready = self.max_inflight() * 2;
         loop {
             self.send_ready();
+            let max_ready = self.max_ready();
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
@@ -400,7 +422,7 @@ impl Live<'_> {
     /// Sends what can go: eagerly while there is room in flight, so a lone
     /// revision leaves at once and a burst fills the batches.
     fn send_ready(&mut self) {
-        while self.window.len() < self.max_inflight() {
+        loop {
             if self.batcher.ready_len() == 0 {
                 self.batcher.flush();
             }
@@ -412,7 +434,14 @@ impl Live<'_> {
                 }
                 break;
             };
+            // Per-key order first: a conflict says nothing about the link.
             if self.window.conflicts(&batch.keys) {
+                break;
+            }
+            if !self
+                .pacer
+                .allows(self.window.len(), self.bytes_in_flight, batch.bytes)
+            {
                 break;
             }
             if let Some(batch) = self.batcher.pop() {
@@ -434,9 +463,16 @@ impl Live<'_> {
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let txn = self.writer.txn(batch.ops.clone(), Some(state_rev));
         let client = self.writer.client.clone();
+        self.bytes_in_flight += batch.bytes;
+        let sent = Instant::now();
         self.inflight.push(Box::pin(async move {
             let result = client.txn(txn).await;
-            Done { seq, batch, result }
+            Done {
+                seq,
+                batch,
+                sent,
+                result,
+            }
         }));
     }
 
@@ -478,8 +514,14 @@ impl Live<'_> {
 
     /// Books one finished txn: stats, the contiguous watermark, errors.
     async fn complete(&mut self, done: Done) -> Result<()> {
-        let Done { seq, batch, result } = done;
+        let Done {
+            seq,
+            batch,
+            sent,
+            result,
+        } = done;
         self.window.release(&batch.keys);
+        self.bytes_in_flight = self.bytes_in_flight.saturating_sub(batch.bytes);
         let Batch {
             ops,
             complete_through,
@@ -488,7 +530,19 @@ impl Live<'_> {
             bytes,
             ..
         } = batch;
-        self.writer.settle(ops, result).await?;
+        let now = Instant::now();
+        let ok = result.is_ok();
+        let n_ops = ops.len() as u64;
+        if let Err(e) = self.writer.settle(ops, result).await {
+            if !ok {
+                self.pacer.on_error(now);
+                self.pacer.publish(&self.writer.stats);
+            }
+            return Err(e);
+        }
+        if ok && self.pacer.on_ack(now, now - sent, n_ops, bytes as u64) {
+            self.pacer.publish(&self.writer.stats);
+        }
         let stats = &self.writer.stats;
         stats.up.store(true, Relaxed);
         stats.txns.fetch_add(1, Relaxed);

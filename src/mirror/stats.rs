@@ -162,6 +162,14 @@ pub struct PeerStats {
     synced: watch::Sender<bool>,
     /// The current lease id (0: none).
     pub lease_id: AtomicI64,
+    /// The adaptive window: txns allowed in flight now.
+    pub window_txns: AtomicU64,
+    /// The adaptive window in request bytes (txn window × mean txn size,
+    /// capped by the byte cap).
+    pub window_bytes: AtomicU64,
+    /// The measured round trip (minimum commit latency over the last 10 s),
+    /// in microseconds; see [`PeerStats::rtt_seconds`].
+    pub rtt_micros: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     resyncs: [AtomicU64; ResyncReason::ALL.len()],
     keepalive_base: [AtomicU64; 2],
@@ -185,6 +193,9 @@ impl PeerStats {
             up: AtomicBool::new(false),
             synced: watch::Sender::new(false),
             lease_id: AtomicI64::new(0),
+            window_txns: AtomicU64::new(0),
+            window_bytes: AtomicU64::new(0),
+            rtt_micros: AtomicU64::new(0),
             errors: Default::default(),
             resyncs: Default::default(),
             keepalive_base: Default::default(),
@@ -220,6 +231,11 @@ impl PeerStats {
     /// Resyncs for one reason so far.
     pub fn resyncs(&self, reason: ResyncReason) -> u64 {
         self.resyncs[reason as usize].load(Relaxed)
+    }
+    /// The measured round trip to the peer, in seconds (0 before the first
+    /// txn).
+    pub fn rtt_seconds(&self) -> f64 {
+        self.rtt_micros.load(Relaxed) as f64 / 1e6
     }
     /// Source revisions not yet applied.
     pub fn lag(&self) -> i64 {
