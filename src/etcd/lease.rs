@@ -11,6 +11,11 @@
 //! with TTL <= 0 is lost: its status says so and the task stops sending for
 //! it. Dropping the handle stops the keep-alive; it never revokes, so the
 //! lease runs out on its own (or a successor adopts it by id).
+//!
+//! The stream runs on a connection of its own to the member, not the one
+//! the client's other calls share: over a long link under heavy traffic a
+//! keep-alive queued behind megabytes of txns could arrive after the lease
+//! expired. The interval stays TTL/3 whatever the round trip.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -259,7 +264,9 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
             k.due = now + k.interval;
             let _ = out_tx.send(PbLeaseKeepAliveRequest { id: *id });
         }
-        let (idx, svc) = client.svc();
+        // Its own connection: a keep-alive must not queue behind the
+        // client's bulk traffic (see `Endpoints::lease_channels`).
+        let (idx, svc) = client.lease_svc();
         let mut lc = LeaseClient::new(svc);
         let open = lc.lease_keep_alive(UnboundedReceiverStream::new(out_rx));
         let mut inbound = match tokio::time::timeout(client.config().request_timeout, open).await {

@@ -30,6 +30,11 @@
 //!   busier (other writers, compaction): the window shrinks by a fifth.
 //! - **Errors** (a txn failed for a transient reason) halve the window.
 //!
+//! - **BDP cap**: whatever the above says, at most twice the measured
+//!   bandwidth-delay product (the best txns/s of the last rounds × min RTT,
+//!   as BBR's cwnd gain), but at least [`BDP_FLOOR`]. On a narrow link this
+//!   is what bounds the queue in front of it (and so every request's wait).
+//!
 //! The best rate is a max filter that forgets after [`BEST_ROUNDS`]
 //! window-limited rounds, so a peer that slows down is followed down.
 //!
@@ -38,8 +43,11 @@
 //! whatever the values' size; the reported byte window is the txn window
 //! times the mean txn size, capped.
 //!
-//! The RTT published is the minimum commit latency over the last
-//! [`MIN_RTT_WINDOW`]: the link's round trip plus an unqueued commit.
+//! The RTT published is the minimum commit latency: the link's round trip
+//! plus an unqueued commit. A minimum not seen again (within 10%) for
+//! [`MIN_RTT_WINDOW`] is re-measured by draining to [`MIN_WINDOW`] txns until
+//! one txn sent into the drained pipe is answered (BBR's ProbeRTT): a
+//! standing queue would otherwise pass for the path.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -59,6 +67,11 @@ pub const PROBE_EVERY: u32 = 6;
 pub const BEST_ROUNDS: u32 = 12;
 /// The min-RTT filter's span: a path that got longer is noticed this late.
 pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
+/// The BDP cap never goes below this many txns: etcd commits more per
+/// fsync with more in flight, which the link's BDP does not see (on
+/// loopback the BDP is about one txn, yet 8 to 64 in flight all reach the
+/// ceiling, BENCHMARKS.md §1).
+pub const BDP_FLOOR: usize = 32;
 /// Startup ends after this many rounds without ≥ 25% more throughput.
 const STARTUP_STALLS: u8 = 3;
 
@@ -121,11 +134,14 @@ pub(crate) struct Pacer {
     best: Option<Best>,
     round: Round,
     srtt: Option<Duration>,
-    /// Two-bucket windowed minimum: (minimum, since).
+    /// The minimum commit latency and when it was last seen (or matched).
     min_rtt: Option<(Duration, Instant)>,
-    prev_min_rtt: Option<Duration>,
+    /// Probing the RTT since, and the window to go back to.
+    probe_rtt: Option<(Instant, f64)>,
     /// Mean request bytes per txn (EWMA), for the byte window.
     txn_bytes: f64,
+    /// Txns/s of the last rounds, for the BDP cap.
+    txn_rates: std::collections::VecDeque<f64>,
 }
 
 impl Pacer {
@@ -142,14 +158,28 @@ impl Pacer {
             round: Round::new(now),
             srtt: None,
             min_rtt: None,
-            prev_min_rtt: None,
+            probe_rtt: None,
             txn_bytes: 0.0,
+            txn_rates: std::collections::VecDeque::new(),
         }
     }
 
     /// The txn window now.
     pub(crate) fn window_txns(&self) -> usize {
-        (self.window as usize).clamp(1, self.cap_txns)
+        if self.probe_rtt.is_some() {
+            return MIN_WINDOW.min(self.cap_txns);
+        }
+        (self.window.min(self.bdp_cap()) as usize).clamp(1, self.cap_txns)
+    }
+
+    /// Twice the measured bandwidth-delay product in txns, at least
+    /// [`BDP_FLOOR`].
+    fn bdp_cap(&self) -> f64 {
+        let rate = self.txn_rates.iter().copied().fold(0.0, f64::max);
+        match self.min_rtt() {
+            Some(rtt) if rate > 0.0 => (2.0 * rate * rtt.as_secs_f64()).max(BDP_FLOOR as f64),
+            _ => f64::INFINITY,
+        }
     }
 
     /// The byte window now: the txn window times the mean txn size, capped.
@@ -159,11 +189,7 @@ impl Pacer {
 
     /// The minimum commit latency seen recently (the path's round trip).
     pub(crate) fn min_rtt(&self) -> Option<Duration> {
-        match (self.min_rtt, self.prev_min_rtt) {
-            (Some((a, _)), Some(b)) => Some(a.min(b)),
-            (Some((a, _)), None) => Some(a),
-            (None, b) => b,
-        }
+        self.min_rtt.map(|(m, _)| m)
     }
 
     /// Publishes the window and the RTT into the peer's gauges.
@@ -192,7 +218,30 @@ impl Pacer {
     /// committed `latency` after it was sent. Returns whether a round
     /// ended (the window may have changed).
     pub(crate) fn on_ack(&mut self, now: Instant, latency: Duration, ops: u64, bytes: u64) -> bool {
+        if let Some((since, _)) = self.probe_rtt {
+            // The first txn sent during the probe left with the queue
+            // drained: its latency is the path's.
+            if now.checked_sub(latency).is_some_and(|sent| sent >= since) {
+                self.min_rtt = Some((latency, now));
+                if let Some((_, resume)) = self.probe_rtt.take() {
+                    self.window = resume;
+                }
+                self.round = Round::new(now);
+                return true;
+            }
+            return false;
+        }
         self.sample_rtt(now, latency);
+        if self
+            .min_rtt
+            .is_some_and(|(_, seen)| now.duration_since(seen) >= MIN_RTT_WINDOW)
+        {
+            // Not seen the minimum for a while: a standing queue hides it,
+            // or the path got longer. Drain to a couple of txns and measure
+            // (BBR's ProbeRTT).
+            self.probe_rtt = Some((now, self.window));
+            return true;
+        }
         let r = &mut self.round;
         r.ops += ops + 1; // +1: an empty state txn is work too
         r.txns += 1;
@@ -214,7 +263,10 @@ impl Pacer {
 
     /// A txn failed for a transient reason: halve the window.
     pub(crate) fn on_error(&mut self, now: Instant) {
-        self.window = (self.window / 2.0).max(MIN_WINDOW as f64);
+        if let Some((_, resume)) = self.probe_rtt.take() {
+            self.window = resume;
+        }
+        self.window = (self.window.min(self.bdp_cap()).floor() / 2.0).max(MIN_WINDOW as f64);
         self.phase = Phase::Cruise { rounds: 0 };
         self.best = None;
         self.round = Round::new(now);
@@ -225,18 +277,12 @@ impl Pacer {
             None => latency,
             Some(s) => (s * 7 + latency) / 8,
         });
-        // Two buckets of MIN_RTT_WINDOW/2: the minimum of the current and
-        // the previous one, so an old minimum ages out.
+        // Within 10% of the minimum counts as seeing it again.
         match self.min_rtt {
-            Some((m, since)) if now.duration_since(since) < MIN_RTT_WINDOW / 2 => {
-                if latency < m {
-                    self.min_rtt = Some((latency, since));
-                }
+            Some((m, _)) if latency <= m + m / 10 => {
+                self.min_rtt = Some((latency.min(m), now));
             }
-            Some((m, _)) => {
-                self.prev_min_rtt = Some(m);
-                self.min_rtt = Some((latency, now));
-            }
+            Some(_) => {}
             None => self.min_rtt = Some((latency, now)),
         }
     }
@@ -246,6 +292,10 @@ impl Pacer {
         let elapsed = now.duration_since(round.start).as_secs_f64().max(1e-6);
         let rate = round.ops as f64 / elapsed;
         let latency = round.latency_sum / round.txns.max(1) as u32;
+        if self.txn_rates.len() == BEST_ROUNDS as usize {
+            self.txn_rates.pop_front();
+        }
+        self.txn_rates.push_back(round.txns as f64 / elapsed);
         if !round.full {
             // App-limited: the window was not the limit. A rate above the
             // best still counts (it can only be an under-estimate).
@@ -294,7 +344,7 @@ impl Pacer {
                     // Double while it pays; hold while it stalls, so the
                     // next round measures this window rather than the last.
                     if stalls == 0 {
-                        self.window = (window * 2.0).min(cap);
+                        self.window = (window * 2.0).min(cap).min(self.bdp_cap() * 2.0);
                     }
                     self.phase = Phase::Startup { stalls };
                 }
@@ -530,9 +580,30 @@ mod tests {
             "window {} did not shrink from {before}",
             out.final_window
         );
+        p.probe_rtt = None;
         let w = p.window_txns();
         p.on_error(t0 + Duration::from_secs(30));
         assert_eq!(p.window_txns(), (w / 2).max(MIN_WINDOW));
+    }
+
+    #[test]
+    fn a_narrow_link_bounds_the_queue_by_the_bdp() {
+        // 256 KiB/s over 250 ms: ten 25 KB txns a second, a BDP of ~3.
+        let sim = Sim {
+            ceiling: 10.0 * 127.0,
+            ..sync_sim(250)
+        };
+        let mut p = Pacer::new(256, 64 << 20, Instant::now());
+        let out = sim.run(&mut p, Instant::now(), 20.0);
+        assert!(out.rate >= 0.9 * 1270.0, "{:.0}", out.rate);
+        assert!(
+            out.final_window <= BDP_FLOOR,
+            "window {} rtt {:?} rates {:?} w {}",
+            out.final_window,
+            p.min_rtt(),
+            p.txn_rates,
+            p.window
+        );
     }
 
     #[test]
