@@ -34,7 +34,8 @@ pub(crate) async fn run(
     cfg: &MirrorConfig,
     pacer: &mut Pacer,
 ) -> Result<i64> {
-    let mut merge = Merge::start(local, &writer.client, prefix, cfg.page_size);
+    let rtt = pacer.min_rtt();
+    let mut merge = Merge::start_over(local, &writer.client, prefix, cfg.page_size, rtt);
     let lease = writer.lease_id();
     // Room for the fence compare; the state put goes in a txn of its own.
     let mut packer = TxnBatcher::new(cfg.limits).with_reserved(0, STATE_RESERVE_BYTES);
