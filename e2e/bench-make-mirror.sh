@@ -42,8 +42,8 @@ done
 command -v etcd >/dev/null && command -v etcdctl >/dev/null || {
   echo "etcd not found: apt-get update && apt-get install -y etcd-server etcd-client" >&2; exit 1; }
 cargo build --release --quiet --bin aether-replicator --example loadgen
-BIN=target/release/aether-replicator
-LOAD=target/release/examples/loadgen
+BIN=${CARGO_TARGET_DIR:-target}/release/aether-replicator
+LOAD=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
 PREFIX=/aether/v1/regions/a/
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-bench.XXXXXX")
@@ -104,9 +104,10 @@ start_proxy() {
   PROXY_URL="http://127.0.0.1:$port"
 }
 
+# count_keys URL: keys under $PREFIX (loadgen's wait reports the count it
+# timed out with).
 count_keys() {
-  ETCDCTL_API=3 etcdctl --endpoints="$1" get --prefix "$PREFIX" --count-only -w json 2>/dev/null |
-    python3 -c 'import json,sys; print(json.load(sys.stdin).get("count", 0))'
+  { "$LOAD" wait "$1" "$PREFIX" 999999999 0 2>&1 || true; } | sed -n 's/.*with \(-\{0,1\}[0-9]*\) of.*/\1/p'
 }
 
 declare -A BASE LIVE
