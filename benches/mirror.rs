@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aether_replicator::etcd::{
-    Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
+    Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
 };
 use aether_replicator::mirror::{Engine, MirrorConfig};
-use common::Etcd;
+use common::{Etcd, FaultProxy};
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 
 const PREFIX: &str = "/aether/v1/regions/a/";
@@ -622,5 +622,107 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
     out
 }
 
-criterion_group!(benches, base_sync, live, handoff, fanout, load_curve);
+/// Across a WAN: the fault proxy between the engine and its peer with a
+/// round trip of 0, 20, 100 and 250 ms (`AETHER_BENCH_WAN_RTTS`, comma
+/// separated, overrides). Each sample, on an empty peer: the base sync of
+/// 50k keys (keys/s, and its ratio to the 0 ms run), a 20k-revision burst
+/// from 64 writers (convergence after the last write), then 3k revisions at
+/// 1.5k rev/s, about a quarter of the local maximum (p50/p99 from the
+/// source put to the peer's watch event, the peer watched directly). The
+/// figures feed BENCHMARKS.md's WAN section and `docs/throughput-vs-rtt.svg`.
+fn wan(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n = 50_000;
+    let rtts: Vec<u64> = std::env::var("AETHER_BENCH_WAN_RTTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![0, 20, 100, 250]);
+    let src = Etcd::start();
+    let s = client(&src);
+    rt.block_on(write_batched(&s, 0..n, 16));
+    let mut dst = Etcd::start();
+    let mut base_rate_0 = None;
+    for rtt in rtts {
+        let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
+        proxy.set_latency(Duration::from_millis(rtt) / 2);
+        let mut g = c.benchmark_group(format!("wan/{rtt}ms"));
+        g.sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(1))
+            .measurement_time(Duration::from_secs(1))
+            .throughput(Throughput::Elements(n as u64));
+        let (mut sync_rates, mut tails, mut burst_rates, mut lat) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut windows, mut rtt_seen) = (Vec::new(), Vec::new());
+        let mut base = n;
+        g.bench_function("base_sync_50k", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    dst.restart_empty();
+                    let d = client(&dst);
+                    let far =
+                        Client::connect(ClientConfig::new([proxy.endpoint()])).expect("client");
+                    let start = Instant::now();
+                    let engine =
+                        Engine::start(s.clone(), vec![("b".into(), far)], cfg()).expect("engine");
+                    rt.block_on(engine.wait_synced());
+                    let took = start.elapsed();
+                    total += took;
+                    sync_rates.push(n as f64 / took.as_secs_f64());
+                    let st = engine.stats()[0].clone();
+                    windows.push(st.window_txns.load(Ordering::Relaxed) as f64);
+                    rtt_seen.push(st.rtt_seconds());
+                    let (_, tail, rate) = rt.block_on(burst(&s, &d, base, 20_000, 64, None));
+                    tails.push(tail.as_secs_f64());
+                    burst_rates.push(rate);
+                    let (l, _, _) =
+                        rt.block_on(burst(&s, &d, base + 20_000, 3_000, 64, Some(1_500.0)));
+                    lat.extend(l);
+                    rt.block_on(engine.shutdown());
+                    // Back to the same n keys at the source for the next
+                    // sample.
+                    rt.block_on(delete_keys(&s, base..base + 23_000));
+                    base += 23_000;
+                }
+                total
+            })
+        });
+        g.finish();
+        if sync_rates.is_empty() {
+            continue;
+        }
+        lat.sort();
+        let rate = median(&mut sync_rates);
+        let ratio = base_rate_0.map_or(1.0, |r0: f64| rate / r0);
+        if rtt == 0 {
+            base_rate_0 = Some(rate);
+        }
+        println!(
+            "REPORT wan rtt_ms={rtt} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1}",
+            median(&mut burst_rates),
+            median(&mut tails.clone()) * 1e3,
+            tails.iter().copied().fold(0.0, f64::max) * 1e3,
+            percentile(&lat, 0.5).as_secs_f64() * 1e3,
+            percentile(&lat, 0.99).as_secs_f64() * 1e3,
+            median(&mut windows),
+            median(&mut rtt_seen) * 1e3,
+        );
+    }
+}
+
+/// Deletes the keys `key(i)` for `i` in `range`, in batched txns.
+async fn delete_keys(c: &Client, range: std::ops::Range<usize>) {
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for i in range {
+        b.push(Delete::key(key(i)));
+    }
+    b.flush();
+    while let Some(t) = b.pop_txn() {
+        c.txn(t).await.expect("delete");
+    }
+}
+
+criterion_group!(benches, base_sync, live, handoff, fanout, load_curve, wan);
 criterion_main!(benches);

@@ -3,6 +3,7 @@
 # doing the same work on fresh etcd pairs, in one run.
 #
 #   e2e/bench-make-mirror.sh [--keys N] [--burst N] [--writers N] [--rss-keys N] [--rss-only]
+#                            [--wan RTTS] [--wan-window S] [--wan-only] [--rss-rtt MS]
 #
 # 1. Base sync: N keys (100-byte values) at the source, an empty peer;
 #    time from starting the mirror to the peer holding all N.
@@ -11,12 +12,18 @@
 #    returning to the peer holding everything.
 # 3. With --rss-keys N (e.g. 1000000): the replicator's peak RSS (VmHWM)
 #    during a base sync of N keys.
+# 4. With --wan "0,20,100,250": for each round trip (ms), a delay proxy
+#    (e2e/delay-proxy.py) between the mirror and the peer, and the base
+#    sync of N keys through it by both tools, over a fixed window of
+#    --wan-window seconds (default 10; make-mirror cannot finish at 100 ms):
+#    keys on the peer at the end of the window (or at completion) per second.
+#    --rss-rtt MS runs the RSS sync of step 3 through such a proxy too.
 # Prints both figures and their ratio. Loopback only; every process it
 # starts is stopped by pid.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-KEYS=20000 BURST=20000 WRITERS=64 RSS_KEYS=0 RSS_ONLY=0
+KEYS=20000 BURST=20000 WRITERS=64 RSS_KEYS=0 RSS_ONLY=0 WAN="" WAN_WINDOW=10 WAN_ONLY=0 RSS_RTT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --keys) KEYS=$2; shift 2 ;;
@@ -24,6 +31,10 @@ while [ $# -gt 0 ]; do
     --writers) WRITERS=$2; shift 2 ;;
     --rss-keys) RSS_KEYS=$2; shift 2 ;;
     --rss-only) RSS_ONLY=1; shift ;;
+    --wan) WAN=$2; shift 2 ;;
+    --wan-window) WAN_WINDOW=$2; shift 2 ;;
+    --wan-only) WAN_ONLY=1; shift ;;
+    --rss-rtt) RSS_RTT=$2; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -31,8 +42,8 @@ done
 command -v etcd >/dev/null && command -v etcdctl >/dev/null || {
   echo "etcd not found: apt-get update && apt-get install -y etcd-server etcd-client" >&2; exit 1; }
 cargo build --release --quiet --bin aether-replicator --example loadgen
-BIN=target/release/aether-replicator
-LOAD=target/release/examples/loadgen
+BIN=${CARGO_TARGET_DIR:-target}/release/aether-replicator
+LOAD=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
 PREFIX=/aether/v1/regions/a/
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-bench.XXXXXX")
@@ -83,9 +94,26 @@ start_mirror() {
 
 now_ms() { date +%s%3N; }
 
+# start_proxy UPSTREAM_URL ONE_WAY_MS: sets PROXY_URL (and PPID_ for stop_pid).
+start_proxy() {
+  local up_port=${1##*:} port
+  port=$(free_port)
+  python3 e2e/delay-proxy.py "$port" "$up_port" "$2" >"$STATE/proxy-$port.log" 2>&1 &
+  PXPID=$!; PIDS+=("$PXPID")
+  for _ in $(seq 50); do grep -q ready "$STATE/proxy-$port.log" 2>/dev/null && break; sleep 0.1; done
+  PROXY_URL="http://127.0.0.1:$port"
+}
+
+# count_keys URL: keys under $PREFIX (loadgen's wait reports the count it
+# timed out with).
+count_keys() {
+  { "$LOAD" wait "$1" "$PREFIX" 999999999 0 2>&1 || true; } | sed -n 's/.*with \(-\{0,1\}[0-9]*\) of.*/\1/p'
+}
+
 declare -A BASE LIVE
 tools=(make-mirror aether-replicator)
 [ "$RSS_ONLY" = 1 ] && tools=()
+[ "$WAN_ONLY" = 1 ] && tools=()
 for tool in "${tools[@]}"; do
   start_etcd "src-$tool-base"; SRC=$URL; S1=$EPID
   start_etcd "dst-$tool-base"; DST=$URL; D1=$EPID
@@ -112,7 +140,7 @@ for tool in "${tools[@]}"; do
   stop_pid "$MPID"; stop_pid "$S2"; stop_pid "$D2"
 done
 
-if [ "$RSS_ONLY" = 0 ]; then
+if [ "$RSS_ONLY" = 0 ] && [ "$WAN_ONLY" = 0 ]; then
 echo
 printf '%-28s %16s %20s %8s\n' "" "make-mirror" "aether-replicator" "ratio"
 printf '%-28s %16s %20s %7sx\n' "base sync (keys/s)" "${BASE[make-mirror]}" "${BASE[aether-replicator]}" \
@@ -126,7 +154,9 @@ if [ "$RSS_KEYS" -gt 0 ]; then
   start_etcd dst-rss; DST=$URL
   "$LOAD" fill "$SRC" "$PREFIX" "$RSS_KEYS"
   t0=$(now_ms)
-  start_mirror aether-replicator "$SRC" "$DST"
+  RSS_DST=$DST
+  if [ "$RSS_RTT" -gt 0 ]; then start_proxy "$DST" "$(python3 -c "print($RSS_RTT/2)")"; RSS_DST=$PROXY_URL; fi
+  start_mirror aether-replicator "$SRC" "$RSS_DST"
   peak=0
   until "$LOAD" wait "$DST" "$PREFIX" "$RSS_KEYS" 0 >/dev/null 2>&1; do
     hwm=$(awk '/VmHWM/ {print $2}' "/proc/$MPID/status" 2>/dev/null || echo 0)
@@ -138,5 +168,32 @@ if [ "$RSS_KEYS" -gt 0 ]; then
   hwm=$(awk '/VmHWM/ {print $2}' "/proc/$MPID/status")
   [ "$hwm" -gt "$peak" ] && peak=$hwm
   echo
-  echo "rss: base sync of $RSS_KEYS keys in $((t1 - t0)) ms ($(( RSS_KEYS * 1000 / (t1 - t0) )) keys/s); replicator peak RSS $((peak / 1024)) MiB"
+  echo "rss: base sync of $RSS_KEYS keys at ${RSS_RTT} ms RTT in $((t1 - t0)) ms ($(( RSS_KEYS * 1000 / (t1 - t0) )) keys/s); replicator peak RSS $((peak / 1024)) MiB"
+fi
+
+if [ -n "$WAN" ]; then
+  echo
+  printf '%-8s %22s %22s %8s\n' "rtt" "make-mirror (keys/s)" "aether (keys/s)" "ratio"
+  for rtt in ${WAN//,/ }; do
+    declare -A W
+    for tool in make-mirror aether-replicator; do
+      start_etcd "src-$tool-wan$rtt"; SRC=$URL; S3=$EPID
+      start_etcd "dst-$tool-wan$rtt"; DST=$URL; D3=$EPID
+      "$LOAD" fill "$SRC" "$PREFIX" "$KEYS"
+      start_proxy "$DST" "$(python3 -c "print($rtt/2)")"
+      t0=$(now_ms)
+      start_mirror "$tool" "$SRC" "$PROXY_URL"
+      if t1=$("$LOAD" wait "$DST" "$PREFIX" "$KEYS" "$WAN_WINDOW" 2>/dev/null); then
+        got=$KEYS
+      else
+        t1=$(now_ms); got=$(count_keys "$DST")
+      fi
+      W[$tool]=$(( got * 1000 / (t1 - t0 > 0 ? t1 - t0 : 1) ))
+      echo "wan $rtt ms $tool: $got of $KEYS keys in $((t1 - t0)) ms = ${W[$tool]} keys/s" >&2
+      stop_pid "$MPID"; stop_pid "$PXPID"; stop_pid "$S3"; stop_pid "$D3"
+    done
+    printf '%-8s %22s %22s %7sx\n' "$rtt ms" "${W[make-mirror]}" "${W[aether-replicator]}" \
+      "$(python3 -c "print(round(${W[aether-replicator]}/max(${W[make-mirror]},1),1))")"
+    echo "REPORT make_mirror_wan rtt_ms=$rtt make_mirror_keys_per_s=${W[make-mirror]} aether_keys_per_s=${W[aether-replicator]}"
+  done
 fi

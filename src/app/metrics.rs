@@ -136,6 +136,24 @@ impl AppState {
             &mut per_peer(&|p| p.split_revisions.load(Relaxed) as f64),
         );
         family(
+            "window_txns",
+            "gauge",
+            "The adaptive window: mirror txns allowed in flight to the peer now.",
+            &mut per_peer(&|p| p.window_txns.load(Relaxed) as f64),
+        );
+        family(
+            "window_bytes",
+            "gauge",
+            "The adaptive window in request bytes.",
+            &mut per_peer(&|p| p.window_bytes.load(Relaxed) as f64),
+        );
+        family(
+            "rtt_seconds",
+            "gauge",
+            "Measured round trip to the peer: the minimum txn commit latency over the last 10 s.",
+            &mut per_peer(&|p| p.rtt_seconds()),
+        );
+        family(
             "peer_up",
             "gauge",
             "1 if the peer answered the last request.",

@@ -234,6 +234,13 @@ struct Shared {
 struct Endpoints {
     urls: Vec<String>,
     channels: Vec<Channel>,
+    /// A second connection per URL for the lease keep-alive stream only,
+    /// so that a keep-alive never waits behind bulk traffic (mirror txns,
+    /// range pages) in the shared connection's HTTP/2 flow-control windows
+    /// and TCP send buffer. Over a long, full link that queue can hold
+    /// seconds of data, longer than a short lease's TTL/3. Lazily
+    /// connected: a client that keeps no lease never opens it.
+    lease_channels: Vec<Channel>,
     tls: Option<TlsMaterial>,
 }
 
@@ -374,9 +381,10 @@ impl Transport {
             return Ok(());
         }
         let mut next = build_endpoints(self.config(), urls, current.tls.clone())?;
-        for (url, ch) in next.urls.iter().zip(next.channels.iter_mut()) {
-            if let Some(i) = current.urls.iter().position(|u| u == url) {
-                *ch = current.channels[i].clone();
+        for j in 0..next.urls.len() {
+            if let Some(i) = current.urls.iter().position(|u| *u == next.urls[j]) {
+                next.channels[j] = current.channels[i].clone();
+                next.lease_channels[j] = current.lease_channels[i].clone();
             }
         }
         self.replace_endpoints(next);
@@ -405,6 +413,18 @@ impl Transport {
         let i = self.0.current.load(Ordering::Relaxed) % eps.channels.len();
         let svc = InterceptedService::new(
             eps.channels[i].clone(),
+            TokenInterceptor(self.0.token.clone()),
+        );
+        (i, svc)
+    }
+
+    /// Like [`Transport::svc`], on the endpoint's dedicated keep-alive
+    /// connection.
+    pub(crate) fn lease_svc(&self) -> (usize, Svc) {
+        let eps = self.endpoints();
+        let i = self.0.current.load(Ordering::Relaxed) % eps.lease_channels.len();
+        let svc = InterceptedService::new(
+            eps.lease_channels[i].clone(),
             TokenInterceptor(self.0.token.clone()),
         );
         (i, svc)
@@ -584,6 +604,7 @@ fn build_endpoints(
     let server_name = config.tls.as_ref().and_then(|t| t.server_name.as_deref());
     let tls_config = tls.as_ref().map(|m| m.client_config(server_name));
     let mut channels = Vec::with_capacity(urls.len());
+    let mut lease_channels = Vec::with_capacity(urls.len());
     for url in &urls {
         let https = url.starts_with("https://");
         if !https && !url.starts_with("http://") {
@@ -604,10 +625,12 @@ fn build_endpoints(
             ep = ep.tls_config(tls_config.clone().unwrap_or_default())?;
         }
         channels.push(ep.connect_lazy());
+        lease_channels.push(ep.connect_lazy());
     }
     Ok(Endpoints {
         urls,
         channels,
+        lease_channels,
         tls,
     })
 }

@@ -35,6 +35,13 @@
 //! keeps a slow answer from a loaded or distant member from counting as a
 //! stall: an etcd round trip is milliseconds on a LAN and a few hundred at
 //! most across regions.
+//!
+//! # Its own connection
+//!
+//! The stream runs on a connection of its own to the member, not the one
+//! the client's other calls share: over a long link under heavy traffic a
+//! keep-alive queued behind megabytes of txns could arrive after the lease
+//! expired. The interval stays TTL/3 whatever the round trip.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -288,7 +295,9 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
             k.due = now + k.interval;
             waiting.send(&out_tx, *id);
         }
-        let (idx, svc) = client.svc();
+        // Its own connection: a keep-alive must not queue behind the
+        // client's bulk traffic (see `Endpoints::lease_channels`).
+        let (idx, svc) = client.lease_svc();
         let mut lc = LeaseClient::new(svc);
         let open = lc.lease_keep_alive(UnboundedReceiverStream::new(out_rx));
         // etcd sends the response headers with the first answer, so a

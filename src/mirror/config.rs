@@ -7,8 +7,14 @@ use crate::etcd::{ClientConfig, TxnLimits};
 
 /// Default TTL of the lease each peer holds for this region's copy.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// Default number of mirror txns in flight to one peer.
-pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 8;
+/// Default cap on the mirror txns in flight to one peer. The window itself
+/// adapts (see `pacing`); the cap must cover the bandwidth-delay product of
+/// the longest link: 80k keys/s × 250 ms ≈ 160 txns of 127 puts.
+pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 256;
+/// Default cap on the request bytes in flight to one peer, so memory stays
+/// flat whatever the values' size (each txn in flight is held twice: the
+/// encoded request and the ops kept for a retry).
+pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 16 << 20;
 /// Default keys per page when scanning the source and the peer. Large
 /// because etcd 3.4 walks its index over the whole rest of a range for every
 /// limited page (the scan's windows soften that, see `etcd::Scan`); memory
@@ -61,8 +67,10 @@ pub struct MirrorConfig {
     /// `limits` (a peer whose etcd runs with other `--max-txn-ops` or
     /// `--max-request-bytes`).
     pub peer_limits: BTreeMap<String, TxnLimits>,
-    /// Mirror txns in flight to one peer.
+    /// Cap on the adaptive window: mirror txns in flight to one peer.
     pub max_inflight: usize,
+    /// Cap on the request bytes in flight to one peer.
+    pub max_inflight_bytes: usize,
     /// Keys per page in the initial sync.
     pub page_size: usize,
     /// Cap on the retry backoff for a failing peer.
@@ -94,6 +102,7 @@ impl MirrorConfig {
             limits: TxnLimits::default(),
             peer_limits: BTreeMap::new(),
             max_inflight: DEFAULT_MAX_INFLIGHT_TXNS,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
             page_size: DEFAULT_PAGE_SIZE,
             max_backoff: DEFAULT_MAX_BACKOFF,
             state_root: DEFAULT_STATE_ROOT.to_string(),

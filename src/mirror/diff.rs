@@ -5,13 +5,33 @@
 //! the revision of its first page, the peer at its current revision. The
 //! two sorted key streams are joined in key order; memory holds a few pages
 //! per side whatever the subtree's size.
+//!
+//! **Over a long link** a sequential scan of the peer costs a round trip
+//! per page: 10,000 keys per 250 ms is 40k keys/s, below what the peer can
+//! take. So when the measured RTT is at least [`LONG_LINK`], the peer's copy
+//! is read as [`PEER_SCANS`] scans in flight at once, over consecutive key
+//! intervals that a second, independent scan of the (local) source marks
+//! out: each of its pages ends an interval, the last runs to the end of the
+//! prefix. Any keys would do as bounds; the source's put the intervals
+//! about a page apart. (The bounds cannot come from the join's own source
+//! scan: with a peer missing many keys the join waits on the peer, which
+//! would wait on bounds from a source scan that waits on the join.) The
+//! peer's keys come out in order all the same: the intervals tile the
+//! prefix and are drained in order. Each interval is read at the peer's
+//! revision of its first page; that is safe because the sync writes only
+//! keys the join has passed, never in an interval still to be read. On a
+//! short link the extra source scan would only cost CPU: the peer is then
+//! read by one sequential scan, as before.
 
 use std::cmp::Ordering;
+
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::etcd::{self, Client, KeyValue};
+use crate::etcd::{self, Client, KeyValue, prefix_end};
 
 /// One key of the join.
 pub(crate) enum Diff {
@@ -27,6 +47,7 @@ pub(crate) enum Diff {
 pub(crate) struct Merge {
     src: Prefetch,
     dst: Prefetch,
+    _tasks: Vec<AbortOnDrop>,
     s: Option<KeyValue>,
     d: Option<KeyValue>,
     primed: bool,
@@ -34,7 +55,7 @@ pub(crate) struct Merge {
 
 impl Merge {
     pub(crate) fn start(local: &Client, peer: &Client, prefix: Bytes, page_size: usize) -> Merge {
-        Merge::start_at(local, peer, prefix, page_size, 0)
+        Merge::open(local, peer, prefix, page_size, 0, None)
     }
 
     /// Like [`Merge::start`], with the source read at `source_revision`
@@ -46,9 +67,42 @@ impl Merge {
         page_size: usize,
         source_revision: i64,
     ) -> Merge {
+        Merge::open(local, peer, prefix, page_size, source_revision, None)
+    }
+
+    /// Like [`Merge::start`] over a link of round trip `rtt` (if known):
+    /// from [`LONG_LINK`] on, the peer is read by several scans at once.
+    pub(crate) fn start_over(
+        local: &Client,
+        peer: &Client,
+        prefix: Bytes,
+        page_size: usize,
+        rtt: Option<Duration>,
+    ) -> Merge {
+        Merge::open(local, peer, prefix, page_size, 0, rtt)
+    }
+
+    fn open(
+        local: &Client,
+        peer: &Client,
+        prefix: Bytes,
+        page_size: usize,
+        source_revision: i64,
+        rtt: Option<Duration>,
+    ) -> Merge {
+        let (dst, dst_tx) = Prefetch::channel();
+        let task = tokio::spawn(read_peer(
+            peer.clone(),
+            local.clone(),
+            prefix.clone(),
+            page_size,
+            rtt,
+            dst_tx,
+        ));
         Merge {
-            src: Prefetch::start(local, prefix.clone(), page_size, source_revision),
-            dst: Prefetch::start(peer, prefix, page_size, 0),
+            src: Prefetch::start(local, prefix, page_size, source_revision),
+            dst,
+            _tasks: vec![AbortOnDrop(task)],
             s: None,
             d: None,
             primed: false,
@@ -95,6 +149,12 @@ fn take(kv: &mut Option<KeyValue>) -> KeyValue {
 
 /// Pages read ahead per side.
 const PREFETCH_PAGES: usize = 2;
+/// Scans of the peer in flight at once (each over its own key interval,
+/// each holding at most [`PREFETCH_PAGES`] pages): a 250 ms link at pages
+/// of 10,000 keys then reads 160k keys/s, twice the peer's write ceiling.
+pub(crate) const PEER_SCANS: usize = 4;
+/// The round trip from which the peer is read by several scans at once.
+pub(crate) const LONG_LINK: Duration = Duration::from_millis(10);
 /// Keys in the first page of each scan; pages then double up to the page
 /// size.
 const FIRST_PAGE: usize = 256;
@@ -104,8 +164,10 @@ struct Prefetch {
     rx: mpsc::Receiver<etcd::Result<etcd::Page>>,
     page: std::vec::IntoIter<KeyValue>,
     revision: i64,
-    _task: AbortOnDrop,
+    _task: Option<AbortOnDrop>,
 }
+
+type PageTx = mpsc::Sender<etcd::Result<etcd::Page>>;
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -116,33 +178,34 @@ impl Drop for AbortOnDrop {
 }
 
 impl Prefetch {
+    /// A scan of `prefix` at `revision` (0: the current one) in its own
+    /// task.
     fn start(client: &Client, prefix: Bytes, page_size: usize, revision: i64) -> Prefetch {
         let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
         // Small first pages: the writes start after a few ms, not after
         // reading a full page.
-        let mut scan = client
+        let scan = client
             .scan_prefix(prefix, page_size, revision)
             .ramp_up(FIRST_PAGE);
-        let task = tokio::spawn(async move {
-            loop {
-                let page = scan.next_page().await;
-                let stop = !matches!(page, Ok(Some(_)));
-                let msg = match page {
-                    Ok(Some(p)) => Ok(p),
-                    Ok(None) => return,
-                    Err(e) => Err(e),
-                };
-                if tx.send(msg).await.is_err() || stop {
-                    return;
-                }
-            }
-        });
+        let task = tokio::spawn(pump(scan, tx));
         Prefetch {
             rx,
             page: Vec::new().into_iter(),
             revision: 0,
-            _task: AbortOnDrop(task),
+            _task: Some(AbortOnDrop(task)),
         }
+    }
+
+    /// A prefetch fed by someone else through the returned sender.
+    fn channel() -> (Prefetch, PageTx) {
+        let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
+        let p = Prefetch {
+            rx,
+            page: Vec::new().into_iter(),
+            revision: 0,
+            _task: None,
+        };
+        (p, tx)
     }
 
     async fn next(&mut self) -> etcd::Result<Option<KeyValue>> {
@@ -157,6 +220,164 @@ impl Prefetch {
                     self.revision = page.revision;
                     self.page = page.kvs.into_iter();
                 }
+            }
+        }
+    }
+}
+
+/// Sends the pages of `scan` to `tx` until it is done or fails.
+async fn pump(mut scan: etcd::Scan, tx: PageTx) {
+    loop {
+        let page = scan.next_page().await;
+        let stop = !matches!(page, Ok(Some(_)));
+        let msg = match page {
+            Ok(Some(p)) => Ok(p),
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        if tx.send(msg).await.is_err() || stop {
+            return;
+        }
+    }
+}
+
+/// Sends where each page of `scan` ends (the key just after its last) until
+/// the scan is done; a failed scan ends the bounds early, which only makes
+/// the last interval longer.
+async fn send_bounds(mut scan: etcd::Scan, tx: mpsc::Sender<Bytes>) {
+    while let Ok(Some(page)) = scan.next_page().await {
+        if let Some(last) = page.kvs.last()
+            && tx.send(key_after(last.key())).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// The smallest key after `key`.
+fn key_after(key: &[u8]) -> Bytes {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.extend_from_slice(key);
+    k.push(0);
+    Bytes::from(k)
+}
+
+/// Reads the peer's keys under `prefix`, in order, into `out`. The first
+/// page tells how long the link is (unless `rtt` says): on a short one the
+/// rest is one sequential scan; on a long one, [`scan_peer`] with the bounds
+/// from a second scan of the source.
+async fn read_peer(
+    peer: Client,
+    local: Client,
+    prefix: Bytes,
+    page_size: usize,
+    rtt: Option<Duration>,
+    out: PageTx,
+) {
+    let end = prefix_end(&prefix);
+    let mut scan = peer
+        .scan(prefix, end.clone(), page_size, 0)
+        .ramp_up(FIRST_PAGE);
+    let started = std::time::Instant::now();
+    let first = scan.next_page().await;
+    let long = rtt.unwrap_or_else(|| started.elapsed()) >= LONG_LINK;
+    // A first page shorter than its limit is the whole range.
+    let rest = match &first {
+        Ok(Some(p)) if p.kvs.len() >= FIRST_PAGE.min(page_size) => {
+            p.kvs.last().map(|kv| key_after(kv.key()))
+        }
+        _ => None,
+    };
+    let failed = !matches!(first, Ok(Some(_)));
+    match first {
+        Ok(Some(p)) => {
+            if out.send(Ok(p)).await.is_err() {
+                return;
+            }
+        }
+        Ok(None) => return,
+        Err(e) => {
+            let _ = out.send(Err(e)).await;
+            return;
+        }
+    }
+    if failed {
+        return;
+    }
+    match rest {
+        Some(from) if long => {
+            let (bounds_tx, bounds_rx) = mpsc::channel(PEER_SCANS);
+            let bounds = local.scan(from.clone(), end.clone(), page_size, 0);
+            let _bounds = AbortOnDrop(tokio::spawn(send_bounds(bounds, bounds_tx)));
+            scan_peer(peer, (from, end), page_size, bounds_rx, out).await;
+        }
+        Some(_) => pump(scan, out).await,
+        None => {}
+    }
+}
+
+/// Reads the peer's keys in `[from, end)`, in order, into `out`: up to
+/// [`PEER_SCANS`] scans at once over the intervals that end at `bounds`
+/// (the last runs to the end of the prefix once `bounds` closes).
+async fn scan_peer(
+    peer: Client,
+    (from, end): (Bytes, Bytes),
+    page_size: usize,
+    mut bounds: mpsc::Receiver<Bytes>,
+    out: PageTx,
+) {
+    let mut from = Some(from);
+    let mut scans: VecDeque<(mpsc::Receiver<etcd::Result<etcd::Page>>, AbortOnDrop)> =
+        VecDeque::new();
+    loop {
+        // Start scans while there is room and an interval to scan.
+        while scans.len() < PEER_SCANS
+            && let Some(start) = from.clone()
+        {
+            let to = if scans.is_empty() {
+                // Nothing else to drain meanwhile: wait for the bound.
+                bounds.recv().await
+            } else {
+                match bounds.try_recv() {
+                    Ok(b) => Some(b),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                }
+            };
+            let to = to.unwrap_or_else(|| end.clone());
+            from = (to != end).then(|| to.clone());
+            let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
+            let scan = peer.scan(start, to, page_size, 0);
+            scans.push_back((rx, AbortOnDrop(tokio::spawn(pump(scan, tx)))));
+        }
+        let room = from.is_some() && scans.len() < PEER_SCANS;
+        let Some((rx, _)) = scans.front_mut() else {
+            return;
+        };
+        // Drain the oldest interval; while it has nothing ready, another
+        // bound may arrive and start the next scan.
+        let event = tokio::select! {
+            biased;
+            msg = rx.recv() => Ok(msg),
+            b = bounds.recv(), if room => Err(b),
+        };
+        match event {
+            Ok(Some(page)) => {
+                let failed = page.is_err();
+                if out.send(page).await.is_err() || failed {
+                    return;
+                }
+            }
+            Ok(None) => {
+                scans.pop_front();
+            }
+            Err(b) => {
+                let start = from.take().expect("room");
+                let to = b.unwrap_or_else(|| end.clone());
+                from = (to != end).then(|| to.clone());
+                let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
+                let scan = peer.scan(start, to, page_size, 0);
+                scans.push_back((rx, AbortOnDrop(tokio::spawn(pump(scan, tx)))));
             }
         }
     }

@@ -27,6 +27,7 @@ pub mod batch;
 pub mod check;
 mod config;
 mod diff;
+mod pacing;
 mod peer;
 pub mod state;
 pub mod stats;
@@ -44,8 +45,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LAPSE_AFTER, DEFAULT_LEASE_TTL, DEFAULT_MAX_BACKOFF,
-    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT,
-    DEFAULT_VERIFY_INTERVAL, DEFAULT_VERIFY_RATE, MirrorConfig, PeerConfig,
+    DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_RESYNC_LAG,
+    DEFAULT_STATE_ROOT, DEFAULT_VERIFY_INTERVAL, DEFAULT_VERIFY_RATE, MirrorConfig, PeerConfig,
 };
 pub use stats::{ErrorKind, PeerStats, ResyncReason};
 

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{Batch, Batcher};
 use super::config::MirrorConfig;
+use super::pacing::Pacer;
 use super::state::{self, State, Stored};
 use super::stats::{ErrorKind, PeerStats, ResyncReason, unix_ms};
 use super::verify;
@@ -56,6 +57,7 @@ enum Start {
 struct Done {
     seq: u64,
     batch: Batch,
+    sent: Instant,
     result: etcd::Result<TxnResponse>,
 }
 
@@ -77,6 +79,9 @@ pub(crate) struct Peer {
     prev_lease: Option<LeaseHandle>,
     /// When the last range-diff sync started, Unix ms.
     sync_started_ms: i64,
+    /// The adaptive window: it outlives sessions, so what was learnt about
+    /// the link in the sync carries into the live phase and across retries.
+    pacer: Pacer,
 }
 
 impl Peer {
@@ -94,7 +99,10 @@ impl Peer {
         // kept across leadership terms must not make a new leader's copy
         // look as old as the process.
         stats.current_unix_ms.store(unix_ms(), Relaxed);
+        let pacer = Pacer::new(cfg.max_inflight, cfg.max_inflight_bytes, Instant::now());
+        pacer.publish(&stats);
         Peer {
+            pacer,
             writer: FencedWriter::new(
                 region,
                 peer,
@@ -290,7 +298,13 @@ impl Peer {
         self.stats().set_synced(false);
         self.sync_started_ms = unix_ms();
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
-        let fut = super::sync::run(&self.writer, &self.local, self.prefix.clone(), &self.cfg);
+        let fut = super::sync::run(
+            &self.writer,
+            &self.local,
+            self.prefix.clone(),
+            &self.cfg,
+            &mut self.pacer,
+        );
         let rev = tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
@@ -501,6 +515,8 @@ impl Peer {
             ws,
             batcher: Batcher::new(self.writer.limits(), self.writer.lease_id()),
             window: Window::new(from - 1),
+            pacer: &mut self.pacer,
+            bytes_in_flight: 0,
             inflight: FuturesUnordered::new(),
             splits_seen: 0,
             received: 0,
@@ -561,7 +577,8 @@ struct ProbeRead {
 const QUIET: Duration = Duration::from_secs(1);
 
 /// The live phase of one session: watch events in, fenced batches out,
-/// up to `max_inflight` at once; a freshness probe every heartbeat.
+/// as many at once as the adaptive window allows (capped by
+/// `max_inflight`); a freshness probe every heartbeat.
 struct Live<'a> {
     writer: &'a FencedWriter,
     cfg: &'a MirrorConfig,
@@ -571,6 +588,9 @@ struct Live<'a> {
     ws: WatchStream,
     batcher: Batcher,
     window: Window,
+    pacer: &'a mut Pacer,
+    /// Request bytes of the txns in flight.
+    bytes_in_flight: usize,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
     splits_seen: u64,
     /// Watch messages received so far.
@@ -582,8 +602,10 @@ struct Live<'a> {
 }
 
 impl<'a> Live<'a> {
-    fn max_inflight(&self) -> usize {
-        self.cfg.max_inflight.max(1)
+    /// Sealed batches to hold at most before reading the watch again: two
+    /// windows' worth, so the batches fill while a window is in flight.
+    fn max_ready(&self) -> usize {
+        self.pacer.window_txns() * 2
     }
 
     async fn run(
@@ -592,7 +614,6 @@ impl<'a> Live<'a> {
         mut lease_status: watch::Receiver<LeaseStatus>,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        let max_ready = self.max_inflight() * 2;
         let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
@@ -604,6 +625,7 @@ impl<'a> Live<'a> {
         let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
         loop {
             self.send_ready();
+            let max_ready = self.max_ready();
             let quiet_at = self.probe.filter(|p| !p.quiet_done).map(|p| p.at + QUIET);
             tokio::select! {
                 biased;
@@ -773,7 +795,7 @@ impl<'a> Live<'a> {
     /// Sends what can go: eagerly while there is room in flight, so a lone
     /// revision leaves at once and a burst fills the batches.
     fn send_ready(&mut self) {
-        while self.window.len() < self.max_inflight() {
+        loop {
             if self.batcher.ready_len() == 0 {
                 self.batcher.flush();
             }
@@ -785,7 +807,14 @@ impl<'a> Live<'a> {
                 }
                 break;
             };
+            // Per-key order first: a conflict says nothing about the link.
             if self.window.conflicts(&batch.keys) {
+                break;
+            }
+            if !self
+                .pacer
+                .allows(self.window.len(), self.bytes_in_flight, batch.bytes)
+            {
                 break;
             }
             if let Some(batch) = self.batcher.pop() {
@@ -809,9 +838,16 @@ impl<'a> Live<'a> {
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let txn = self.writer.txn(batch.ops.clone(), Some(state_rev));
         let client = self.writer.client.clone();
+        self.bytes_in_flight += batch.bytes;
+        let sent = Instant::now();
         self.inflight.push(Box::pin(async move {
             let result = client.txn(txn).await;
-            Done { seq, batch, result }
+            Done {
+                seq,
+                batch,
+                sent,
+                result,
+            }
         }));
     }
 
@@ -854,8 +890,14 @@ impl<'a> Live<'a> {
 
     /// Books one finished txn: stats, the contiguous watermark, errors.
     async fn complete(&mut self, done: Done) -> Result<()> {
-        let Done { seq, batch, result } = done;
+        let Done {
+            seq,
+            batch,
+            sent,
+            result,
+        } = done;
         self.window.release(&batch.keys);
+        self.bytes_in_flight = self.bytes_in_flight.saturating_sub(batch.bytes);
         let Batch {
             ops,
             complete_through,
@@ -864,7 +906,19 @@ impl<'a> Live<'a> {
             bytes,
             ..
         } = batch;
-        self.writer.settle(ops, result).await?;
+        let now = Instant::now();
+        let ok = result.is_ok();
+        let n_ops = ops.len() as u64;
+        if let Err(e) = self.writer.settle(ops, result).await {
+            if !ok {
+                self.pacer.on_error(now);
+                self.pacer.publish(&self.writer.stats);
+            }
+            return Err(e);
+        }
+        if ok && self.pacer.on_ack(now, now - sent, n_ops, bytes as u64) {
+            self.pacer.publish(&self.writer.stats);
+        }
         let limits = self.writer.limits();
         if limits != self.batcher.limits() {
             self.batcher.set_limits(limits);

@@ -223,6 +223,14 @@ pub struct PeerStats {
     pub txn_ops_limit: AtomicU64,
     /// The peer's request size limit as discovered.
     pub request_bytes_limit: AtomicU64,
+    /// The adaptive window: txns allowed in flight now.
+    pub window_txns: AtomicU64,
+    /// The adaptive window in request bytes (txn window × mean txn size,
+    /// capped by the byte cap).
+    pub window_bytes: AtomicU64,
+    /// The measured round trip (minimum commit latency over the last 10 s),
+    /// in microseconds; see [`PeerStats::rtt_seconds`].
+    pub rtt_micros: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     resyncs: [AtomicU64; ResyncReason::ALL.len()],
     keepalive_base: [AtomicU64; 2],
@@ -255,6 +263,9 @@ impl PeerStats {
             verify_repairs: AtomicU64::new(0),
             txn_ops_limit: AtomicU64::new(0),
             request_bytes_limit: AtomicU64::new(0),
+            window_txns: AtomicU64::new(0),
+            window_bytes: AtomicU64::new(0),
+            rtt_micros: AtomicU64::new(0),
             errors: Default::default(),
             resyncs: Default::default(),
             keepalive_base: Default::default(),
@@ -301,6 +312,11 @@ impl PeerStats {
         self.current_unix_ms.fetch_max(at_unix_ms, Relaxed);
     }
 
+    /// The measured round trip to the peer, in seconds (0 before the first
+    /// txn).
+    pub fn rtt_seconds(&self) -> f64 {
+        self.rtt_micros.load(Relaxed) as f64 / 1e6
+    }
     /// Source revisions not yet applied.
     pub fn lag(&self) -> i64 {
         (self.source_revision.load(Relaxed) - self.applied_revision.load(Relaxed)).max(0)

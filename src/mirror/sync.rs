@@ -4,11 +4,14 @@
 //! The source subtree at revision S is merge-joined with the peer's copy
 //! ([`super::diff`]): a key missing on the peer, with another value,
 //! or attached to another lease is put (under the current lease); a key the
-//! source lacks is deleted. Writes go out as fenced txns, several in flight;
-//! they touch disjoint keys, so their order does not matter. Memory holds
-//! two pages per side and the txns in flight, whatever the subtree's size.
+//! source lacks is deleted. Writes go out as fenced txns, as many in flight
+//! as the peer's adaptive window allows ([`super::pacing`]); they touch
+//! disjoint keys, so their order does not matter. Memory holds a few pages
+//! per side and the txns in flight (bounded in bytes), whatever the
+//! subtree's size.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -18,6 +21,7 @@ use futures_util::stream::FuturesUnordered;
 use super::batch::STATE_RESERVE_BYTES;
 use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
+use super::pacing::Pacer;
 use super::stats::unix_ms;
 use super::writer::FencedWriter;
 use crate::error::Result;
@@ -29,15 +33,20 @@ pub(crate) async fn run(
     local: &Client,
     prefix: Bytes,
     cfg: &MirrorConfig,
+    pacer: &mut Pacer,
 ) -> Result<i64> {
     // The copy will hold everything the source held when the scan began.
     let started_ms = unix_ms();
-    let mut merge = Merge::start(local, &writer.client, prefix, cfg.page_size);
+    let rtt = pacer.min_rtt();
+    let mut merge = Merge::start_over(local, &writer.client, prefix, cfg.page_size, rtt);
     let lease = writer.lease_id();
     // Room for the fence compare; the state put goes in a txn of its own.
     let mut packer = TxnBatcher::new(writer.limits()).with_reserved(0, STATE_RESERVE_BYTES);
-    let max_inflight = cfg.max_inflight.max(1);
-    let mut inflight: InFlight = FuturesUnordered::new();
+    let mut inflight = InFlight {
+        txns: FuturesUnordered::new(),
+        bytes: 0,
+        pacer,
+    };
     let (mut puts, mut deletes) = (0u64, 0u64);
     while let Some(diff) = merge.next().await? {
         match diff {
@@ -58,15 +67,15 @@ pub(crate) async fn run(
             }
         }
         while let Some(ops) = packer.pop() {
-            send(writer, ops, &mut inflight, max_inflight).await?;
+            inflight.send(writer, ops).await?;
         }
     }
     packer.flush();
     while let Some(ops) = packer.pop() {
-        send(writer, ops, &mut inflight, max_inflight).await?;
+        inflight.send(writer, ops).await?;
     }
-    while let Some((ops, res)) = inflight.next().await {
-        finish(writer, ops, res).await?;
+    while let Some(sent) = inflight.txns.next().await {
+        inflight.finish(writer, sent).await?;
     }
     // The source's first page, empty or not, always comes back and pins it.
     let revision = merge.source_revision();
@@ -85,37 +94,68 @@ pub(crate) async fn run(
     Ok(revision)
 }
 
-type Sent = (Vec<Op>, etcd::Result<etcd::TxnResponse>);
-type InFlight = FuturesUnordered<BoxFuture<'static, Sent>>;
-
-/// Sends one txn of `ops` once there is room in flight. The txns of a sync
-/// touch disjoint keys, so they may commit in any order.
-async fn send(
-    writer: &FencedWriter,
+/// One txn of the sync in flight, and its outcome.
+struct Sent {
     ops: Vec<Op>,
-    inflight: &mut InFlight,
-    max_inflight: usize,
-) -> Result<()> {
-    while inflight.len() >= max_inflight {
-        if let Some((ops, res)) = inflight.next().await {
-            finish(writer, ops, res).await?;
-        }
-    }
-    let txn = writer.txn(ops.clone(), None);
-    let client = writer.client.clone();
-    inflight.push(Box::pin(async move {
-        let r = client.txn(txn).await;
-        (ops, r)
-    }));
-    Ok(())
+    bytes: usize,
+    sent: Instant,
+    result: etcd::Result<etcd::TxnResponse>,
 }
 
-async fn finish(
-    writer: &FencedWriter,
-    ops: Vec<Op>,
-    res: etcd::Result<etcd::TxnResponse>,
-) -> Result<()> {
-    writer.settle(ops, res).await?;
-    writer.stats.txns.fetch_add(1, Relaxed);
-    Ok(())
+struct InFlight<'a> {
+    txns: FuturesUnordered<BoxFuture<'static, Sent>>,
+    bytes: usize,
+    pacer: &'a mut Pacer,
+}
+
+impl InFlight<'_> {
+    /// Sends one txn of `ops` once the window has room. The txns of a sync
+    /// touch disjoint keys, so they may commit in any order.
+    async fn send(&mut self, writer: &FencedWriter, ops: Vec<Op>) -> Result<()> {
+        let bytes: usize = ops.iter().map(Op::encoded_len).sum();
+        while !self.pacer.allows(self.txns.len(), self.bytes, bytes) {
+            if let Some(sent) = self.txns.next().await {
+                self.finish(writer, sent).await?;
+            }
+        }
+        let txn = writer.txn(ops.clone(), None);
+        let client = writer.client.clone();
+        self.bytes += bytes;
+        let sent = Instant::now();
+        self.txns.push(Box::pin(async move {
+            let result = client.txn(txn).await;
+            Sent {
+                ops,
+                bytes,
+                sent,
+                result,
+            }
+        }));
+        Ok(())
+    }
+
+    async fn finish(&mut self, writer: &FencedWriter, sent: Sent) -> Result<()> {
+        let Sent {
+            ops,
+            bytes,
+            sent,
+            result,
+        } = sent;
+        self.bytes = self.bytes.saturating_sub(bytes);
+        let now = Instant::now();
+        let ok = result.is_ok();
+        let n_ops = ops.len() as u64;
+        if let Err(e) = writer.settle(ops, result).await {
+            if !ok {
+                self.pacer.on_error(now);
+                self.pacer.publish(&writer.stats);
+            }
+            return Err(e);
+        }
+        if ok && self.pacer.on_ack(now, now - sent, n_ops, bytes as u64) {
+            self.pacer.publish(&writer.stats);
+        }
+        writer.stats.txns.fetch_add(1, Relaxed);
+        Ok(())
+    }
 }

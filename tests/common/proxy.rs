@@ -27,8 +27,12 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 const CHUNK: usize = 16 * 1024;
-/// Chunks buffered per direction between reader and (delayed) writer.
-const PIPE_DEPTH: usize = 64;
+/// Chunks buffered per direction between reader and (delayed) writer. The
+/// delay line holds what is "on the wire", so it must cover the
+/// bandwidth-delay product of the fastest link a test models: at 64 chunks
+/// a 125 ms one-way delay capped every connection at 64 × 16 KiB / 125 ms
+/// = 8 MiB/s whatever its bandwidth setting; 1024 allows 128 MiB/s.
+const PIPE_DEPTH: usize = 1024;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct LinkState {
