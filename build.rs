@@ -1,6 +1,10 @@
 //! Compiles the vendored etcd protos with `protox` (pure Rust, so no `protoc`
 //! is needed) and generates tonic clients. Bytes fields become `bytes::Bytes`
 //! so keys and values move from a watch event into a put without a copy.
+//!
+//! Also records the git revision for `aether_replicator_build_info` in
+//! `AETHER_REPLICATOR_REVISION`: "unknown" when there is no git or no
+//! checkout (a crate tarball), which must not fail the build.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["etcd/api/etcdserverpb/rpc.proto"];
@@ -11,10 +15,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         println!("cargo:rerun-if-changed={dir}");
     }
+    revision();
     let fds = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure()
         .build_server(false)
         .bytes(".")
         .compile_fds(fds)?;
     Ok(())
+}
+
+fn revision() {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let revision = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=AETHER_REPLICATOR_REVISION={revision}");
+    // Rebuild when HEAD moves: a commit changes the branch's ref (loose or
+    // packed), a checkout changes HEAD itself.
+    println!("cargo:rerun-if-env-changed=AETHER_REPLICATOR_REVISION");
+    for path in ["HEAD", "packed-refs"] {
+        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    }
+    if let Some(p) =
+        git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r]))
+    {
+        println!("cargo:rerun-if-changed={p}");
+    }
 }

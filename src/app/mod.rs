@@ -4,7 +4,8 @@
 //! - [`parse`]: the parsers behind it (durations, byte sizes, URLs, PEM
 //!   files, peer specs).
 //! - [`election`]: leader election among one region's replicas.
-//! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`.
+//! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`; [`process`]: the
+//!   `process_*` metrics.
 //! - [`reload`]: re-reads rotated TLS and password files while running.
 //! - [`replicator`]: [`run`], which ties them to the mirror engine.
 //! - [`check`]: the one-shot comparison behind `aether-replicator check`.
@@ -23,6 +24,7 @@ pub mod endpoints;
 pub mod metrics;
 pub mod migrate;
 pub mod parse;
+pub mod process;
 pub mod reload;
 pub mod replicator;
 

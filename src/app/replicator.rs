@@ -44,6 +44,7 @@ pub async fn run_with_state(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    let _ = state.region.set(config.region.clone());
     let cancel = CancellationToken::new();
     let _stop_server = cancel.clone().drop_guard();
     let (addr, _server) =

@@ -1,0 +1,128 @@
+//! What operators see: the `/metrics` page as Prometheus tooling judges it.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::replicator::{Replicator, metric};
+use common::{Etcd, wait_until};
+
+/// Runs `promtool check metrics` on `page`: (exit success, its output).
+/// promtool missing is a failure with the install command, not a skip.
+fn promtool_check_metrics(page: &str) -> (bool, String) {
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            panic!("promtool not runnable ({e}): install it with `apt-get install -y prometheus`")
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn metrics_page_passes_promtool_and_names_origin_build_and_process() {
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    let r = Replicator::spawn(&[
+        "--region=a".into(),
+        format!("--local-etcd={}", src.endpoint()),
+        format!("--peer-etcd=b={}", dst.endpoint()),
+        "--lease-ttl=6s".into(),
+    ]);
+    // A leader with a synced peer and one applied event, so every family,
+    // the histogram included, has samples.
+    assert!(
+        wait_until(Duration::from_secs(30), || r.scrape().is_some_and(|p| {
+            metric(&p, "aether_replicator_peer_synced{origin=\"a\",peer=\"b\"}") == Some(1.0)
+        })),
+        "never synced: {}",
+        r.log_text()
+    );
+    src.etcdctl_ok(&["put", "/aether/v1/regions/a/k", "v"]);
+    let mut page = String::new();
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            page = r.scrape().unwrap_or_default();
+            metric(
+                &page,
+                "aether_replicator_apply_latency_seconds_count{origin=\"a\",peer=\"b\"}",
+            ) == Some(1.0)
+        }),
+        "{page}"
+    );
+
+    let (ok, out) = promtool_check_metrics(&page);
+    assert!(ok, "promtool check metrics failed:\n{out}\n---\n{page}");
+    assert!(out.trim().is_empty(), "promtool lint findings:\n{out}");
+
+    // The exact label sets operators' rules rely on.
+    let build = page
+        .lines()
+        .find(|l| l.starts_with("aether_replicator_build_info{"))
+        .unwrap_or_else(|| panic!("no build_info:\n{page}"));
+    assert!(
+        build.starts_with(&format!(
+            "aether_replicator_build_info{{version=\"{}\",revision=\"",
+            env!("CARGO_PKG_VERSION")
+        )) && build.ends_with("} 1"),
+        "{build}"
+    );
+    assert!(!build.contains("revision=\"\""), "{build}");
+    assert_eq!(
+        metric(&page, "aether_replicator_is_leader{region=\"a\"}"),
+        Some(1.0)
+    );
+    for line in page.lines().filter(|l| l.contains("peer=\"")) {
+        assert!(
+            line.contains("{origin=\"a\",peer=\"b\""),
+            "per-peer series without origin next to peer: {line}"
+        );
+    }
+    for name in [
+        "aether_replicator_events_applied_total",
+        "aether_replicator_errors_total",
+        "aether_replicator_resyncs_total",
+        "aether_replicator_keepalive_age_seconds",
+        "aether_replicator_apply_latency_seconds_bucket",
+    ] {
+        assert!(metric(&page, name).is_some(), "{name} missing:\n{page}");
+    }
+
+    // Process metrics, unprefixed, with plausible values.
+    if cfg!(target_os = "linux") {
+        let rss = metric(&page, "process_resident_memory_bytes").unwrap();
+        assert!(rss > 1e6, "rss {rss}");
+        assert!(metric(&page, "process_virtual_memory_bytes").unwrap() >= rss);
+        assert!(metric(&page, "process_open_fds").unwrap() >= 3.0);
+        assert!(metric(&page, "process_max_fds").is_some());
+        assert!(metric(&page, "process_cpu_seconds_total").unwrap() >= 0.0);
+        let start = metric(&page, "process_start_time_seconds").unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(
+            start <= now + 2.0 && start > now - 600.0,
+            "{start} vs {now}"
+        );
+    }
+}
