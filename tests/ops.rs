@@ -126,3 +126,90 @@ fn metrics_page_passes_promtool_and_names_origin_build_and_process() {
         );
     }
 }
+
+fn run_args(region: &str, local: &Etcd, peer: &str, peer_etcd: &Etcd) -> Vec<String> {
+    vec![
+        format!("--region={region}"),
+        format!("--local-etcd={}", local.endpoint()),
+        format!("--peer-etcd={peer}={}", peer_etcd.endpoint()),
+        "--lease-ttl=4s".into(),
+    ]
+}
+
+fn incoming(r: &Replicator, name: &str, origin: &str) -> Option<f64> {
+    r.scrape().and_then(|p| {
+        metric(
+            &p,
+            &format!("aether_replicator_{name}{{region=\"a\",origin=\"{origin}\"}}"),
+        )
+    })
+}
+
+#[test]
+fn every_replica_reports_the_incoming_copies_and_their_lapse() {
+    let (etcd_a, etcd_b) = (Etcd::start(), Etcd::start());
+    let a_args = run_args("a", &etcd_a, "b", &etcd_b);
+    let leader_a = Replicator::spawn(&a_args);
+    assert!(wait_until(Duration::from_secs(20), || leader_a.is_leader()));
+    let standby_a = Replicator::spawn(&a_args);
+    // b has never run: its copy is expected (b is a's peer) and absent.
+    for r in [&leader_a, &standby_a] {
+        assert!(
+            wait_until(Duration::from_secs(20), || incoming(
+                r,
+                "origin_copy_present",
+                "b"
+            ) == Some(0.0)),
+            "{}",
+            r.log_text()
+        );
+        assert_eq!(incoming(r, "origin_lease_ttl_seconds", "b"), Some(0.0));
+    }
+
+    // b mirrors into a's etcd: both replicas of a see the copy and its lease.
+    let mut b = Replicator::spawn(&run_args("b", &etcd_b, "a", &etcd_a));
+    for r in [&leader_a, &standby_a] {
+        assert!(
+            wait_until(Duration::from_secs(30), || incoming(
+                r,
+                "origin_copy_present",
+                "b"
+            ) == Some(1.0)
+                && incoming(r, "origin_lease_ttl_seconds", "b")
+                    .is_some_and(|t| t > 0.0)),
+            "{}\n---\n{}",
+            r.log_text(),
+            b.log_text()
+        );
+    }
+    let ttl = incoming(&standby_a, "origin_lease_ttl_seconds", "b").unwrap();
+    assert!(ttl <= 4.0, "{ttl}");
+    assert!(!standby_a.is_leader());
+
+    // b dies without resigning: its lease in a's etcd lapses within a TTL
+    // (plus etcd's expiry check), and both replicas report the copy gone.
+    b.kill();
+    for r in [&leader_a, &standby_a] {
+        assert!(
+            wait_until(Duration::from_secs(20), || incoming(
+                r,
+                "origin_copy_present",
+                "b"
+            ) == Some(0.0)
+                && incoming(r, "origin_lease_ttl_seconds", "b") == Some(0.0)),
+            "{}",
+            r.log_text()
+        );
+    }
+    assert_eq!(
+        etcd_a
+            .etcdctl_ok(&[
+                "get",
+                "--prefix",
+                "/aether/v1/replication/b/",
+                "--keys-only"
+            ])
+            .trim(),
+        ""
+    );
+}

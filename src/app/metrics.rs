@@ -34,8 +34,10 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::incoming::Origins;
 use super::process::ProcessCollector;
 use crate::mirror::stats::{ErrorKind, LATENCY_BUCKETS, PeerStats, ResyncReason};
 
@@ -45,7 +47,12 @@ pub const PREFIX: &str = "aether_replicator_";
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The git revision the binary was built from (`git rev-parse --short
 /// HEAD` in build.rs), or "unknown" when built outside a git checkout.
-pub const REVISION: &str = env!("AETHER_REPLICATOR_REVISION");
+/// `option_env!`, so that a build script output from another checkout
+/// sharing the target directory cannot break the build.
+pub const REVISION: &str = match option_env!("AETHER_REPLICATOR_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
 
 /// What the endpoints report, shared between the replicator and the server.
 #[derive(Default)]
@@ -63,6 +70,9 @@ pub struct AppState {
     pub region: OnceLock<String>,
     /// Rotated TLS or password files reloaded, by etcd.
     pub reloads: Arc<super::reload::ReloadCounts>,
+    /// The copies other regions mirror into the local etcd, published by
+    /// [`super::incoming::run`].
+    pub incoming: watch::Sender<Origins>,
 }
 
 impl AppState {
@@ -364,6 +374,27 @@ impl Collector for AppCollector {
                 .snapshot()
                 .into_iter()
                 .map(|(peer, n)| ([("origin", origin.to_string()), ("peer", peer)], n)),
+        )?;
+
+        // The incoming side: labelled by this region and the origin that
+        // wrote the copy, as the per-peer series are by origin and peer.
+        let incoming = state.incoming.borrow().clone();
+        let by_origin = |o: &str| [("region", origin.to_string()), ("origin", o.to_string())];
+        gauges(
+            e,
+            "origin_copy_present",
+            "1 if the origin region's state key exists in this region's etcd: its copy is alive.",
+            incoming
+                .iter()
+                .map(|(o, s)| (by_origin(o), i64::from(s.present))),
+        )?;
+        gauges(
+            e,
+            "origin_lease_ttl_seconds",
+            "Seconds left on the lease of the origin region's copy in this region's etcd (0: none).",
+            incoming
+                .iter()
+                .map(|(o, s)| (by_origin(o), s.ttl_left().as_secs_f64())),
         )?;
         Ok(())
     }

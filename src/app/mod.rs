@@ -7,6 +7,8 @@
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`; [`process`]: the
 //!   `process_*` metrics.
 //! - [`reload`]: re-reads rotated TLS and password files while running.
+//! - [`incoming`]: every replica follows the copies other regions mirror
+//!   into the local etcd.
 //! - [`replicator`]: [`run`], which ties them to the mirror engine.
 //! - [`check`]: the one-shot comparison behind `aether-replicator check`.
 //! - [`endpoints`]: `aether-replicator endpoints`, the merged registry as
@@ -21,6 +23,7 @@ pub mod check;
 pub mod config;
 pub mod election;
 pub mod endpoints;
+pub mod incoming;
 pub mod metrics;
 pub mod migrate;
 pub mod parse;

@@ -95,6 +95,16 @@ pub async fn run_with_state(
             cancel.child_token(),
         ));
     }
+    // Leader or standby, every replica reports the copies the peers mirror
+    // into the local etcd; the task stops with the server's token.
+    tokio::spawn(super::incoming::run(
+        local.clone(),
+        config.mirror.state_root.clone(),
+        config.peers.iter().map(|p| p.region.clone()).collect(),
+        super::incoming::DEFAULT_TTL_REFRESH,
+        state.incoming.clone(),
+        cancel.clone(),
+    ));
 
     let election = Election::new(
         local.clone(),
