@@ -21,10 +21,14 @@
 //! and they mirror back), so a missing copy reports 0 rather than nothing.
 //!
 //! The keys are followed with a watch on the state prefix, not polled.
-//! Lease TTLs are looked up when an origin's lease changes and refreshed
-//! every [`DEFAULT_TTL_REFRESH`]; in between, the exported TTL counts down
-//! from the last lookup. Errors restart the loop (a fresh read, then a new
-//! watch) after a jittered backoff.
+//! Lease TTLs are looked up when an origin's lease changes, then again
+//! every quarter of the granted TTL, at most every [`DEFAULT_TTL_REFRESH`].
+//! The exported TTL is the last lookup's, not counted down in between: the
+//! origin's keep-alives (every third of the TTL) refill it unseen, so a
+//! countdown would dip far below the truth and trip "lease low" alerts,
+//! while the lookup's value is at most a refresh interval old. Errors
+//! restart the loop (a fresh read, then a new watch) after a jittered
+//! backoff.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -36,8 +40,10 @@ use tokio_util::sync::CancellationToken;
 use crate::etcd::{Backoff, Client, EventKind, KeyValue, Range, WatchOptions};
 use crate::mirror::state::State;
 
-/// How often the lease TTLs of present copies are looked up again.
+/// Longest interval between lookups of a present copy's lease TTL.
 pub const DEFAULT_TTL_REFRESH: Duration = Duration::from_secs(5);
+/// Shortest interval between lookups (and the check for due ones).
+const MIN_TTL_REFRESH: Duration = Duration::from_secs(1);
 
 /// One origin's copy in the local etcd.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -48,18 +54,40 @@ pub struct OriginStatus {
     pub state: Option<State>,
     /// The lease the key is attached to (0: none).
     pub lease: i64,
-    /// The lease's TTL at the last lookup, and when that was; `None` until
-    /// looked up, or when the lease is gone.
-    pub ttl: Option<(Duration, Instant)>,
+    /// The last lookup of the lease; `None` until looked up, or when the
+    /// lease is gone.
+    pub ttl: Option<LeaseLookup>,
+}
+
+/// One lookup of a copy's lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseLookup {
+    /// TTL left when looked up.
+    pub left: Duration,
+    /// The TTL it was granted with.
+    pub granted: Duration,
+    /// When it was looked up.
+    pub at: Instant,
 }
 
 impl OriginStatus {
-    /// Seconds left on the lease now, counted down from the last lookup;
-    /// 0 when absent or unknown.
+    /// Time left on the lease at the last lookup; 0 when absent or unknown.
     pub fn ttl_left(&self) -> Duration {
         match (self.present, self.ttl) {
-            (true, Some((ttl, at))) => ttl.saturating_sub(at.elapsed()),
+            (true, Some(t)) => t.left,
             _ => Duration::ZERO,
+        }
+    }
+
+    /// Whether the lease is due for another lookup under `max_refresh`.
+    fn lookup_due(&self, max_refresh: Duration) -> bool {
+        match self.ttl {
+            _ if !self.present => false,
+            None => true,
+            Some(t) => {
+                t.at.elapsed()
+                    >= (t.granted / 4).clamp(MIN_TTL_REFRESH, max_refresh.max(MIN_TTL_REFRESH))
+            }
         }
     }
 }
@@ -135,7 +163,7 @@ async fn follow(
         Ok(w) => w,
         Err(e) => return e,
     };
-    let mut refresh = tokio::time::interval(ttl_refresh);
+    let mut refresh = tokio::time::interval(MIN_TTL_REFRESH.min(ttl_refresh));
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     refresh.reset();
     loop {
@@ -169,12 +197,18 @@ async fn follow(
                 tx.send_replace(origins.clone());
             }
             _ = refresh.tick() => {
+                let mut looked = false;
                 for status in origins.values_mut() {
-                    if let Err(e) = lookup_ttl(local, status).await {
-                        return e;
+                    if status.lookup_due(ttl_refresh) {
+                        if let Err(e) = lookup_ttl(local, status).await {
+                            return e;
+                        }
+                        looked = true;
                     }
                 }
-                tx.send_replace(origins.clone());
+                if looked {
+                    tx.send_replace(origins.clone());
+                }
             }
         }
     }
@@ -209,7 +243,11 @@ async fn lookup_ttl(local: &Client, status: &mut OriginStatus) -> crate::etcd::R
         return Ok(());
     }
     let t = local.lease_time_to_live(status.lease, false).await?;
-    status.ttl = (t.ttl >= 0).then(|| (Duration::from_secs(t.ttl as u64), Instant::now()));
+    status.ttl = (t.ttl >= 0).then(|| LeaseLookup {
+        left: Duration::from_secs(t.ttl as u64),
+        granted: Duration::from_secs(t.granted_ttl.max(0) as u64),
+        at: Instant::now(),
+    });
     Ok(())
 }
 
@@ -229,25 +267,36 @@ mod tests {
     }
 
     #[test]
-    fn ttl_counts_down_and_is_zero_when_absent() {
-        let at = Instant::now() - Duration::from_secs(2);
-        let s = OriginStatus {
+    fn lookups_are_due_every_quarter_ttl_within_bounds() {
+        let looked = |granted: u64, ago: u64| OriginStatus {
             present: true,
             state: None,
             lease: 7,
-            ttl: Some((Duration::from_secs(10), at)),
+            ttl: Some(LeaseLookup {
+                left: Duration::from_secs(granted / 2),
+                granted: Duration::from_secs(granted),
+                at: Instant::now() - Duration::from_secs(ago),
+            }),
         };
-        let left = s.ttl_left();
-        assert!(left <= Duration::from_secs(8) && left > Duration::from_secs(7));
+        let max = DEFAULT_TTL_REFRESH;
+        assert!(!looked(30, 4).lookup_due(max));
+        assert!(looked(30, 5).lookup_due(max));
+        assert!(!looked(8, 1).lookup_due(max));
+        assert!(looked(8, 2).lookup_due(max));
+        assert!(looked(2, 1).lookup_due(max));
+        assert_eq!(looked(30, 0).ttl_left(), Duration::from_secs(15));
         let gone = OriginStatus {
             present: false,
-            ..s.clone()
+            ..looked(30, 0)
         };
+        assert!(!gone.lookup_due(max));
         assert_eq!(gone.ttl_left(), Duration::ZERO);
-        let expired = OriginStatus {
-            ttl: Some((Duration::from_secs(1), at)),
-            ..s
-        };
-        assert_eq!(expired.ttl_left(), Duration::ZERO);
+        assert!(
+            OriginStatus {
+                ttl: None,
+                ..looked(30, 0)
+            }
+            .lookup_due(max)
+        );
     }
 }
