@@ -213,3 +213,132 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
         ""
     );
 }
+
+/// Runs `aether-replicator status ARGS`: (exit code, stdout, stderr).
+fn status(args: &[String]) -> (i32, String, String) {
+    let out = Command::new(common::replicator::binary())
+        .arg("status")
+        .args(args)
+        .output()
+        .expect("run status");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The table row of `peer` in `status` output.
+fn row<'a>(table: &'a str, peer: &str) -> &'a str {
+    table
+        .lines()
+        .skip(1)
+        .find(|l| l.split_whitespace().nth(1) == Some(peer))
+        .unwrap_or_else(|| panic!("no row for {peer}:\n{table}"))
+}
+
+#[test]
+fn status_reports_a_healthy_region_and_a_broken_one() {
+    let (etcd_a, etcd_b) = (Etcd::start(), Etcd::start());
+    let a_args = run_args("a", &etcd_a, "b", &etcd_b);
+    let b_args = run_args("b", &etcd_b, "a", &etcd_a);
+    let mut a = Replicator::spawn(&a_args);
+    let b = Replicator::spawn(&b_args);
+    etcd_a.etcdctl_ok(&["put", "/aether/v1/regions/a/k", "v"]);
+    for r in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()),
+            "{}",
+            r.log_text()
+        );
+    }
+
+    // Healthy: exit 0, one row a -> b naming the leader, a lease and "ok".
+    let (code, out, err) = status(&a_args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("REGION"), "{out}");
+    let line = row(&out, "b");
+    assert!(line.starts_with("a "), "{line}");
+    assert!(line.ends_with("ok"), "{line}");
+    assert!(line.contains(" yes "), "synced: {line}");
+    assert!(line.contains("s/4s"), "lease left of granted: {line}");
+    // JSON from the other region: the leader id is the replica's.
+    let (code, out, err) = status(&[b_args.clone(), vec!["--output=json".into()]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    assert_eq!(doc["region"], "b");
+    assert_eq!(doc["healthy"], true);
+    assert!(
+        doc["leader"].as_str().is_some_and(|l| !l.is_empty()),
+        "{doc}"
+    );
+    let peer = &doc["peers"][0];
+    assert_eq!(peer["peer"], "a");
+    assert_eq!(peer["present"], true);
+    assert_eq!(peer["lease_granted_seconds"], 4);
+    assert!(
+        peer["lease_left_seconds"].as_i64().is_some_and(|l| l > 0),
+        "{doc}"
+    );
+    assert!(
+        peer["applied_revision"].as_i64().is_some_and(|r| r > 0),
+        "{doc}"
+    );
+    assert_eq!(peer["problems"], serde_json::json!([]));
+
+    // A peer nobody answers for: exit 1, the reason on its row only.
+    let dead = common::replicator::free_addr();
+    let (code, out, err) =
+        status(&[a_args.clone(), vec![format!("--peer-etcd=c=http://{dead}")]].concat());
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(row(&out, "c").contains("peer c unreachable"), "{out}");
+    assert!(row(&out, "b").ends_with("ok"), "{out}");
+
+    // Broken: a's only replicator dies; once its election key and its
+    // copy's lease on b have lapsed, status says so on the row, exit 1.
+    a.kill();
+    assert!(wait_until(Duration::from_secs(20), || {
+        etcd_a
+            .etcdctl_ok(&["get", "--prefix", "/aether/v1/replicator/a/", "--keys-only"])
+            .trim()
+            .is_empty()
+            && etcd_b
+                .etcdctl_ok(&[
+                    "get",
+                    "--prefix",
+                    "/aether/v1/replication/a/",
+                    "--keys-only",
+                ])
+                .trim()
+                .is_empty()
+    }));
+    let (code, out, err) = status(&a_args);
+    assert_eq!(code, 1, "{out}{err}");
+    let line = row(&out, "b");
+    assert!(line.contains("no leader in region a"), "{line}");
+    assert!(line.contains("state key missing on b"), "{line}");
+    let (code, out, _) = status(&[a_args.clone(), vec!["--output=json".into()]].concat());
+    assert_eq!(code, 1);
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(doc["healthy"], false);
+    assert_eq!(doc["leader"], serde_json::Value::Null);
+    assert_eq!(doc["peers"][0]["present"], false);
+    // Region b, still running, is healthy throughout.
+    assert_eq!(status(&b_args).0, 0);
+}
+
+#[test]
+fn status_refuses_invalid_flags_with_exit_2() {
+    for argv in [
+        vec!["--region=a", "--output=xml"],
+        vec!["--region=a", "--max-staleness=soon"],
+        vec!["--max-staleness=10s"],
+        vec!["--region=a", "--peer-etcd=b"],
+    ] {
+        let argv: Vec<String> = argv.into_iter().map(String::from).collect();
+        let (code, out, err) = status(&argv);
+        assert_eq!(code, 2, "{argv:?}: {out}{err}");
+        assert_eq!(err.lines().count(), 1, "{argv:?}: {err}");
+        assert!(err.starts_with("error"), "{argv:?}: {err}");
+    }
+}

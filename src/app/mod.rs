@@ -13,6 +13,8 @@
 //! - [`check`]: the one-shot comparison behind `aether-replicator check`.
 //! - [`endpoints`]: `aether-replicator endpoints`, the merged registry as
 //!   one region's consumers see it.
+//! - [`status`]: `aether-replicator status`, the region's leader and its
+//!   copies on the peers, as a table or JSON, exit 1 when unhealthy.
 //! - [`migrate`]: `aether-replicator migrate`, the cutover from the legacy
 //!   flat layout.
 //!
@@ -30,5 +32,6 @@ pub mod parse;
 pub mod process;
 pub mod reload;
 pub mod replicator;
+pub mod status;
 
 pub use replicator::run;
