@@ -9,6 +9,9 @@
 //! Every per-peer series carries `origin="<this region>"` next to
 //! `peer="<peer region>"`, so that one query over every region's replicas
 //! reads as a region x peer matrix without relabelling.
+//! The incoming side ([`super::incoming`]) is labelled the same way round:
+//! `region="<this region>"` holds the copy `origin="<other region>"` wrote,
+//! so `origin` always names the region the data comes from.
 //!
 //! `/healthz` answers while the process runs; `/readyz` answers 200 when
 //! this replica is a leader whose peers are all synced, or a standby whose
