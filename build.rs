@@ -3,8 +3,10 @@
 //! so keys and values move from a watch event into a put without a copy.
 //!
 //! Also records the git revision for `aether_replicator_build_info` in
-//! `AETHER_REPLICATOR_REVISION`: "unknown" when there is no git or no
-//! checkout (a crate tarball), which must not fail the build.
+//! `AETHER_REPLICATOR_REVISION`: the variable itself if the build sets it
+//! (an image build without `.git`), else `git rev-parse --short HEAD` of this
+//! checkout, else "unknown" (no git, or a crate tarball, possibly unpacked
+//! inside some other repository), which must not fail the build.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["etcd/api/etcdserverpb/rpc.proto"];
@@ -35,11 +37,27 @@ fn revision() {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
     };
-    let revision = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rerun-if-env-changed=AETHER_REPLICATOR_REVISION");
+    if let Ok(revision) = std::env::var("AETHER_REPLICATOR_REVISION") {
+        println!("cargo:rustc-env=AETHER_REPLICATOR_REVISION={revision}");
+        return;
+    }
+    // Only this package's own checkout (`.git` is a directory, or a file in
+    // a worktree), never an enclosing repository's HEAD.
+    let own_checkout =
+        std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
+            .join(".git")
+            .exists();
+    let revision = own_checkout
+        .then(|| git(&["rev-parse", "--short", "HEAD"]))
+        .flatten()
+        .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=AETHER_REPLICATOR_REVISION={revision}");
+    if !own_checkout {
+        return;
+    }
     // Rebuild when HEAD moves: a commit changes the branch's ref (loose or
     // packed), a checkout changes HEAD itself.
-    println!("cargo:rerun-if-env-changed=AETHER_REPLICATOR_REVISION");
     for path in ["HEAD", "packed-refs"] {
         if let Some(p) = git(&["rev-parse", "--git-path", path]) {
             println!("cargo:rerun-if-changed={p}");
