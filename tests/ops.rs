@@ -182,6 +182,19 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
             b.log_text()
         );
     }
+    // The heartbeat b's engine writes into its state key: fresh.
+    for r in [&leader_a, &standby_a] {
+        assert!(
+            wait_until(Duration::from_secs(20), || incoming(
+                r,
+                "origin_staleness_seconds",
+                "b"
+            )
+            .is_some_and(|s| (0.0..15.0).contains(&s))),
+            "{:?}",
+            r.scrape()
+        );
+    }
     let ttl = incoming(&standby_a, "origin_lease_ttl_seconds", "b").unwrap();
     assert!(ttl <= 4.0, "{ttl}");
     assert!(!standby_a.is_leader());
@@ -200,6 +213,8 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
             "{}",
             r.log_text()
         );
+        // No copy, no heartbeat: the staleness series is left out.
+        assert_eq!(incoming(r, "origin_staleness_seconds", "b"), None);
     }
     assert_eq!(
         etcd_a
@@ -262,10 +277,26 @@ fn status_reports_a_healthy_region_and_a_broken_one() {
     assert!(line.ends_with("ok"), "{line}");
     assert!(line.contains(" yes "), "synced: {line}");
     assert!(line.contains("s/4s"), "lease left of granted: {line}");
-    // JSON from the other region: the leader id is the replica's.
-    let (code, out, err) = status(&[b_args.clone(), vec!["--output=json".into()]].concat());
+    // JSON from the other region: the leader id is the replica's, the
+    // staleness comes from the heartbeat (written every 5 s).
+    let b_json = [b_args.clone(), vec!["--output=json".into()]].concat();
+    let (mut code, mut out, mut err) = (0, String::new(), String::new());
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            (code, out, err) = status(&b_json);
+            out.contains("\"staleness_seconds\":") && !out.contains("\"staleness_seconds\":null")
+        }),
+        "{out}{err}"
+    );
     assert_eq!(code, 0, "{out}{err}");
     let doc: serde_json::Value = serde_json::from_str(&out).expect("one JSON document");
+    assert!(
+        doc["peers"][0]["staleness_seconds"]
+            .as_f64()
+            .is_some_and(|s| (0.0..60.0).contains(&s)),
+        "{doc}"
+    );
+    assert_eq!(doc["peers"][0]["synced"], true);
     assert_eq!(doc["region"], "b");
     assert_eq!(doc["healthy"], true);
     assert!(

@@ -14,7 +14,10 @@
 //! - `aether_replicator_origin_lease_ttl_seconds{region,origin}`: time left
 //!   on the lease it is attached to;
 //! - `aether_replicator_origin_staleness_seconds{region,origin}`: now minus
-//!   the heartbeat in the state key (left out while the key carries none).
+//!   the heartbeat in the state key (left out while the copy is absent or
+//!   its key carries none). The origin's engine writes the heartbeat when
+//!   its freshness probe finds the copy current, so this grows when the
+//!   copy falls behind even while its lease is kept alive.
 //!
 //! `region` is this region, `origin` the one that wrote the copy. The
 //! origins expected are the configured peers (a region mirrors to its peers
@@ -39,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::etcd::{Backoff, Client, EventKind, KeyValue, Range, WatchOptions};
 use crate::mirror::state::State;
+use crate::mirror::stats::unix_ms;
 
 /// Longest interval between lookups of a present copy's lease TTL.
 pub const DEFAULT_TTL_REFRESH: Duration = Duration::from_secs(5);
@@ -77,6 +81,14 @@ impl OriginStatus {
             (true, Some(t)) => t.left,
             _ => Duration::ZERO,
         }
+    }
+
+    /// Now minus the heartbeat the origin wrote into the state key (clock
+    /// skew between the regions included, never negative); `None` when
+    /// absent or when the key carries no heartbeat.
+    pub fn staleness(&self) -> Option<Duration> {
+        let hb = self.state.filter(|_| self.present)?.heartbeat_unix_ms;
+        (hb > 0).then(|| Duration::from_millis(unix_ms().saturating_sub(hb).max(0) as u64))
     }
 
     /// Whether the lease is due for another lookup under `max_refresh`.
@@ -279,6 +291,20 @@ mod tests {
             }),
         };
         let max = DEFAULT_TTL_REFRESH;
+        let mut fresh = looked(30, 0);
+        assert_eq!(fresh.staleness(), None);
+        fresh.state = Some(State {
+            revision: 1,
+            lease: 7,
+            holder: 1,
+            source_cluster: 1,
+            heartbeat_unix_ms: unix_ms() - 3_000,
+            synced: true,
+        });
+        let st = fresh.staleness().unwrap();
+        assert!(st >= Duration::from_secs(3) && st < Duration::from_secs(10));
+        fresh.present = false;
+        assert_eq!(fresh.staleness(), None);
         assert!(!looked(30, 4).lookup_due(max));
         assert!(looked(30, 5).lookup_due(max));
         assert!(!looked(8, 1).lookup_due(max));

@@ -399,6 +399,14 @@ impl Collector for AppCollector {
                 .iter()
                 .map(|(o, s)| (by_origin(o), s.ttl_left().as_secs_f64())),
         )?;
+        gauges(
+            e,
+            "origin_staleness_seconds",
+            "Seconds since the heartbeat the origin region wrote into its state key in this region's etcd.",
+            incoming
+                .iter()
+                .filter_map(|(o, s)| Some((by_origin(o), s.staleness()?.as_secs_f64()))),
+        )?;
         Ok(())
     }
 }

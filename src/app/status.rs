@@ -14,15 +14,15 @@
 //!   was never made);
 //! - the copy's lease missing, or below a third of its granted TTL (the
 //!   keep-alives are not getting through: the copy is about to lapse);
-//! - staleness over `--max-staleness`, once the state key carries a
-//!   heartbeat.
+//! - staleness over `--max-staleness` (the state key's heartbeat is older).
 //!
 //! The lag is shown, not judged: the local etcd's revision also moves with
 //! writes outside this region's subtree (the other regions' copies), so a
 //! lag in revisions is not a lag in data.
 //!
-//! "synced" is "the state key records a complete sync under its lease"
-//! (`revision > 0`, see [`State`]).
+//! "synced" is the state key's marker of a complete copy under its lease,
+//! and the staleness is now minus its heartbeat (see [`State`]), clock skew
+//! between the regions included.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -34,6 +34,7 @@ use super::election::DEFAULT_ELECTION_ROOT;
 use crate::error::Result;
 use crate::etcd::{Client, Range};
 use crate::mirror::state::State;
+use crate::mirror::stats::unix_ms;
 
 /// Longest wait for one etcd (local or peer) before reporting it
 /// unreachable: a probe must answer in bounded time.
@@ -124,9 +125,9 @@ impl PeerRow {
     pub fn applied(&self) -> Option<i64> {
         self.state.map(|s| s.revision)
     }
-    /// Whether a complete sync is recorded.
+    /// Whether a complete copy is recorded under the current lease.
     pub fn synced(&self) -> Option<bool> {
-        self.state.map(|s| s.revision > 0)
+        self.state.map(|s| s.synced)
     }
 }
 
@@ -328,6 +329,10 @@ pub async fn run(config: &Config, opts: &StatusOptions) -> Result<Report> {
             Ok(Ok((present, state, ttl))) => {
                 row.present = present;
                 row.state = state;
+                row.staleness = state
+                    .map(|s| s.heartbeat_unix_ms)
+                    .filter(|hb| *hb > 0)
+                    .map(|hb| unix_ms().saturating_sub(hb).max(0) as f64 / 1000.0);
                 row.lease_left = ttl.as_ref().map(|t| t.ttl);
                 row.lease_granted = ttl.as_ref().map(|t| t.granted_ttl);
             }
