@@ -103,6 +103,16 @@ fn metrics_page_passes_promtool_and_names_origin_build_and_process() {
         "aether_replicator_resyncs_total",
         "aether_replicator_keepalive_age_seconds",
         "aether_replicator_apply_latency_seconds_bucket",
+        "aether_replicator_peer_staleness_seconds",
+        "aether_replicator_peer_lapsed",
+        "aether_replicator_lapses_total",
+        "aether_replicator_conflicts_total",
+        "aether_replicator_verify_runs_total",
+        "aether_replicator_verify_repairs_total",
+        "aether_replicator_peer_txn_ops_limit",
+        "aether_replicator_peer_request_bytes_limit",
+        "aether_replicator_origin_copy_present",
+        "aether_replicator_origin_lease_ttl_seconds",
     ] {
         assert!(metric(&page, name).is_some(), "{name} missing:\n{page}");
     }

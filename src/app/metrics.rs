@@ -307,6 +307,54 @@ impl Collector for AppCollector {
             "Seconds left on the peer lease, judged from the last keep-alive.",
             per_peer_secs(|p| p.lease_status().map_or(0.0, |s| s.ttl_left().as_secs_f64())),
         )?;
+        gauges(
+            e,
+            "peer_staleness_seconds",
+            "Seconds since the peer was last known to hold everything through the source's current revision (0 while current; an idle subtree is current).",
+            per_peer_secs(|p| p.staleness().as_secs_f64()),
+        )?;
+        gauges(
+            e,
+            "peer_lapsed",
+            "1 if the engine let this peer's copy lapse on purpose because it could not be made current.",
+            per_peer(|p| i64::from(p.lapsed.load(Relaxed))),
+        )?;
+        counters(
+            e,
+            "lapses",
+            "Times the engine let this peer's copy lapse on purpose.",
+            per_peer_count(|p| p.lapses.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "conflicts",
+            "Times another source claimed this region on the peer (two sites with one region name).",
+            per_peer_count(|p| p.conflicts.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "verify_runs",
+            "Anti-entropy verification passes completed on the peer.",
+            per_peer_count(|p| p.verify_runs.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "verify_repairs",
+            "Keys the verification passes repaired on the peer.",
+            per_peer_count(|p| p.verify_repairs.load(Relaxed)),
+        )?;
+        gauges(
+            e,
+            "peer_txn_ops_limit",
+            "The peer's txn op limit as discovered (lowered on 'too many operations').",
+            per_peer_count(|p| p.txn_ops_limit.load(Relaxed)),
+        )?;
+        gauges(
+            e,
+            "peer_request_bytes_limit",
+            "The peer's request size limit as discovered (lowered on 'too large').",
+            per_peer_count(|p| p.request_bytes_limit.load(Relaxed)),
+        )?;
         counters(
             e,
             "errors",
