@@ -248,8 +248,25 @@ metrics_of() {
 }
 
 # metric TEXT NAME: the value of the sample NAME (with its labels) in TEXT.
-metric() {
-  awk -v n="$2" '$1 == n { print $2; exit }' <<<"$1"
+metric() { # TEXT SELECTOR: the first sample named as SELECTOR with at least its labels
+  awk -v sel="$2" '
+    function labels(series, out,   body, n, i, parts) {
+      delete out
+      if (!index(series, "{")) return
+      body = substr(series, index(series, "{") + 1)
+      sub(/}$/, "", body)
+      n = split(body, parts, /",/)
+      for (i = 1; i <= n; i++) { sub(/"$/, "", parts[i]); if (parts[i] != "") out[parts[i] "\""] = 1 }
+    }
+    BEGIN { name = sel; sub(/\{.*/, "", name); labels(sel, want) }
+    /^#/ { next }
+    {
+      n = $1; sub(/\{.*/, "", n)
+      if (n != name) next
+      labels($1, have)
+      for (w in want) if (!(w in have)) next
+      print $2; exit
+    }' <<<"$1"
 }
 
 tail_logs() {

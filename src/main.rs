@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     match &cli.command {
         Some(Command::Endpoints(args)) => return endpoints(args),
         Some(Command::Migrate(args)) => return migrate(args),
+        Some(Command::Status(args)) => return status(args),
         Some(Command::Check(_)) | None => {}
     }
     let config = match cli.run_args().validate() {
@@ -114,7 +115,25 @@ fn migrate(args: &aether_replicator::app::config::MigrateArgs) -> ExitCode {
     })
 }
 
-/// The set-up of the one-shot commands (`endpoints`, `migrate`): refuse
+/// `status`: print the table or JSON. Exit 0 when healthy, 1 when not or
+/// when the local etcd cannot be read, 2 on invalid flags.
+fn status(args: &aether_replicator::app::config::StatusArgs) -> ExitCode {
+    use aether_replicator::app::status::{self, StatusOutput};
+    let ((config, options), runtime) = match one_shot(args.validate()) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    let result = runtime.block_on(status::run(&config, &options));
+    exit(result, |report| {
+        match args.output {
+            StatusOutput::Table => print!("{}", report.render_table()),
+            StatusOutput::Json => println!("{}", report.to_json()),
+        }
+        report.healthy()
+    })
+}
+
+/// The set-up of the one-shot commands (`endpoints`, `migrate`, `status`): refuse
 /// invalid flags, log warnings only, start a runtime.
 fn one_shot<C, E: std::fmt::Display>(
     validated: Result<C, E>,

@@ -1,17 +1,26 @@
 //! The metrics and health endpoints.
 //!
-//! `/metrics` renders the engine's per-peer [`PeerStats`] and the replica's
-//! leadership as Prometheus text, written by hand: the format is simple and
-//! the engine keeps plain atomics, so no metrics library is needed.
+//! `/metrics` is the Prometheus text format (0.0.4), encoded by
+//! `prometheus-client`. Nothing is counted twice: [`AppCollector`] reads the
+//! engine's per-peer [`PeerStats`] atomics and the replica's leadership at
+//! scrape time, [`ProcessCollector`] reads `/proc/self`, and the build is a
+//! constant `aether_replicator_build_info{version,revision} 1`.
+//!
+//! Every per-peer series carries `origin="<this region>"` next to
+//! `peer="<peer region>"`, so that one query over every region's replicas
+//! reads as a region x peer matrix without relabelling.
+//! The incoming side ([`super::incoming`]) is labelled the same way round:
+//! `region="<this region>"` holds the copy `origin="<other region>"` wrote,
+//! so `origin` always names the region the data comes from.
+//!
 //! `/healthz` answers while the process runs; `/readyz` answers 200 when
 //! this replica is a leader whose peers are all synced, or a standby whose
 //! election session is healthy.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -20,10 +29,33 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::incoming::Origins;
+use super::process::ProcessCollector;
 use crate::mirror::stats::{ErrorKind, LATENCY_BUCKETS, PeerStats, ResyncReason};
+
+/// The prefix of every replicator metric (not of the `process_*` ones).
+pub const PREFIX: &str = "aether_replicator_";
+/// The crate version, for `build_info`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git revision the binary was built from (`git rev-parse --short
+/// HEAD` in build.rs), or "unknown" when built outside a git checkout.
+/// `option_env!`, so that a build script output from another checkout
+/// sharing the target directory cannot break the build.
+pub const REVISION: &str = match option_env!("AETHER_REPLICATOR_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
 
 /// What the endpoints report, shared between the replicator and the server.
 #[derive(Default)]
@@ -35,9 +67,15 @@ pub struct AppState {
     /// Per-peer stats; kept across leadership changes.
     pub peers: Mutex<Vec<Arc<PeerStats>>>,
     /// Where the endpoints listen, once bound.
-    pub bound: std::sync::OnceLock<SocketAddr>,
+    pub bound: OnceLock<SocketAddr>,
+    /// This region: the `origin` label of the per-peer series and the
+    /// `region` label of `is_leader`. Set once by the run.
+    pub region: OnceLock<String>,
     /// Rotated TLS or password files reloaded, by etcd.
     pub reloads: Arc<super::reload::ReloadCounts>,
+    /// The copies other regions mirror into the local etcd, published by
+    /// [`super::incoming::run`].
+    pub incoming: watch::Sender<Origins>,
 }
 
 impl AppState {
@@ -52,241 +90,391 @@ impl AppState {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         peers.iter().all(|p| p.is_synced())
     }
+}
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut out = String::with_capacity(4096);
-        let mut family =
-            |name: &str, kind: &str, help: &str, rows: &mut dyn Iterator<Item = (String, f64)>| {
-                let _ = writeln!(out, "# HELP aether_replicator_{name} {help}");
-                let _ = writeln!(out, "# TYPE aether_replicator_{name} {kind}");
-                for (labels, v) in rows {
-                    let _ = writeln!(out, "aether_replicator_{name}{labels} {v}");
-                }
-            };
-        let per_peer = |f: &dyn Fn(&PeerStats) -> f64| {
+/// The registry `/metrics` encodes: the replicator's own series, the
+/// process metrics and the build info.
+pub fn registry(state: Arc<AppState>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register(
+        format!("{PREFIX}build"),
+        "The version and git revision of this binary; always 1",
+        Info::new([("version", VERSION), ("revision", REVISION)]),
+    );
+    registry.register_collector(Box::new(AppCollector(state)));
+    registry.register_collector(Box::new(ProcessCollector));
+    registry
+}
+
+/// The Prometheus text exposition of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::with_capacity(8192);
+    // Writing to a String cannot fail; a collector error would be a bug.
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, registry) {
+        tracing::error!(error = %e, "encoding metrics failed");
+    }
+    out
+}
+
+/// Reads [`AppState`] (and through it every [`PeerStats`]) at scrape time.
+#[derive(Debug)]
+pub struct AppCollector(pub Arc<AppState>);
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("region", &self.region.get())
+            .field("is_leader", &self.is_leader)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One metric family: its descriptor, then one sample per label set.
+/// A family with no samples is left out.
+fn family<L: EncodeLabelSet, V>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (L, V)>,
+    mut sample: impl FnMut(&mut prometheus_client::encoding::MetricEncoder, &V) -> std::fmt::Result,
+) -> std::fmt::Result {
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return Ok(());
+    }
+    let name = format!("{PREFIX}{name}");
+    let mut m = enc.encode_descriptor(&name, help, None, kind)?;
+    for (labels, v) in rows {
+        sample(&mut m.encode_family(&labels)?, &v)?;
+    }
+    Ok(())
+}
+
+fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, V)>,
+) -> std::fmt::Result {
+    family(enc, name, help, MetricType::Gauge, rows, |m, v| {
+        m.encode_gauge(v)
+    })
+}
+
+/// `name` without `_total`: the encoder appends it to counters.
+fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, V)>,
+) -> std::fmt::Result {
+    family(enc, name, help, MetricType::Counter, rows, |m, v| {
+        m.encode_counter::<NoLabelSet, _, u64>(v, None)
+    })
+}
+
+impl Collector for AppCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let state = &self.0;
+        let origin = state.region.get().map_or("", String::as_str);
+        let peers = state
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let labels = |p: &PeerStats| [("origin", origin.to_string()), ("peer", p.region.clone())];
+        let per_peer = |f: fn(&PeerStats) -> i64| {
             peers
                 .iter()
-                .map(|p| (format!("{{peer=\"{}\"}}", escape(&p.region)), f(p)))
+                .map(move |p| (labels(p), f(p)))
                 .collect::<Vec<_>>()
-                .into_iter()
         };
-        family(
+        let per_peer_count = |f: fn(&PeerStats) -> u64| {
+            peers
+                .iter()
+                .map(move |p| (labels(p), f(p)))
+                .collect::<Vec<_>>()
+        };
+        let per_peer_secs = |f: fn(&PeerStats) -> f64| {
+            peers
+                .iter()
+                .map(move |p| (labels(p), f(p)))
+                .collect::<Vec<_>>()
+        };
+        let e = &mut enc;
+
+        gauges(
+            e,
             "is_leader",
-            "gauge",
             "1 if this replica leads its region and mirrors.",
-            &mut std::iter::once((
-                String::new(),
-                f64::from(u8::from(self.is_leader.load(Relaxed))),
-            )),
-        );
-        family(
+            [(
+                [("region", origin)],
+                i64::from(state.is_leader.load(Relaxed)),
+            )],
+        )?;
+        gauges(
+            e,
             "source_revision",
-            "gauge",
             "Newest source revision of this region's subtree seen on the watch.",
-            &mut per_peer(&|p| p.source_revision.load(Relaxed) as f64),
-        );
-        family(
+            per_peer(|p| p.source_revision.load(Relaxed)),
+        )?;
+        gauges(
+            e,
             "applied_revision",
-            "gauge",
             "Every source revision up to this one is applied on the peer.",
-            &mut per_peer(&|p| p.applied_revision.load(Relaxed) as f64),
-        );
-        family(
+            per_peer(|p| p.applied_revision.load(Relaxed)),
+        )?;
+        gauges(
+            e,
             "lag_revisions",
-            "gauge",
             "Source revisions not yet applied on the peer.",
-            &mut per_peer(&|p| p.lag() as f64),
-        );
-        family(
-            "events_applied_total",
-            "counter",
+            per_peer(PeerStats::lag),
+        )?;
+        counters(
+            e,
+            "events_applied",
             "Watch events applied on the peer.",
-            &mut per_peer(&|p| p.events.load(Relaxed) as f64),
-        );
-        family(
-            "txns_applied_total",
-            "counter",
+            per_peer_count(|p| p.events.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "txns_applied",
             "Txns committed on the peer.",
-            &mut per_peer(&|p| p.txns.load(Relaxed) as f64),
-        );
-        family(
-            "bytes_applied_total",
-            "counter",
+            per_peer_count(|p| p.txns.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "bytes_applied",
             "Request bytes of live batches committed on the peer.",
-            &mut per_peer(&|p| p.bytes.load(Relaxed) as f64),
-        );
-        family(
-            "sync_keys_put_total",
-            "counter",
+            per_peer_count(|p| p.bytes.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "sync_keys_put",
             "Keys written by range-diff syncs.",
-            &mut per_peer(&|p| p.sync_puts.load(Relaxed) as f64),
-        );
-        family(
-            "sync_keys_deleted_total",
-            "counter",
+            per_peer_count(|p| p.sync_puts.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "sync_keys_deleted",
             "Keys deleted by range-diff syncs.",
-            &mut per_peer(&|p| p.sync_deletes.load(Relaxed) as f64),
-        );
-        family(
-            "split_revisions_total",
-            "counter",
+            per_peer_count(|p| p.sync_deletes.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "split_revisions",
             "Source revisions too large for one txn, split over several.",
-            &mut per_peer(&|p| p.split_revisions.load(Relaxed) as f64),
-        );
-        family(
+            per_peer_count(|p| p.split_revisions.load(Relaxed)),
+        )?;
+        gauges(
+            e,
             "window_txns",
-            "gauge",
             "The adaptive window: mirror txns allowed in flight to the peer now.",
-            &mut per_peer(&|p| p.window_txns.load(Relaxed) as f64),
-        );
-        family(
+            per_peer(|p| p.window_txns.load(Relaxed) as i64),
+        )?;
+        gauges(
+            e,
             "window_bytes",
-            "gauge",
             "The adaptive window in request bytes.",
-            &mut per_peer(&|p| p.window_bytes.load(Relaxed) as f64),
-        );
-        family(
+            per_peer(|p| p.window_bytes.load(Relaxed) as i64),
+        )?;
+        gauges(
+            e,
             "rtt_seconds",
-            "gauge",
             "Measured round trip to the peer: the minimum txn commit latency over the last 10 s.",
-            &mut per_peer(&|p| p.rtt_seconds()),
-        );
-        family(
+            per_peer_secs(PeerStats::rtt_seconds),
+        )?;
+        gauges(
+            e,
             "peer_up",
-            "gauge",
             "1 if the peer answered the last request.",
-            &mut per_peer(&|p| f64::from(u8::from(p.up.load(Relaxed)))),
-        );
-        family(
+            per_peer(|p| i64::from(p.up.load(Relaxed))),
+        )?;
+        gauges(
+            e,
             "peer_synced",
-            "gauge",
             "1 if the peer is synced and mirroring live.",
-            &mut per_peer(&|p| f64::from(u8::from(p.is_synced()))),
-        );
-        family(
-            "keepalive_success_total",
-            "counter",
+            per_peer(|p| i64::from(p.is_synced())),
+        )?;
+        counters(
+            e,
+            "keepalive_success",
             "Lease keep-alives answered by the peer.",
-            &mut per_peer(&|p| p.keepalives().0 as f64),
-        );
-        family(
-            "keepalive_failure_total",
-            "counter",
+            per_peer_count(|p| p.keepalives().0),
+        )?;
+        counters(
+            e,
+            "keepalive_failure",
             "Lease keep-alive stream failures.",
-            &mut per_peer(&|p| p.keepalives().1 as f64),
-        );
-        family(
+            per_peer_count(|p| p.keepalives().1),
+        )?;
+        gauges(
+            e,
             "keepalive_age_seconds",
-            "gauge",
             "Seconds since the last answered keep-alive (-1: no lease).",
-            &mut per_peer(&|p| {
+            per_peer_secs(|p| {
                 p.lease_status()
                     .and_then(|s| s.last_ok)
                     .map_or(-1.0, |t| Instant::now().duration_since(t).as_secs_f64())
             }),
-        );
-        family(
+        )?;
+        gauges(
+            e,
             "lease_ttl_seconds",
-            "gauge",
             "Seconds left on the peer lease, judged from the last keep-alive.",
-            &mut per_peer(&|p| p.lease_status().map_or(0.0, |s| s.ttl_left().as_secs_f64())),
-        );
-        let errors: Vec<(String, f64)> = peers
-            .iter()
-            .flat_map(|p| {
+            per_peer_secs(|p| p.lease_status().map_or(0.0, |s| s.ttl_left().as_secs_f64())),
+        )?;
+        gauges(
+            e,
+            "peer_staleness_seconds",
+            "Seconds since the peer was last known to hold everything through the source's current revision (0 while current; an idle subtree is current).",
+            per_peer_secs(|p| p.staleness().as_secs_f64()),
+        )?;
+        gauges(
+            e,
+            "peer_lapsed",
+            "1 if the engine let this peer's copy lapse on purpose because it could not be made current.",
+            per_peer(|p| i64::from(p.lapsed.load(Relaxed))),
+        )?;
+        counters(
+            e,
+            "lapses",
+            "Times the engine let this peer's copy lapse on purpose.",
+            per_peer_count(|p| p.lapses.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "conflicts",
+            "Times another source claimed this region on the peer (two sites with one region name).",
+            per_peer_count(|p| p.conflicts.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "verify_runs",
+            "Anti-entropy verification passes completed on the peer.",
+            per_peer_count(|p| p.verify_runs.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "verify_repairs",
+            "Keys the verification passes repaired on the peer.",
+            per_peer_count(|p| p.verify_repairs.load(Relaxed)),
+        )?;
+        gauges(
+            e,
+            "peer_txn_ops_limit",
+            "The peer's txn op limit as discovered (lowered on 'too many operations').",
+            per_peer_count(|p| p.txn_ops_limit.load(Relaxed)),
+        )?;
+        gauges(
+            e,
+            "peer_request_bytes_limit",
+            "The peer's request size limit as discovered (lowered on 'too large').",
+            per_peer_count(|p| p.request_bytes_limit.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "errors",
+            "Errors by kind.",
+            peers.iter().flat_map(|p| {
                 ErrorKind::ALL.iter().map(move |k| {
                     (
-                        format!("{{peer=\"{}\",kind=\"{}\"}}", escape(&p.region), k.as_str()),
-                        p.errors(*k) as f64,
+                        [
+                            ("origin", origin.to_string()),
+                            ("peer", p.region.clone()),
+                            ("kind", k.as_str().to_string()),
+                        ],
+                        p.errors(*k),
                     )
                 })
-            })
-            .collect();
-        family(
-            "errors_total",
-            "counter",
-            "Errors by kind.",
-            &mut errors.into_iter(),
-        );
-        let resyncs: Vec<(String, f64)> = peers
-            .iter()
-            .flat_map(|p| {
+            }),
+        )?;
+        counters(
+            e,
+            "resyncs",
+            "Range-diff syncs by reason.",
+            peers.iter().flat_map(|p| {
                 ResyncReason::ALL.iter().map(move |r| {
                     (
-                        format!(
-                            "{{peer=\"{}\",reason=\"{}\"}}",
-                            escape(&p.region),
-                            r.as_str()
-                        ),
-                        p.resyncs(*r) as f64,
+                        [
+                            ("origin", origin.to_string()),
+                            ("peer", p.region.clone()),
+                            ("reason", r.as_str().to_string()),
+                        ],
+                        p.resyncs(*r),
                     )
                 })
-            })
-            .collect();
+            }),
+        )?;
         family(
-            "resyncs_total",
-            "counter",
-            "Range-diff syncs by reason.",
-            &mut resyncs.into_iter(),
-        );
-
-        let _ = writeln!(
-            out,
-            "# HELP aether_replicator_apply_latency_seconds Time from watch receipt to peer commit, per event."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE aether_replicator_apply_latency_seconds histogram"
-        );
-        for p in &peers {
-            let (buckets, count, sum) = p.apply_latency.snapshot();
-            let peer = escape(&p.region);
-            for (le, n) in LATENCY_BUCKETS.iter().zip(buckets) {
-                let _ = writeln!(
-                    out,
-                    "aether_replicator_apply_latency_seconds_bucket{{peer=\"{peer}\",le=\"{le}\"}} {n}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "aether_replicator_apply_latency_seconds_bucket{{peer=\"{peer}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                out,
-                "aether_replicator_apply_latency_seconds_sum{{peer=\"{peer}\"}} {sum}"
-            );
-            let _ = writeln!(
-                out,
-                "aether_replicator_apply_latency_seconds_count{{peer=\"{peer}\"}} {count}"
-            );
-        }
+            e,
+            "apply_latency_seconds",
+            "Time from watch receipt to peer commit, per event.",
+            MetricType::Histogram,
+            peers
+                .iter()
+                .map(|p| (labels(p), p.apply_latency.snapshot())),
+            |m, (cumulative, count, sum)| {
+                // The encoder wants per-bucket counts and accumulates them.
+                let mut prev = 0;
+                let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+                    .iter()
+                    .zip(cumulative)
+                    .map(|(le, c)| {
+                        let n = c - prev;
+                        prev = *c;
+                        (*le, n)
+                    })
+                    .collect();
+                // Buckets and count are separate atomics: an observation
+                // racing the scrape must not leave +Inf below a bucket.
+                m.encode_histogram::<NoLabelSet>(*sum, (*count).max(prev), &buckets, None)
+            },
+        )?;
         // Rotation (app::reload): the local etcd is labelled with this
         // region's name.
-        let reloads = self.reloads.snapshot();
-        if !reloads.is_empty() {
-            let _ = writeln!(
-                out,
-                "# HELP aether_replicator_reloads_total Rotated TLS or password files reloaded without a restart."
-            );
-            let _ = writeln!(out, "# TYPE aether_replicator_reloads_total counter");
-            for (peer, n) in reloads {
-                let _ = writeln!(
-                    out,
-                    "aether_replicator_reloads_total{{peer=\"{}\"}} {n}",
-                    escape(&peer)
-                );
-            }
-        }
-        out
-    }
-}
+        counters(
+            e,
+            "reloads",
+            "Rotated TLS or password files reloaded without a restart.",
+            state
+                .reloads
+                .snapshot()
+                .into_iter()
+                .map(|(peer, n)| ([("origin", origin.to_string()), ("peer", peer)], n)),
+        )?;
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+        // The incoming side: labelled by this region and the origin that
+        // wrote the copy, as the per-peer series are by origin and peer.
+        let incoming = state.incoming.borrow().clone();
+        let by_origin = |o: &str| [("region", origin.to_string()), ("origin", o.to_string())];
+        gauges(
+            e,
+            "origin_copy_present",
+            "1 if the origin region's state key exists in this region's etcd: its copy is alive.",
+            incoming
+                .iter()
+                .map(|(o, s)| (by_origin(o), i64::from(s.present))),
+        )?;
+        gauges(
+            e,
+            "origin_lease_ttl_seconds",
+            "Seconds left on the lease of the origin region's copy in this region's etcd (0: none).",
+            incoming
+                .iter()
+                .map(|(o, s)| (by_origin(o), s.ttl_left().as_secs_f64())),
+        )?;
+        gauges(
+            e,
+            "origin_staleness_seconds",
+            "Seconds since the heartbeat the origin region wrote into its state key in this region's etcd.",
+            incoming
+                .iter()
+                .filter_map(|(o, s)| Some((by_origin(o), s.staleness()?.as_secs_f64()))),
+        )?;
+        Ok(())
+    }
 }
 
 /// Binds `addr` now (so a bad address fails at startup) and serves until
@@ -297,6 +485,7 @@ pub async fn serve(
     cancel: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
+    let registry = Arc::new(registry(state.clone()));
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {
         loop {
@@ -312,9 +501,10 @@ pub async fn serve(
                 },
             };
             let state = state.clone();
+            let registry = registry.clone();
             let cancel = cancel.clone();
             tokio::spawn(async move {
-                let svc = service_fn(move |req| handle(req, state.clone()));
+                let svc = service_fn(move |req| handle(req, state.clone(), registry.clone()));
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc);
                 tokio::select! {
@@ -330,9 +520,10 @@ pub async fn serve(
 async fn handle(
     req: Request<Incoming>,
     state: Arc<AppState>,
+    registry: Arc<Registry>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
-        "/metrics" => (StatusCode::OK, state.render()),
+        "/metrics" => (StatusCode::OK, render(&registry)),
         "/healthz" => (StatusCode::OK, "ok\n".to_string()),
         "/readyz" if state.ready() => (StatusCode::OK, "ready\n".to_string()),
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string()),
@@ -343,7 +534,9 @@ async fn handle(
     if req.uri().path() == "/metrics" {
         resp.headers_mut().insert(
             hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            hyper::header::HeaderValue::from_static(
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            ),
         );
     }
     Ok(resp)

@@ -44,6 +44,7 @@ pub async fn run_with_state(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    let _ = state.region.set(config.region.clone());
     let cancel = CancellationToken::new();
     let _stop_server = cancel.clone().drop_guard();
     let (addr, _server) =
@@ -94,6 +95,16 @@ pub async fn run_with_state(
             cancel.child_token(),
         ));
     }
+    // Leader or standby, every replica reports the copies the peers mirror
+    // into the local etcd; the task stops with the server's token.
+    tokio::spawn(super::incoming::run(
+        local.clone(),
+        config.mirror.state_root.clone(),
+        config.peers.iter().map(|p| p.region.clone()).collect(),
+        super::incoming::DEFAULT_TTL_REFRESH,
+        state.incoming.clone(),
+        cancel.clone(),
+    ));
 
     let election = Election::new(
         local.clone(),

@@ -29,12 +29,37 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// The value of one sample line in a Prometheus text page.
-pub fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
-    page.lines()
-        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+/// The value of the first sample in a Prometheus text page that matches
+/// `selector`: `name` or `name{k="v",...}`, where the sample has the same
+/// name and at least the selector's labels (in any order), so a selector
+/// keeps matching when a label is added next to the ones it names.
+pub fn metric(page: &str, selector: &str) -> Option<f64> {
+    let (name, want) = split_sample(selector)?;
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, labels) = split_sample(series)?;
+        (n == name && want.iter().all(|w| labels.contains(w)))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+/// `name{a="x",b="y"}` -> ("name", ["a=\"x\"", "b=\"y\""]). Label values
+/// with `",` inside are not supported (the replicator has none).
+fn split_sample(series: &str) -> Option<(&str, Vec<String>)> {
+    let Some((name, rest)) = series.split_once('{') else {
+        return Some((series, Vec::new()));
+    };
+    let body = rest.strip_suffix('}')?;
+    let labels = body
+        .split("\",")
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let p = p.strip_suffix('"').unwrap_or(p);
+            format!("{p}\"")
+        })
+        .collect();
+    Some((name, labels))
 }
 
 /// A replicator process, killed on drop.

@@ -12,6 +12,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use super::super::endpoints::Output;
 use super::super::migrate::DEFAULT_LEGACY_PREFIX;
+use super::super::parse::parse_duration;
+use super::super::status::StatusOutput;
 use crate::etcd::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
 use crate::mirror::DEFAULT_PAGE_SIZE;
 use crate::schema::DEFAULT_ROOT;
@@ -46,6 +48,7 @@ impl Cli {
     pub fn run_args(&self) -> &RunArgs {
         match &self.command {
             Some(Command::Check(check)) => &check.run,
+            Some(Command::Status(status)) => &status.run,
             Some(Command::Endpoints(_) | Command::Migrate(_)) | None => &self.run,
         }
     }
@@ -67,6 +70,10 @@ pub enum Command {
     /// Move the legacy flat layout (PREFIX SERVICE/protocols/PROTO/endpoints/IP)
     /// to the v1 keys. A dry run unless --apply or --delete-legacy.
     Migrate(MigrateArgs),
+    /// Print this region's leader and, per peer, the state of its copy
+    /// there (lease left, applied revision, lag, staleness, synced). Exit 1
+    /// when something is wrong, with the reason on the row.
+    Status(StatusArgs),
 }
 
 /// The flags of `check`.
@@ -75,6 +82,20 @@ pub struct CheckArgs {
     /// The connection and mirror flags, as for a run.
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+/// The flags of `status`: a run's, and how to print and judge.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The connection and mirror flags, as for a run.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Output format.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = StatusOutput::Table, help_heading = "Status")]
+    pub output: StatusOutput,
+    /// A copy whose heartbeat is older than this is reported stale (exit 1).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration, help_heading = "Status")]
+    pub max_staleness: std::time::Duration,
 }
 
 /// The local etcd's connection flags, as a run takes them, for the

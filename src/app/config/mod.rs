@@ -5,6 +5,7 @@
 //! aether-replicator check [FLAGS]      compare once and exit
 //! aether-replicator endpoints [FLAGS]  print (or --watch) the merged registry
 //! aether-replicator migrate [FLAGS]    move the legacy flat layout to v1 keys
+//! aether-replicator status [FLAGS]     the region's leader and its copies; exit 1 if unhealthy
 //! ```
 //!
 //! `endpoints` ([`EndpointsArgs`]) and `migrate` ([`MigrateArgs`]) talk to
@@ -111,6 +112,7 @@ mod validate;
 
 pub use args::{
     CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs, Secret,
+    StatusArgs,
 };
 pub(crate) use validate::read_password;
 pub use validate::{

@@ -14,7 +14,8 @@ use super::super::parse::{
     self, CERTIFICATE, PEER_AUTH_FORM, PEER_ETCD_FORM, PEER_TLS_FORM, PRIVATE_KEY, normalize_url,
     parse_byte_size, parse_duration,
 };
-use super::args::{EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs};
+use super::super::status::StatusOptions;
+use super::args::{EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs, StatusArgs};
 use super::file::{self, CONFIG_FLAG, EtcdTable, FileConfig, place};
 use super::{MAX_LEASE_TTL_SECS, MAX_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES, MIN_MAX_TXN_OPS};
 use crate::etcd::{
@@ -1224,4 +1225,15 @@ pub(crate) fn read_password(path: &str) -> Result<String, String> {
         return Err("empty password".into());
     }
     Ok(text)
+}
+
+impl StatusArgs {
+    /// The run's [`Config`], validated as a run does, and the status
+    /// options.
+    pub fn validate(&self) -> Result<(Config, StatusOptions), ConfigError> {
+        Ok((
+            self.run.validate()?,
+            StatusOptions::default().with_max_staleness(self.max_staleness),
+        ))
+    }
 }
