@@ -551,14 +551,7 @@ async fn username_password_auth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_token_is_renewed_once() {
     let etcd = Etcd::builder().extra_args(&["--auth-token-ttl=1"]).start();
-    for args in [
-        &["user", "add", "root:rootpw"][..],
-        &["role", "add", "root"],
-        &["user", "grant-role", "root", "root"],
-        &["auth", "enable"],
-    ] {
-        etcd.etcdctl_ok(args);
-    }
+    etcd.enable_root_auth("rootpw");
     let mut cfg = ClientConfig::new(etcd.endpoints());
     cfg.credentials = Some(Credentials {
         user: "root".into(),

@@ -129,14 +129,7 @@ fn a_config_file_with_an_override_mirrors_between_two_real_etcds() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _in_runtime = rt.enter();
     let (src, dst) = (Etcd::start(), Etcd::start());
-    for args in [
-        &["user", "add", "root:rootpw"][..],
-        &["role", "add", "root"],
-        &["user", "grant-role", "root", "root"],
-        &["auth", "enable"],
-    ] {
-        dst.etcdctl_ok(args);
-    }
+    dst.enable_root_auth("rootpw");
     let dir = tempfile::tempdir().unwrap();
     let pw = write(dir.path(), "password", "rootpw\n");
     let file = write(

@@ -260,10 +260,7 @@ fn mtls_etcd() {
 fn mtls_client_cert_cn_maps_to_user() {
     let pki = tempfile::tempdir().unwrap();
     let etcd = Etcd::builder().tls(generate_mtls(pki.path())).start();
-    etcd.etcdctl_ok(&["user", "add", "root:rootpw"]);
-    etcd.etcdctl_ok(&["role", "add", "root"]);
-    etcd.etcdctl_ok(&["user", "grant-role", "root", "root"]);
-    etcd.etcdctl_ok(&["auth", "enable"]);
+    etcd.enable_root_auth("rootpw");
     // No --user: the client certificate's CN `root` authenticates us.
     etcd.etcdctl_ok(&["put", "authed", "by-cn"]);
     assert_eq!(get_value(&etcd, "authed"), "by-cn");
@@ -272,19 +269,7 @@ fn mtls_client_cert_cn_maps_to_user() {
 #[test]
 fn missing_binary_panics_with_install_hint() {
     // Mutating the environment is unsafe in edition 2024: do it in a child.
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "helper_start_with_env",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HARNESS_HELPER", "start")
-        .env("ETCD_BIN", "/nonexistent/etcd")
-        .output()
-        .unwrap();
+    let out = run_helper("start", &[("ETCD_BIN", "/nonexistent/etcd")]);
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -297,6 +282,24 @@ fn missing_binary_panics_with_install_hint() {
         ),
         "{all}"
     );
+}
+
+/// Runs [`helper_start_with_env`] in a child process of this test binary
+/// with `HARNESS_HELPER=mode` and the extra `env`.
+fn run_helper(mode: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let exe = std::env::current_exe().unwrap();
+    std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "helper_start_with_env",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("HARNESS_HELPER", mode)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
 }
 
 /// Helper for other tests (run in a child process); does nothing otherwise.
@@ -322,18 +325,7 @@ fn helper_start_with_env() {
 
 #[test]
 fn etcd_dies_with_the_test_process() {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "helper_start_with_env",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HARNESS_HELPER", "abort")
-        .output()
-        .unwrap();
+    let out = run_helper("abort", &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     let pid: u32 = text
         .lines()

@@ -170,14 +170,7 @@ fn a_rotated_password_file_is_used_without_a_restart() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _in_runtime = rt.enter();
     let (src, dst) = (Etcd::start(), Etcd::start());
-    for args in [
-        &["user", "add", "root:pw-one"][..],
-        &["role", "add", "root"],
-        &["user", "grant-role", "root", "root"],
-        &["auth", "enable"],
-    ] {
-        dst.etcdctl_ok(args);
-    }
+    dst.enable_root_auth("pw-one");
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("password");
     std::fs::write(&pw, "pw-one\n").unwrap();

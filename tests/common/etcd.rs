@@ -617,6 +617,20 @@ impl Etcd {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    /// Adds user `root` (with `password` and the `root` role) and enables
+    /// auth, the set-up every auth test starts from.
+    pub fn enable_root_auth(&self, password: &str) {
+        let root = format!("root:{password}");
+        for args in [
+            &["user", "add", root.as_str()][..],
+            &["role", "add", "root"],
+            &["user", "grant-role", "root", "root"],
+            &["auth", "enable"],
+        ] {
+            self.etcdctl_ok(args);
+        }
+    }
 }
 
 impl Drop for Etcd {
