@@ -156,12 +156,8 @@ async fn a_value_too_large_for_the_peer_does_not_leave_the_old_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_another_lease_ttl_replaces_the_lease() {
-    let Scene {
-        src_etcd: _src_etcd,
-        peer_etcd: _peer_etcd,
-        src,
-        peer,
-    } = Scene::start();
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
     put_each(&src, 0..20, "v").await;
     let short = fast(4);
     let first = start_synced(&src, peer.clone(), &peer, &short).await;
@@ -210,12 +206,8 @@ async fn two_sites_with_one_region_name_do_not_mix_their_copies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_subtree_stays_fresh_and_its_heartbeat_moves() {
-    let Scene {
-        src_etcd: _src_etcd,
-        peer_etcd: _peer_etcd,
-        src,
-        peer,
-    } = Scene::start();
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
     put_each(&src, 0..5, "v").await;
     let cfg = fast(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
@@ -245,12 +237,8 @@ async fn an_idle_subtree_stays_fresh_and_its_heartbeat_moves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verification_repairs_edits_made_on_the_peer() {
-    let Scene {
-        src_etcd: _src_etcd,
-        peer_etcd: _peer_etcd,
-        src,
-        peer,
-    } = Scene::start();
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
     put_each(&src, 0..20, "v").await;
     let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;

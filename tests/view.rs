@@ -42,6 +42,20 @@ fn value(region: &str, zone: &str, extra: &str) -> String {
     format!(r#"{{"clusterName":"c1","region":"{region}","zone":"{zone}"{extra}}}"#)
 }
 
+/// Writes the endpoint `ip` of `service` in `region` (zone `zone`).
+async fn put_endpoint(c: &Client, region: &str, service: &str, ip: &str, zone: &str) {
+    c.put(Put::new(key(region, service, ip), value(region, zone, "")))
+        .await
+        .unwrap();
+}
+
+/// Deletes the endpoint `ip` of `service` in `region`.
+async fn delete_endpoint(c: &Client, region: &str, service: &str, ip: &str) {
+    c.delete(Delete::key(key(region, service, ip)))
+        .await
+        .unwrap();
+}
+
 /// The next change, within a bounded wait.
 async fn next(rx: &mut Receiver<Change>) -> Change {
     tokio::time::timeout(T, rx.recv())
@@ -187,18 +201,12 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
     assert!(view.revision() >= revision_before);
 
     // Live changes in b's own subtree.
-    b.put(Put::new(key("b", "s1", "10.2.1.1"), value("b", "b-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s1", "10.2.1.1", "b-1").await;
     assert_eq!(describe(&next(&mut rx).await), "added b/s1/10.2.1.1 0");
     // A rewrite of an equal value is not a change; the move to another
     // zone is, and changes the priority.
-    b.put(Put::new(key("b", "s1", "10.2.1.1"), value("b", "b-1", "")))
-        .await
-        .unwrap();
-    b.put(Put::new(key("b", "s1", "10.2.1.1"), value("b", "b-2", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s1", "10.2.1.1", "b-1").await;
+    put_endpoint(&b, "b", "s1", "10.2.1.1", "b-2").await;
     match next(&mut rx).await {
         Change::Updated { old, new, .. } => {
             assert_eq!(
@@ -209,16 +217,12 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
         }
         other => panic!("expected an update, got {other:?}"),
     }
-    b.delete(Delete::key(key("b", "s1", "10.2.1.1")))
-        .await
-        .unwrap();
+    delete_endpoint(&b, "b", "s1", "10.2.1.1").await;
     let removed = next(&mut rx).await;
     assert_eq!(describe(&removed), "removed b/s1/10.2.1.1 1");
 
     // Live changes in a's subtree arrive through the mirror.
-    a.put(Put::new(key("a", "s2", "10.1.9.1"), value("a", "a-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&a, "a", "s2", "10.1.9.1", "a-1").await;
     let added = next(&mut rx).await;
     assert_eq!(describe(&added), "added a/s2/10.1.9.1 2");
     assert_ne!(added.endpoint().unwrap().lease, 0);
@@ -229,9 +233,7 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
     .await
     .unwrap();
     assert_eq!(describe(&next(&mut rx).await), "updated a/s2/10.1.9.1 2");
-    a.delete(Delete::key(key("a", "s2", "10.1.9.1")))
-        .await
-        .unwrap();
+    delete_endpoint(&a, "a", "s2", "10.1.9.1").await;
     assert_eq!(describe(&next(&mut rx).await), "removed a/s2/10.1.9.1 2");
 
     // A key that is not an endpoint key is counted and skipped.
@@ -241,9 +243,7 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
     ))
     .await
     .unwrap();
-    b.put(Put::new(key("b", "s0", "10.2.7.7"), value("b", "b-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s0", "10.2.7.7", "b-1").await;
     assert_eq!(describe(&next(&mut rx).await), "added b/s0/10.2.7.7 0");
     assert_eq!(view.skipped(), 2);
 
@@ -306,9 +306,7 @@ async fn compaction_while_cut_off_forces_a_resync_with_the_diff() {
     let (snap, mut rx) = view.snapshot_and_subscribe();
     assert_eq!(snap.len(), 5);
     // The watch is live.
-    b.put(Put::new(key("b", "s", "10.0.0.5"), value("b", "b-2", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s", "10.0.0.5", "b-2").await;
     assert_eq!(describe(&next(&mut rx).await), "added b/s/10.0.0.5 1");
     assert!(view.is_connected());
 
@@ -321,22 +319,12 @@ async fn compaction_while_cut_off_forces_a_resync_with_the_diff() {
         common::wait_until_async(T, || !view.is_connected()).await,
         "the view reports its watch as down"
     );
-    b.put(Put::new(key("b", "s", "10.0.0.6"), value("b", "b-1", "")))
-        .await
-        .unwrap();
-    b.put(Put::new(key("b", "s", "10.0.0.1"), value("b", "b-2", "")))
-        .await
-        .unwrap();
-    b.delete(Delete::key(key("b", "s", "10.0.0.2")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s", "10.0.0.6", "b-1").await;
+    put_endpoint(&b, "b", "s", "10.0.0.1", "b-2").await;
+    delete_endpoint(&b, "b", "s", "10.0.0.2").await;
     // Here and gone again during the cut: never seen.
-    b.put(Put::new(key("b", "s", "10.0.0.7"), value("b", "b-1", "")))
-        .await
-        .unwrap();
-    b.delete(Delete::key(key("b", "s", "10.0.0.7")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s", "10.0.0.7", "b-1").await;
+    delete_endpoint(&b, "b", "s", "10.0.0.7").await;
     // Another region's state key appears: the resync brings it too.
     b.put(Put::new(state_key("c"), state(true, 1).encode()))
         .await
@@ -392,9 +380,7 @@ async fn compaction_while_cut_off_forces_a_resync_with_the_diff() {
             .collect()
     };
     assert_eq!(pairs(&view), pairs(&fresh));
-    b.put(Put::new(key("b", "s", "10.0.0.8"), value("b", "b-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s", "10.0.0.8", "b-1").await;
     assert_eq!(describe(&next(&mut rx).await), "added b/s/10.0.0.8 0");
     view.shutdown().await;
 }
@@ -438,15 +424,11 @@ async fn endpoints_command_prints_tables_and_json() {
     ))
     .await
     .unwrap();
-    c.put(Put::new(key("b", "web", "10.0.0.9"), value("b", "b-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&c, "b", "web", "10.0.0.9", "b-1").await;
     c.put(Put::new(key("a", "web", "10.0.0.1"), "raw bytes"))
         .await
         .unwrap();
-    c.put(Put::new(key("b", "db", "fd00::1"), value("b", "b-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&c, "b", "db", "fd00::1", "b-1").await;
 
     let mut out = Vec::new();
     endpoints::run(
@@ -547,15 +529,9 @@ web      http      10.0.0.1   a       c1       -     2
     let snapshot: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
     assert_eq!(snapshot["event"], "snapshot");
     assert_eq!(snapshot["endpoints"].as_array().unwrap().len(), 3);
-    c.put(Put::new(key("b", "db", "fd00::2"), value("b", "b-1", "")))
-        .await
-        .unwrap();
-    c.put(Put::new(key("b", "web", "10.0.0.9"), value("b", "b-2", "")))
-        .await
-        .unwrap();
-    c.delete(Delete::key(key("a", "web", "10.0.0.1")))
-        .await
-        .unwrap();
+    put_endpoint(&c, "b", "db", "fd00::2", "b-1").await;
+    put_endpoint(&c, "b", "web", "10.0.0.9", "b-2").await;
+    delete_endpoint(&c, "a", "web", "10.0.0.1").await;
     let text = lines(4).await;
     let events: Vec<serde_json::Value> = text
         .lines()
@@ -704,9 +680,7 @@ async fn origins_show_synced_and_staleness_and_go_with_the_lease() {
         }),
     )
     .await;
-    b.put(Put::new(key("b", "s0", "10.2.0.1"), value("b", "b-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "b", "s0", "10.2.0.1", "b-1").await;
 
     let view = RegistryView::start(b.clone(), view_config()).await.unwrap();
     let mut rx = view.subscribe();
@@ -728,9 +702,7 @@ async fn origins_show_synced_and_staleness_and_go_with_the_lease() {
     let status = status.expect("a is listed");
     assert!(status.state_present && !status.synced);
     assert_eq!(status.staleness(), None, "no heartbeat yet");
-    b.put(Put::new(key("a", "s0", "10.1.9.9"), value("a", "a-1", "")))
-        .await
-        .unwrap();
+    put_endpoint(&b, "a", "s0", "10.1.9.9", "a-1").await;
     assert_eq!(describe(&next(&mut rx).await), "added a/s0/10.1.9.9 2");
     assert_eq!(view.endpoints("s0").len(), 2);
     let synced_only = view.endpoints_synced_only("s0");
@@ -751,9 +723,7 @@ async fn origins_show_synced_and_staleness_and_go_with_the_lease() {
     let stale = view.origins()["a"].staleness().unwrap();
     assert!(stale >= Duration::from_secs(3) && stale < T, "{stale:?}");
     // The hand-written key and endpoint go; the engine takes over.
-    b.delete(Delete::key(key("a", "s0", "10.1.9.9")))
-        .await
-        .unwrap();
+    delete_endpoint(&b, "a", "s0", "10.1.9.9").await;
     b.delete(Delete::key(state_key("a"))).await.unwrap();
     loop {
         if let (None, _) = next_origin(&mut rx, "a").await {

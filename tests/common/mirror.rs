@@ -149,6 +149,12 @@ impl Scene {
             peer,
         }
     }
+
+    /// Clones of the two clients, for a test that keeps the etcds running
+    /// (in `self`) without touching them.
+    pub fn clients(&self) -> (Client, Client) {
+        (self.src.clone(), self.peer.clone())
+    }
 }
 
 /// A tiny deterministic generator for randomized tests (no extra crates).
