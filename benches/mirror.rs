@@ -21,14 +21,7 @@ use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_
 const PREFIX: &str = "/aether/v1/regions/a/";
 
 fn key(i: usize) -> String {
-    // About 85 bytes, like the registry's endpoint keys.
-    format!(
-        "{PREFIX}clusters/c1/services/svc-{:03}/protocols/http/endpoints/10.{}.{}.{}",
-        i % 500,
-        (i >> 16) & 255,
-        (i >> 8) & 255,
-        i & 255
-    )
+    common::keys::load_key(PREFIX, i)
 }
 
 fn value(i: usize) -> Vec<u8> {

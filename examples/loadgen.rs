@@ -21,15 +21,9 @@ fn now_ms() -> u128 {
         .unwrap_or(0)
 }
 
-fn key(prefix: &str, i: usize) -> String {
-    format!(
-        "{prefix}clusters/c1/services/svc-{:03}/protocols/http/endpoints/10.{}.{}.{}",
-        i % 500,
-        (i >> 16) & 255,
-        (i >> 8) & 255,
-        i & 255
-    )
-}
+#[path = "../tests/common/keys.rs"]
+mod keys;
+use keys::load_key as key;
 
 #[tokio::main]
 async fn main() {

@@ -14,6 +14,7 @@
 //! Everything binds to 127.0.0.1 only.
 
 pub mod etcd;
+pub mod keys;
 pub mod mirror;
 pub mod proxy;
 pub mod replicator;
