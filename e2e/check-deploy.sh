@@ -20,17 +20,11 @@ case ${1:-} in
   ;;
 esac
 
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
 if ! command -v promtool >/dev/null; then
-  echo "== installing promtool (Debian prometheus)"
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "promtool is missing and this is not root: run apt-get update && apt-get install -y prometheus" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   # The package may start a system Prometheus on :9090; nothing here uses it.
-  command -v systemctl >/dev/null && systemctl stop prometheus 2>/dev/null || true
+  APT_OPTS=--no-install-recommends apt_install promtool prometheus prometheus
 fi
 if ! command -v kubectl >/dev/null; then
   echo "kubectl is missing: install it with" >&2

@@ -5,17 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
 if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
-  echo "== installing etcd (Debian etcd-server, etcd-client)"
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "etcd is missing and this is not root: run apt-get update && apt-get install -y etcd-server etcd-client" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq etcd-server etcd-client >/dev/null
   # The package may start a system etcd on 2379; the tests never use it.
-  command -v systemctl >/dev/null && systemctl stop etcd 2>/dev/null || true
+  apt_install etcd etcd etcd-server etcd-client
 fi
 # The e2e harness talks HTTP to the replicas' metrics endpoints (curl) and
 # picks free ports with python3.
