@@ -23,6 +23,8 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$SCRIPT_DIR/.." && pwd)
 readonly SCRIPT_DIR REPO
+# shellcheck source=e2e/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 readonly MR="$SCRIPT_DIR/multiregion.sh"
 MR_SHOWN=$MR
 [[ $PWD == "$REPO" ]] && MR_SHOWN=e2e/multiregion.sh
@@ -39,16 +41,8 @@ say() {
 # ---------------------------------------------------------------- setup
 
 if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
-  say "installing etcd (Debian etcd-server, etcd-client)"
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "etcd is missing and this is not root: run apt-get update && apt-get install -y etcd-server etcd-client" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq etcd-server etcd-client >/dev/null
   # The package may start a system etcd on 2379; the demo does not use it.
-  if command -v systemctl >/dev/null; then systemctl stop etcd 2>/dev/null || true; fi
+  apt_install etcd etcd etcd-server etcd-client
 fi
 missing=()
 for c in python3 curl; do
@@ -137,27 +131,6 @@ put_endpoint b prod-b1 checkout http 10.2.2.32 b-2 8080
 
 metrics_of() {
   curl -s --max-time 1 "http://127.0.0.1:$1/metrics" 2>/dev/null || true
-}
-
-metric() { # TEXT SELECTOR: the first sample named as SELECTOR with at least its labels
-  awk -v sel="$2" '
-    function labels(series, out,   body, n, i, parts) {
-      delete out
-      if (!index(series, "{")) return
-      body = substr(series, index(series, "{") + 1)
-      sub(/}$/, "", body)
-      n = split(body, parts, /",/)
-      for (i = 1; i <= n; i++) { sub(/"$/, "", parts[i]); if (parts[i] != "") out[parts[i] "\""] = 1 }
-    }
-    BEGIN { name = sel; sub(/\{.*/, "", name); labels(sel, want) }
-    /^#/ { next }
-    {
-      n = $1; sub(/\{.*/, "", n)
-      if (n != name) next
-      labels($1, have)
-      for (w in want) if (!(w in have)) next
-      print $2; exit
-    }' <<<"$1"
 }
 
 # endpoints E R MAX: "<count>" then up to MAX formatted lines of R's

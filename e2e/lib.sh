@@ -19,3 +19,26 @@ apt_install() {
   apt-get install -y -qq ${APT_OPTS:-} "$@" >/dev/null
   command -v systemctl >/dev/null && systemctl stop "$service" 2>/dev/null || true
 }
+
+# metric TEXT SELECTOR: the value of the first sample in the metrics page TEXT
+# named as SELECTOR (`name{label="v",...}`) with at least its labels.
+metric() {
+  awk -v sel="$2" '
+    function labels(series, out,   body, n, i, parts) {
+      delete out
+      if (!index(series, "{")) return
+      body = substr(series, index(series, "{") + 1)
+      sub(/}$/, "", body)
+      n = split(body, parts, /",/)
+      for (i = 1; i <= n; i++) { sub(/"$/, "", parts[i]); if (parts[i] != "") out[parts[i] "\""] = 1 }
+    }
+    BEGIN { name = sel; sub(/\{.*/, "", name); labels(sel, want) }
+    /^#/ { next }
+    {
+      n = $1; sub(/\{.*/, "", n)
+      if (n != name) next
+      labels($1, have)
+      for (w in want) if (!(w in have)) next
+      print $2; exit
+    }' <<<"$1"
+}

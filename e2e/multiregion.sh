@@ -46,6 +46,8 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$SCRIPT_DIR/.." && pwd)
 readonly SCRIPT_DIR REPO
+# shellcheck source=e2e/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 readonly KEY_ROOT=/aether/v1/regions/
 readonly STATE_KEY_ROOT=/aether/v1/replication/
 readonly ELECTION_TTL=2
@@ -247,27 +249,6 @@ metrics_of() {
   curl -s --max-time 2 "http://127.0.0.1:$1/metrics" 2>/dev/null || true
 }
 
-# metric TEXT NAME: the value of the sample NAME (with its labels) in TEXT.
-metric() { # TEXT SELECTOR: the first sample named as SELECTOR with at least its labels
-  awk -v sel="$2" '
-    function labels(series, out,   body, n, i, parts) {
-      delete out
-      if (!index(series, "{")) return
-      body = substr(series, index(series, "{") + 1)
-      sub(/}$/, "", body)
-      n = split(body, parts, /",/)
-      for (i = 1; i <= n; i++) { sub(/"$/, "", parts[i]); if (parts[i] != "") out[parts[i] "\""] = 1 }
-    }
-    BEGIN { name = sel; sub(/\{.*/, "", name); labels(sel, want) }
-    /^#/ { next }
-    {
-      n = $1; sub(/\{.*/, "", n)
-      if (n != name) next
-      labels($1, have)
-      for (w in want) if (!(w in have)) next
-      print $2; exit
-    }' <<<"$1"
-}
 
 tail_logs() {
   local f
