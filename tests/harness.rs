@@ -14,6 +14,18 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Asserts that `out` is a success (showing its stderr otherwise); its
+/// trimmed stdout.
+#[track_caller]
+fn succeeded(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout(out)
+}
+
 fn get_value(etcd: &Etcd, key: &str) -> String {
     etcd.etcdctl_ok(&["get", key, "--print-value-only"])
         .trim()
@@ -187,12 +199,7 @@ fn tls_etcd() {
     // The server certificate is also valid for the SAN `localhost`.
     let local = etcd.endpoint().replace("127.0.0.1", "localhost");
     let out = etcd.etcdctl_at(&local, &["get", "secure", "--print-value-only"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(stdout(&out), "1");
+    assert_eq!(succeeded(&out), "1");
 
     // Without the CA the server certificate is rejected.
     let out = etcdctl_command()
@@ -248,12 +255,7 @@ fn mtls_etcd() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(stdout(&out), "tls");
+    assert_eq!(succeeded(&out), "tls");
 }
 
 #[test]
@@ -385,11 +387,7 @@ async fn proxy_forwards_cuts_and_heals_etcd_traffic() {
     let quick = ["--dial-timeout=1s", "--command-timeout=1s"];
 
     let out = ctl_at(&etcd, &ep, &["put", "via", "proxy"]).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     assert!(proxy.accepted_connections() >= 1);
     assert_eq!(get_value(&etcd, "via"), "proxy");
 
@@ -413,12 +411,7 @@ async fn proxy_forwards_cuts_and_heals_etcd_traffic() {
         &[&["get", "via", "--print-value-only"][..], &quick[..]].concat(),
     )
     .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(stdout(&out), "proxy");
+    assert_eq!(succeeded(&out), "proxy");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -433,12 +426,7 @@ async fn proxy_passes_tls_through() {
         &["get", "t", "--print-value-only"],
     )
     .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(stdout(&out), "1");
+    assert_eq!(succeeded(&out), "1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,11 +442,7 @@ async fn proxy_latency_slows_etcd_requests() {
     proxy.set_latency(Duration::from_millis(300));
     let t = Instant::now();
     let out = ctl_at(&etcd, &ep, &["get", "x", "--command-timeout=10s"]).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let slow = t.elapsed();
     // At least one request/response round trip: 2 x 300ms.
     assert!(

@@ -430,17 +430,8 @@ async fn endpoints_command_prints_tables_and_json() {
         .unwrap();
     put_endpoint(&c, "b", "db", "fd00::1", "b-1").await;
 
-    let mut out = Vec::new();
-    endpoints::run(
-        c.clone(),
-        &options(Output::Table, false, None),
-        &mut out,
-        async {},
-    )
-    .await
-    .unwrap();
     assert_eq!(
-        String::from_utf8(out).unwrap(),
+        tables(&c).await,
         "\
 ORIGIN  KIND      SYNCED  STALENESS  ENDPOINTS
 a       no-state  no      unknown    1
@@ -630,8 +621,8 @@ fn endpoints_binary_watches_until_sigterm_and_refuses_bad_flags() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
-/// The origins table of the `endpoints` command, once.
-async fn origins_table(c: &Client) -> String {
+/// The `endpoints` command's tables, once.
+async fn tables(c: &Client) -> String {
     let mut out = Vec::new();
     endpoints::run(
         c.clone(),
@@ -641,7 +632,12 @@ async fn origins_table(c: &Client) -> String {
     )
     .await
     .unwrap();
-    let text = String::from_utf8(out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// The origins table of the `endpoints` command, once.
+async fn origins_table(c: &Client) -> String {
+    let text = tables(c).await;
     text.split("\n\n").next().unwrap().to_owned()
 }
 
