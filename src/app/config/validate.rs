@@ -789,16 +789,10 @@ impl RunArgs {
             };
             check_peer_region(FLAG, spec, peer)?;
             if !is_peer(peer) {
-                return Err(ConfigError::new(
-                    FLAG,
-                    format!("{FLAG} {peer}: there is no --peer-etcd for region {peer:?}"),
-                ));
+                return Err(ConfigError::new(FLAG, no_such_peer(FLAG, peer)));
             }
             if out.contains_key(peer) {
-                return Err(ConfigError::new(
-                    FLAG,
-                    format!("{FLAG}: duplicate entry for peer region {peer:?}"),
-                ));
+                return Err(duplicate_peer(FLAG, peer));
             }
             let parts = parse::parse_tls_settings(fields)
                 .map_err(|why| ConfigError::new(FLAG, format!("{FLAG} {peer}: {why}")))?;
@@ -829,15 +823,12 @@ impl RunArgs {
                         "{FLAG}: an entry does not start with a --peer-etcd region (expected {PEER_AUTH_FORM})"
                     )
                 } else {
-                    format!("{FLAG} {peer}: there is no --peer-etcd for region {peer:?}")
+                    no_such_peer(FLAG, peer)
                 };
                 return Err(ConfigError::new(FLAG, message));
             }
             if out.contains_key(peer) {
-                return Err(ConfigError::new(
-                    FLAG,
-                    format!("{FLAG}: duplicate entry for peer region {peer:?}"),
-                ));
+                return Err(duplicate_peer(FLAG, peer));
             }
             let (user, password) = parse::parse_user_password(creds)
                 .map_err(|why| ConfigError::new(FLAG, format!("{FLAG} {peer}: {why}")))?;
@@ -930,6 +921,19 @@ fn segment(e: &SchemaError) -> &'static str {
         SchemaError::EmptySegment { .. } => "must not be empty",
         _ => "must not contain '/'",
     }
+}
+
+/// The message for a per-peer flag naming a region with no --peer-etcd.
+fn no_such_peer(flag: &str, peer: &str) -> String {
+    format!("{flag} {peer}: there is no --peer-etcd for region {peer:?}")
+}
+
+/// The refusal of a second per-peer flag entry for one region.
+fn duplicate_peer(flag: &'static str, peer: &str) -> ConfigError {
+    ConfigError::new(
+        flag,
+        format!("{flag}: duplicate entry for peer region {peer:?}"),
+    )
 }
 
 /// Checks the region part of a `<region>=...` spec.
