@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use aether_replicator::etcd::{Client, ClientConfig};
-use aether_replicator::mirror::{Engine, ErrorKind, ResyncReason};
+use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::mirror::{PREFIX, client, config, converged, key, put_many};
 use common::{Etcd, FaultProxy};
 
@@ -28,6 +28,26 @@ fn far_client(endpoint: &str) -> Client {
     Client::connect(cfg).expect("client")
 }
 
+/// An engine mirroring `src` to the peer behind `proxy`, synced within
+/// `within`.
+async fn start_synced_over(
+    src: &Client,
+    proxy: &FaultProxy,
+    cfg: &MirrorConfig,
+    within: Duration,
+) -> Engine {
+    let engine = Engine::start(
+        src.clone(),
+        vec![("b".into(), far_client(&proxy.endpoint()))],
+        cfg.clone(),
+    )
+    .expect("engine");
+    tokio::time::timeout(within, engine.wait_synced())
+        .await
+        .expect("synced over the long link");
+    engine
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_never_lapses_on_a_long_full_link() {
     let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
@@ -37,15 +57,7 @@ async fn a_short_lease_never_lapses_on_a_long_full_link() {
     proxy.set_bandwidth(Some(BANDWIDTH));
     let mut cfg = config(TTL_SECS);
     cfg.page_size = 1000;
-    let engine = Engine::start(
-        src.clone(),
-        vec![("b".into(), far_client(&proxy.endpoint()))],
-        cfg.clone(),
-    )
-    .expect("engine");
-    tokio::time::timeout(Duration::from_secs(30), engine.wait_synced())
-        .await
-        .expect("synced over the long link");
+    let engine = start_synced_over(&src, &proxy, &cfg, Duration::from_secs(30)).await;
     let stats = engine.stats()[0].clone();
     let lease = stats.lease_id.load(std::sync::atomic::Ordering::Relaxed);
     assert_ne!(lease, 0);
@@ -138,15 +150,7 @@ async fn the_range_diff_over_a_long_link_repairs_exactly_what_differs() {
     proxy.set_latency(Duration::from_millis(50));
     let mut cfg = config(10);
     cfg.page_size = 500;
-    let engine = Engine::start(
-        src.clone(),
-        vec![("b".into(), far_client(&proxy.endpoint()))],
-        cfg.clone(),
-    )
-    .expect("engine");
-    tokio::time::timeout(Duration::from_secs(60), engine.wait_synced())
-        .await
-        .expect("synced over the long link");
+    let engine = start_synced_over(&src, &proxy, &cfg, Duration::from_secs(60)).await;
     converged(&src, &dst, &cfg).await;
     let stats = engine.stats()[0].clone();
     // The first sync has no lease to compare against: every present key is
