@@ -52,18 +52,14 @@ async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_lost_its_data_is_mirrored_exactly() {
-    let Scene {
-        mut src_etcd,
-        peer_etcd: _peer_etcd,
-        src,
-        peer,
-    } = Scene::start();
+    let mut scene = Scene::start();
+    let (src, peer) = scene.clients();
     put_each(&src, 0..40, "old").await;
     let cfg = fast(5);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
 
     // The source comes back empty: its revision goes back to 1.
-    src_etcd.restart_empty();
+    scene.src_etcd.restart_empty();
     put_each(&src, 100..103, "new").await;
     converged(&src, &peer, &cfg).await;
     assert_eq!(contents(&peer, PREFIX).await.len(), 3);
@@ -73,18 +69,14 @@ async fn a_source_that_lost_its_data_is_mirrored_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_restored_from_an_older_snapshot_is_repaired() {
-    let Scene {
-        src_etcd: _src_etcd,
-        mut peer_etcd,
-        src,
-        peer,
-    } = Scene::start();
+    let mut scene = Scene::start();
+    let (src, peer) = scene.clients();
     put_each(&src, 0..30, "v").await;
     let cfg = fast(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("peer.db");
-    peer_etcd.snapshot_save(&snap);
+    scene.peer_etcd.snapshot_save(&snap);
 
     // Later changes: overwrites, deletes, new keys.
     put_each(&src, 0..10, "changed").await;
@@ -98,7 +90,7 @@ async fn a_peer_restored_from_an_older_snapshot_is_repaired() {
 
     // The operator restores the peer from the snapshot: same cluster id,
     // the old keys, state key and lease; only the revision went back.
-    peer_etcd.restore_snapshot(&snap);
+    scene.peer_etcd.restore_snapshot(&snap);
     converged(&src, &peer, &cfg).await;
     assert!(engine.stats()[0].resyncs(ResyncReason::PeerChanged) >= 1);
 }
@@ -260,12 +252,8 @@ async fn verification_repairs_edits_made_on_the_peer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_wiped_and_rewritten_past_the_old_revision_is_caught_by_verification() {
-    let Scene {
-        mut src_etcd,
-        peer_etcd: _peer_etcd,
-        src,
-        peer,
-    } = Scene::start();
+    let mut scene = Scene::start();
+    let (src, peer) = scene.clients();
     put_each(&src, 0..10, "old").await;
     let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
     let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
@@ -277,7 +265,7 @@ async fn a_source_wiped_and_rewritten_past_the_old_revision_is_caught_by_verific
 
     // While no engine runs, the source is wiped and rewritten past the
     // revision the copy is stamped with: no identity check can tell.
-    src_etcd.restart_empty();
+    scene.src_etcd.restart_empty();
     put_each(&src, 5..25, "new").await;
     let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
     converged(&src, &peer, &cfg).await;
