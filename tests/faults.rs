@@ -14,7 +14,7 @@ use std::time::Duration;
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn};
 use aether_replicator::mirror::{Engine, ErrorKind};
 use common::mirror::{
-    CONVERGE, PREFIX, client, config, config_for, contents, converged, count, key, key_in,
+    CONVERGE, PREFIX, Scene, client, config, config_for, contents, converged, count, key, key_in,
     put_many, start_synced,
 };
 use common::{Etcd, FaultProxy};
@@ -195,8 +195,8 @@ async fn source_restart_loses_and_duplicates_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_killed_mid_batch_under_load_hands_over() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     let cfg = config(5);
     let e1 = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
     tokio::time::timeout(CONVERGE, e1.wait_synced())
@@ -397,8 +397,8 @@ async fn values_near_and_over_the_peer_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_keys_and_values_round_trip() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     let cfg = config(10);
     let mut ops = Vec::new();
     for i in 0..64u8 {

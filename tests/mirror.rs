@@ -8,15 +8,17 @@ use std::time::Duration;
 
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::{Engine, ResyncReason};
-use common::mirror::{PREFIX, client, config, converged, count, key, put_many, start_synced};
+use common::mirror::{
+    PREFIX, Scene, client, config, converged, count, key, put_many, start_synced,
+};
 use common::{Etcd, FaultProxy};
 
 const T: Duration = common::mirror::CONVERGE;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initial_sync_repairs_a_stale_peer() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     put_many(&src, (0..500).map(|i| (key(i), format!("v{i}")))).await;
     // Another region's subtree in the local etcd is never mirrored.
     src.put(Put::new("/aether/v1/regions/b/x", "foreign"))
@@ -71,8 +73,8 @@ async fn initial_sync_repairs_a_stale_peer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adopted_lease_means_only_changed_keys_are_rewritten() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(10);
     let e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
@@ -102,11 +104,11 @@ async fn adopted_lease_means_only_changed_keys_are_rewritten() {
 /// the last value (etcd refuses a key twice in one txn).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_writes_to_one_key_coalesce_into_one_txn() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     // A slow link to the peer keeps the first txn in flight while the
     // other nineteen writes arrive.
-    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     let cfg = config(20);
     let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
     let s = engine.stats()[0].clone();
@@ -188,8 +190,8 @@ async fn live_puts_overwrites_deletes_and_large_values() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_engine_leaves_keys_that_expire_with_the_lease() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     put_many(&src, (0..50).map(|i| (key(i), "v".to_string()))).await;
     let cfg = config(2);
     let engine = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
@@ -225,8 +227,8 @@ fn watch_count(dst: Client, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<i6
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoff_after_a_crash_never_drops_a_key() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     put_many(&src, (0..400).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = config(4);
     let e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
@@ -288,8 +290,8 @@ async fn handoff_after_a_crash_never_drops_a_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_engines_at_once_are_fenced_and_the_copy_stays_exact() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     put_many(&src, (0..100).map(|i| (key(i), "v0".to_string()))).await;
     let cfg = config(10);
     let mut e1 = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
@@ -319,8 +321,8 @@ async fn two_engines_at_once_are_fenced_and_the_copy_stays_exact() {
 /// predecessor is the one fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_racing_the_predecessors_writes_is_retried() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     let cfg = config(20);
     let mut e1 = start_synced(&src, dst.clone(), &dst, &cfg).await;
     // e1 writes the state key with every batch, many times a second.
@@ -339,7 +341,7 @@ async fn a_claim_racing_the_predecessors_writes_is_retried() {
     };
     // e2 reaches the peer slowly: between its read of the state key and
     // its compare-and-delete, e1 moves the key on.
-    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     proxy.set_latency(Duration::from_millis(50));
     let e2 = Engine::start(
         src.clone(),
@@ -373,9 +375,9 @@ async fn a_claim_racing_the_predecessors_writes_is_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_the_peer_is_cut_off_forces_a_resync() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
-    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     put_many(&src, (0..100).map(|i| (key(i), "v".to_string()))).await;
     let cfg = config(20);
     let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
@@ -402,9 +404,9 @@ async fn compaction_while_the_peer_is_cut_off_forces_a_resync() {
 /// than lose the delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_at_exactly_the_compaction_revision_is_not_lost() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
-    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     put_many(&src, (0..10).map(|i| (key(i), "v".to_string()))).await;
     let cfg = config(20);
     let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use aether_replicator::etcd::{Client, ClientConfig};
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
-use common::mirror::{PREFIX, client, config, converged, key, put_many};
-use common::{Etcd, FaultProxy};
+use common::FaultProxy;
+use common::mirror::{PREFIX, Scene, config, converged, key, put_many};
 
 /// One-way delay: a 250 ms round trip.
 const ONE_WAY: Duration = Duration::from_millis(125);
@@ -50,9 +50,9 @@ async fn start_synced_over(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_never_lapses_on_a_long_full_link() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
-    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     proxy.set_latency(ONE_WAY);
     proxy.set_bandwidth(Some(BANDWIDTH));
     let mut cfg = config(TTL_SECS);
@@ -124,8 +124,8 @@ async fn a_short_lease_never_lapses_on_a_long_full_link() {
 /// keys comes out exact, with exactly those keys written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_range_diff_over_a_long_link_repairs_exactly_what_differs() {
-    let (src_etcd, dst_etcd) = (Etcd::start(), Etcd::start());
-    let (src, dst) = (client(&src_etcd.endpoint()), client(&dst_etcd.endpoint()));
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
     let n = 6_000;
     put_many(&src, (0..n).map(|i| (key(i), format!("v{i}")))).await;
     // The peer: every third key missing, every fifth changed, and extras
@@ -146,7 +146,7 @@ async fn the_range_diff_over_a_long_link_repairs_exactly_what_differs() {
     let missing = (0..n).filter(|i| i % 3 == 0).count() as u64;
     let changed = (0..n).filter(|i| i % 3 != 0 && i % 5 == 0).count() as u64;
 
-    let proxy = FaultProxy::start(dst_etcd.client_addr()).await;
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     proxy.set_latency(Duration::from_millis(50));
     let mut cfg = config(10);
     cfg.page_size = 500;
