@@ -36,6 +36,19 @@ struct Setup {
     history: (i64, i64),
 }
 
+/// Writes a 100-byte value of `fill` at each key, in batched txns; the
+/// revision afterwards.
+async fn put_batched(c: &Client, keys: impl Iterator<Item = String>, fill: u8) -> i64 {
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for k in keys {
+        b.put(k, vec![fill; 100], 0);
+    }
+    for t in b.finish() {
+        c.txn(t).await.expect("txn");
+    }
+    c.range(Range::key("x")).await.expect("rev").header.revision
+}
+
 fn setup() -> Setup {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -45,33 +58,13 @@ fn setup() -> Setup {
     let etcd = Etcd::start();
     let ours = Client::connect(ClientConfig::new(etcd.endpoints())).expect("client");
     let history = rt.block_on(async {
-        let mut b = TxnBatcher::new(TxnLimits::default());
-        for i in 0..RANGE_KEYS {
-            b.put(key(i), vec![b'v'; 100], 0);
-        }
-        for t in b.finish() {
-            ours.txn(t).await.expect("txn");
-        }
-        let first = ours
-            .range(Range::key("x"))
-            .await
-            .expect("rev")
-            .header
-            .revision
-            + 1;
-        let mut b = TxnBatcher::new(TxnLimits::default());
-        for i in 0..WATCH_EVENTS {
-            b.put(format!("/watch/{i}"), vec![b'w'; 100], 0);
-        }
-        for t in b.finish() {
-            ours.txn(t).await.expect("txn");
-        }
-        let last = ours
-            .range(Range::key("x"))
-            .await
-            .expect("rev")
-            .header
-            .revision;
+        let first = put_batched(&ours, (0..RANGE_KEYS).map(key), b'v').await + 1;
+        let last = put_batched(
+            &ours,
+            (0..WATCH_EVENTS).map(|i| format!("/watch/{i}")),
+            b'w',
+        )
+        .await;
         (first, last)
     });
     Setup {
