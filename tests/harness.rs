@@ -473,6 +473,25 @@ async fn read_exact_timeout(s: &mut TcpStream, n: usize, t: Duration) -> Option<
     }
 }
 
+/// Asserts that `s`, through the proxy to [`echo_server`], echoes `msg`.
+async fn assert_echoes(s: &mut TcpStream, msg: &[u8]) {
+    s.write_all(msg).await.unwrap();
+    assert_eq!(
+        read_exact_timeout(s, msg.len(), Duration::from_secs(2))
+            .await
+            .as_deref(),
+        Some(msg)
+    );
+}
+
+/// Asserts that `s` is closed (end of stream or an error) within 2 s;
+/// `what` says what should have closed it.
+async fn assert_closed(s: &mut TcpStream, what: &str) {
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{what}: {r:?}");
+}
+
 /// Raw-TCP semantics on a current-thread runtime.
 #[tokio::test(flavor = "current_thread")]
 async fn proxy_cut_semantics_current_thread() {
@@ -480,23 +499,13 @@ async fn proxy_cut_semantics_current_thread() {
     let proxy = FaultProxy::start(upstream).await;
 
     let mut live = TcpStream::connect(proxy.addr()).await.unwrap();
-    live.write_all(b"ping").await.unwrap();
-    assert_eq!(
-        read_exact_timeout(&mut live, 4, Duration::from_secs(2))
-            .await
-            .as_deref(),
-        Some(&b"ping"[..])
-    );
+    assert_echoes(&mut live, b"ping").await;
     assert_eq!(proxy.accepted_connections(), 1);
 
     // cut: the live connection is closed...
     proxy.cut();
     let mut buf = [0u8; 16];
-    let r = tokio::time::timeout(Duration::from_secs(2), live.read(&mut buf)).await;
-    assert!(
-        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
-        "live connection not closed by cut: {r:?}"
-    );
+    assert_closed(&mut live, "live connection not closed by cut").await;
 
     // ...and a new one is accepted but black-holed (open, silent).
     let mut hole = TcpStream::connect(proxy.addr()).await.unwrap();
@@ -510,19 +519,9 @@ async fn proxy_cut_semantics_current_thread() {
 
     // heal: the black-holed connection is closed, new ones work.
     proxy.heal();
-    let r = tokio::time::timeout(Duration::from_secs(2), hole.read(&mut buf)).await;
-    assert!(
-        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
-        "black-holed connection not closed by heal: {r:?}"
-    );
+    assert_closed(&mut hole, "black-holed connection not closed by heal").await;
     let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
-    fresh.write_all(b"again").await.unwrap();
-    assert_eq!(
-        read_exact_timeout(&mut fresh, 5, Duration::from_secs(2))
-            .await
-            .as_deref(),
-        Some(&b"again"[..])
-    );
+    assert_echoes(&mut fresh, b"again").await;
     assert!(
         common::wait_until_async(Duration::from_secs(2), || proxy.active_connections() == 1).await
     );
@@ -530,11 +529,7 @@ async fn proxy_cut_semantics_current_thread() {
     // Dropping the proxy closes everything.
     let addr = proxy.addr();
     drop(proxy);
-    let r = tokio::time::timeout(Duration::from_secs(2), fresh.read(&mut buf)).await;
-    assert!(
-        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
-        "connection survived proxy drop: {r:?}"
-    );
+    assert_closed(&mut fresh, "connection survived proxy drop").await;
     // The listener is closed once the accept task has observed cancellation.
     let mut refused = false;
     for _ in 0..100 {
