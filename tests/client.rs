@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use aether_replicator::etcd::{
-    Client, ClientConfig, Compare, CompareOp, Credentials, Delete, Error, EventKind, Put, Range,
-    TlsConfig, Txn, TxnBatcher, TxnLimits, WatchOptions,
+    Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, Put, Range, TlsConfig, Txn,
+    TxnBatcher, TxnLimits, WatchOptions,
 };
 use common::{Etcd, generate_mtls, generate_tls};
 
@@ -508,11 +508,7 @@ async fn username_password_auth() {
     ] {
         etcd.etcdctl_ok(args);
     }
-    let mut cfg = ClientConfig::new(etcd.endpoints());
-    cfg.credentials = Some(Credentials {
-        user: "alice".into(),
-        password: "secret".into(),
-    });
+    let cfg = etcd.client_config_as("alice", "secret");
     let c = Client::connect(cfg.clone()).unwrap();
     let first = c.put(Put::new("/a/1", "v")).await.unwrap().header.revision;
     assert!(matches!(
@@ -552,11 +548,7 @@ async fn username_password_auth() {
 async fn expired_token_is_renewed_once() {
     let etcd = Etcd::builder().extra_args(&["--auth-token-ttl=1"]).start();
     etcd.enable_root_auth("rootpw");
-    let mut cfg = ClientConfig::new(etcd.endpoints());
-    cfg.credentials = Some(Credentials {
-        user: "root".into(),
-        password: "rootpw".into(),
-    });
+    let cfg = etcd.client_config_as("root", "rootpw");
     let c = Client::connect(cfg).unwrap();
     c.put(Put::new("/tok", "1")).await.unwrap();
     assert_eq!(c.authentications(), 1);

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use aether_replicator::etcd::{Client, ClientConfig, Credentials, Put, Range};
+use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
 use common::replicator::{Replicator, binary};
 use common::{Etcd, wait_until};
 
@@ -155,12 +155,7 @@ password_file = "{pw}"
     );
     let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
     rt.block_on(s.put(Put::new(KEY, "v1"))).unwrap();
-    let mut cfg = ClientConfig::new(dst.endpoints());
-    cfg.credentials = Some(Credentials {
-        user: "root".into(),
-        password: "rootpw".into(),
-    });
-    let d = Client::connect(cfg).unwrap();
+    let d = Client::connect(dst.client_config_as("root", "rootpw")).unwrap();
     let mirrored = || {
         rt.block_on(d.range(Range::key(KEY)))
             .ok()

@@ -163,7 +163,6 @@ key = "{key}"
 /// replicator runs: it re-reads the file and carries on, unrestarted.
 #[test]
 fn a_rotated_password_file_is_used_without_a_restart() {
-    use aether_replicator::etcd::Credentials;
     use std::io::Write;
     use std::process::Stdio;
 
@@ -196,11 +195,7 @@ password_file = "{pw}"
         format!("--local-etcd={}", src.endpoint()),
     ]);
     let reader = |password: &str| {
-        let mut cfg = ClientConfig::new(dst.endpoints());
-        cfg.credentials = Some(Credentials {
-            user: "root".into(),
-            password: password.into(),
-        });
+        let mut cfg = dst.client_config_as("root", password);
         cfg.request_timeout = Duration::from_secs(3);
         Client::connect(cfg).unwrap()
     };

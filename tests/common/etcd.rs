@@ -16,6 +16,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use aether_replicator::etcd::{ClientConfig, Credentials};
+
 use super::tls::TlsFiles;
 
 const NOT_FOUND: &str = "etcd not found: install it with `apt-get update && apt-get install -y etcd-server etcd-client`, or set ETCD_BIN";
@@ -616,6 +618,16 @@ impl Etcd {
             String::from_utf8_lossy(&out.stderr),
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A client config for this etcd, authenticating as `user`.
+    pub fn client_config_as(&self, user: &str, password: &str) -> ClientConfig {
+        let mut cfg = ClientConfig::new(self.endpoints());
+        cfg.credentials = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        cfg
     }
 
     /// Adds user `root` (with `password` and the `root` role) and enables
