@@ -13,7 +13,8 @@ use aether_replicator::mirror::state::State;
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::Etcd;
 use common::mirror::{
-    CONVERGE, Lcg, PREFIX, Scene, client, config, contents, converged, key, start_synced,
+    CONVERGE, Lcg, PREFIX, Scene, client, config, contents, converged, eventually, key,
+    start_synced,
 };
 
 /// A config whose freshness probe runs every 300 ms, so identity changes
@@ -37,17 +38,6 @@ async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
 async fn state_on(peer: &Client, cfg: &MirrorConfig) -> Option<State> {
     let resp = peer.range(Range::key(cfg.state_key())).await.unwrap();
     resp.kvs().first().and_then(|kv| State::decode(kv.value()))
-}
-
-async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    while tokio::time::Instant::now() < deadline {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("not within {CONVERGE:?}: {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn};
 use aether_replicator::mirror::{Engine, ErrorKind};
 use common::mirror::{
-    CONVERGE, PREFIX, Scene, client, config, config_for, contents, converged, count, key, key_in,
-    put_many, start_synced,
+    CONVERGE, PREFIX, Scene, client, config, config_for, contents, converged, count, eventually,
+    key, key_in, put_many, start_synced,
 };
 use common::{Etcd, FaultProxy};
 
@@ -361,25 +361,29 @@ async fn values_near_and_over_the_peer_limit() {
     for i in 0..10 {
         src.put(Put::new(key(i), "after")).await.unwrap();
     }
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    while count(&dst, &format!("{PREFIX}clusters/")).await < 10 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stream wedged behind the oversized value"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    for (i, v) in near.iter().enumerate() {
-        let got = dst
-            .range(Range::key(format!("{PREFIX}near/{i}")))
-            .await
-            .unwrap();
-        assert_eq!(
-            got.kvs()[0].value().as_ref(),
-            v.as_slice(),
-            "near-limit value {i} exact"
-        );
-    }
+    // Txns complete out of order: one that failed as too large is split
+    // and sent again after later ones landed, so wait for every key, not
+    // for the last ones written.
+    eventually(
+        "the near-limit values and the writes behind the oversized one",
+        async || {
+            if count(&dst, &format!("{PREFIX}clusters/")).await < 10 {
+                return false;
+            }
+            for (i, v) in near.iter().enumerate() {
+                let got = dst.range(Range::key(format!("{PREFIX}near/{i}"))).await;
+                match got {
+                    Ok(r)
+                        if r.kvs()
+                            .first()
+                            .is_some_and(|kv| kv.value().as_ref() == v.as_slice()) => {}
+                    _ => return false,
+                }
+            }
+            true
+        },
+    )
+    .await;
     assert!(
         dst.range(Range::key(format!("{PREFIX}too-big")))
             .await

@@ -69,6 +69,19 @@ pub async fn count(c: &Client, prefix: &str) -> i64 {
         .unwrap_or(-1)
 }
 
+/// Polls `cond` until it holds, for at most [`CONVERGE`]; panics naming `what`.
+/// The one place a test waits for the system to get somewhere.
+pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    while tokio::time::Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not within {CONVERGE:?}: {what}");
+}
+
 /// Polls `check` until the copy matches (same keys and values, every key on
 /// the live lease the state key names); panics with the last report.
 pub async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report {
