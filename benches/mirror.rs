@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use aether_replicator::etcd::{
     Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
 };
-use aether_replicator::mirror::{Engine, MirrorConfig};
+use aether_replicator::mirror::{DEFAULT_PEER_CONNECTIONS, Engine, MirrorConfig};
 use common::{Etcd, FaultProxy};
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 
@@ -655,8 +655,12 @@ fn wan(c: &mut Criterion) {
                 for _ in 0..iters {
                     dst.restart_empty();
                     let d = client(&dst);
-                    let far =
-                        Client::connect(ClientConfig::new([proxy.endpoint()])).expect("client");
+                    // As the binary builds its peer clients.
+                    let far = Client::connect(
+                        ClientConfig::new([proxy.endpoint()])
+                            .with_connections(DEFAULT_PEER_CONNECTIONS),
+                    )
+                    .expect("client");
                     let start = Instant::now();
                     let engine =
                         Engine::start(s.clone(), vec![("b".into(), far)], cfg()).expect("engine");

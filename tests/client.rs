@@ -1111,3 +1111,30 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
     assert_eq!(got, vec![rev]);
     assert!(stream.is_connected());
 }
+
+/// `connections` spreads calls over that many HTTP/2 connections per
+/// endpoint (each ramps its flow-control window on its own across a long
+/// link), and every one of them works; 0 is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_spread_over_the_configured_connections() {
+    let etcd = Etcd::start();
+    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let c = Client::connect(ClientConfig::new([proxy.endpoint()]).with_connections(4)).unwrap();
+    for i in 0..8 {
+        c.put(Put::new(format!("spread/{i}"), "v")).await.unwrap();
+    }
+    assert_eq!(
+        proxy.accepted_connections(),
+        4,
+        "one per configured connection"
+    );
+    let got = c
+        .range(Range::prefix("spread/").count_only())
+        .await
+        .unwrap();
+    assert_eq!(got.count, 8);
+    let err = Client::connect(ClientConfig::new([proxy.endpoint()]).with_connections(0))
+        .err()
+        .expect("0 connections is refused");
+    assert!(err.to_string().contains("at least 1"), "{err}");
+}

@@ -60,6 +60,10 @@ pub const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 /// keeps the budget near its 25 KiB floor. The 100k-key sync runs at the
 /// same speed either way (BENCHMARKS.md).
 pub const DEFAULT_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+/// Default HTTP/2 connections per endpoint for calls and streams (the
+/// keep-alive stream has one more of its own). One is right on a LAN; see
+/// [`ClientConfig::connections`] for a long link.
+pub const DEFAULT_CONNECTIONS: usize = 1;
 
 /// TLS settings for `https://` endpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -130,6 +134,15 @@ pub struct ClientConfig {
     /// waits for the consumer (one larger response still passes, alone).
     /// 0 means one response at a time. See the `watch` module docs.
     pub watcher_buffer_bytes: usize,
+    /// HTTP/2 connections per endpoint; calls and streams are spread over
+    /// them round-robin. etcd's gRPC server (grpc-go) opens every
+    /// connection's receive window at 64 KiB and grows it by about a
+    /// doubling per round trip, so over a 250 ms link one new connection
+    /// carries ~64 KiB in its first round trip, whatever the client has in
+    /// flight: a 50k-key bulk write took 3.4 s on one connection and 1.2 s
+    /// on 16 (BENCHMARKS.md §7). A long-haul bulk writer wants several;
+    /// each costs a TCP (and TLS) handshake and a little memory. At least 1.
+    pub connections: usize,
 }
 
 impl Default for ClientConfig {
@@ -149,6 +162,7 @@ impl Default for ClientConfig {
             watch_require_leader: true,
             auto_sync_interval: None,
             watcher_buffer_bytes: DEFAULT_WATCHER_BUFFER_BYTES,
+            connections: DEFAULT_CONNECTIONS,
         }
     }
 }
@@ -160,6 +174,14 @@ impl ClientConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             ..ClientConfig::default()
         }
+    }
+
+    /// The same config with `n` connections per endpoint (see
+    /// [`ClientConfig::connections`]).
+    #[must_use]
+    pub fn with_connections(mut self, n: usize) -> Self {
+        self.connections = n;
+        self
     }
 }
 
@@ -222,6 +244,8 @@ struct Shared {
     config: ClientConfig,
     endpoints: RwLock<Arc<Endpoints>>,
     current: AtomicUsize,
+    /// Round-robin counter over an endpoint's connections.
+    spread: AtomicUsize,
     token: Arc<RwLock<Option<AsciiMetadataValue>>>,
     credentials: RwLock<Option<Credentials>>,
     auth_lock: tokio::sync::Mutex<()>,
@@ -233,7 +257,8 @@ struct Shared {
 /// streams already under way keep the old channels until they end.
 struct Endpoints {
     urls: Vec<String>,
-    channels: Vec<Channel>,
+    /// Per URL, [`ClientConfig::connections`] channels.
+    channels: Vec<Vec<Channel>>,
     /// A second connection per URL for the lease keep-alive stream only,
     /// so that a keep-alive never waits behind bulk traffic (mirror txns,
     /// range pages) in the shared connection's HTTP/2 flow-control windows
@@ -269,6 +294,7 @@ impl Client {
             config,
             endpoints: RwLock::new(Arc::new(endpoints)),
             current: AtomicUsize::new(0),
+            spread: AtomicUsize::new(0),
             token: Arc::new(RwLock::new(None)),
             auth_lock: tokio::sync::Mutex::new(()),
             authentications: AtomicU64::new(0),
@@ -411,10 +437,9 @@ impl Transport {
     pub(crate) fn svc(&self) -> (usize, Svc) {
         let eps = self.endpoints();
         let i = self.0.current.load(Ordering::Relaxed) % eps.channels.len();
-        let svc = InterceptedService::new(
-            eps.channels[i].clone(),
-            TokenInterceptor(self.0.token.clone()),
-        );
+        let conns = &eps.channels[i];
+        let c = self.0.spread.fetch_add(1, Ordering::Relaxed) % conns.len();
+        let svc = InterceptedService::new(conns[c].clone(), TokenInterceptor(self.0.token.clone()));
         (i, svc)
     }
 
@@ -530,7 +555,7 @@ impl Transport {
         for _ in 0..eps.channels.len() {
             let (idx, _) = self.svc();
             // Authenticate on a bare channel: a stale token must not be sent.
-            let mut auth = AuthClient::new(eps.channels[idx % eps.channels.len()].clone());
+            let mut auth = AuthClient::new(eps.channels[idx % eps.channels.len()][0].clone());
             let mut request = tonic::Request::new(req.clone());
             request.set_timeout(timeout);
             let res = match tokio::time::timeout(timeout, auth.authenticate(request)).await {
@@ -601,6 +626,11 @@ fn build_endpoints(
     if urls.is_empty() {
         return Err(Error::InvalidConfig("no endpoints".into()));
     }
+    if config.connections == 0 {
+        return Err(Error::InvalidConfig(
+            "connections per endpoint must be at least 1".into(),
+        ));
+    }
     let server_name = config.tls.as_ref().and_then(|t| t.server_name.as_deref());
     let tls_config = tls.as_ref().map(|m| m.client_config(server_name));
     let mut channels = Vec::with_capacity(urls.len());
@@ -624,7 +654,7 @@ fn build_endpoints(
         if https {
             ep = ep.tls_config(tls_config.clone().unwrap_or_default())?;
         }
-        channels.push(ep.connect_lazy());
+        channels.push((0..config.connections).map(|_| ep.connect_lazy()).collect());
         lease_channels.push(ep.connect_lazy());
     }
     Ok(Endpoints {

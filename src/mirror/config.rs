@@ -11,6 +11,13 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// adapts (see `pacing`); the cap must cover the bandwidth-delay product of
 /// the longest link: 80k keys/s × 250 ms ≈ 160 txns of 127 puts.
 pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 256;
+/// Default HTTP/2 connections to each peer endpoint
+/// ([`ClientConfig::connections`]). etcd's server grows each connection's
+/// receive window from 64 KiB by about a doubling per round trip, so one
+/// new connection caps the first seconds of a sync across a 250 ms link
+/// near 15k keys/s; 8 reach ~26k and 16 ~43k (BENCHMARKS.md §7), and on
+/// loopback 8 cost nothing measurable.
+pub const DEFAULT_PEER_CONNECTIONS: usize = 8;
 /// Default cap on the request bytes in flight to one peer, so memory stays
 /// flat whatever the values' size (each txn in flight is held twice: the
 /// encoded request and the ops kept for a retry).

@@ -321,14 +321,17 @@ impl Peer {
     async fn establish_owned(&mut self) -> Result<(Option<LeaseHandle>, Start)> {
         // The source as it is now: the copy may only be resumed if it came
         // from this store and nothing it holds is past the store's revision.
-        let source = self
-            .local
-            .range(Range::key(self.prefix.clone()).count_only())
-            .await?
-            .header;
+        // The two reads are independent: one round trip to the peer, not
+        // two in a row (on a long link every round trip of the session
+        // start is paid again by each new session).
         let floor = self.writer.peer_revision();
-        let (stored, peer_header) =
-            state::read(&self.writer.client, &self.writer.state_key).await?;
+        let (source, peer) = tokio::join!(
+            self.local
+                .range(Range::key(self.prefix.clone()).count_only()),
+            state::read(&self.writer.client, &self.writer.state_key),
+        );
+        let source = source?.header;
+        let (stored, peer_header) = peer?;
         self.writer.check_peer_read(&peer_header, floor)?;
         self.stats().up.store(true, Relaxed);
         self.writer

@@ -470,8 +470,9 @@ pub struct RunArgs {
     )]
     pub max_request_bytes: Option<String>,
 
-    /// Mirror txns in flight to one peer (at least 1).
-    /// [default: 8]
+    /// Cap on the mirror txns in flight to one peer (at least 1); the
+    /// window adapts below it to the measured round trip and throughput.
+    /// [default: 256]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_MAX_INFLIGHT",
@@ -479,6 +480,19 @@ pub struct RunArgs {
         help_heading = "Mirror"
     )]
     pub max_inflight: Option<usize>,
+
+    /// HTTP/2 connections to each peer endpoint (at least 1). Over a long
+    /// link each new connection's flow-control window starts small at the
+    /// server and grows a doubling per round trip; several connections
+    /// fill the pipe sooner.
+    /// [default: 8]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PEER_CONNECTIONS",
+        value_name = "N",
+        help_heading = "Mirror"
+    )]
+    pub peer_connections: Option<usize>,
 
     /// Keys per page when scanning the local etcd and the peers (at least 1).
     /// [default: 10000]

@@ -30,6 +30,7 @@ pub(super) struct FileConfig {
     pub log_format: Option<String>,
     pub root: Option<String>,
     pub max_inflight: Option<usize>,
+    pub peer_connections: Option<usize>,
     pub page_size: Option<usize>,
     pub max_txn_ops: Option<usize>,
     #[serde(default, deserialize_with = "byte_size")]

@@ -127,8 +127,9 @@ fn every_flag_has_its_env_var() {
             n += 1;
         }
         // The 20 of the flags' first version, plus --config,
-        // --replica-id, --reload-interval and the four freshness flags.
-        assert_eq!(n, 27);
+        // --replica-id, --reload-interval, the four freshness flags and
+        // --peer-connections.
+        assert_eq!(n, 28);
     }
 }
 
@@ -596,6 +597,11 @@ fn limits() {
     refused(
         &["--region=a", "--max-inflight=0"],
         "--max-inflight",
+        "at least 1",
+    );
+    refused(
+        &["--region=a", "--peer-connections=0"],
+        "--peer-connections",
         "at least 1",
     );
     refused(
@@ -1115,6 +1121,7 @@ const FILE: &str = r#"
 region = "a"
 lease_ttl = "60s"
 max_inflight = 3
+peer_connections = 2
 page_size = 500
 max_txn_ops = 64
 replica_id = "pod-a-1"
@@ -1146,6 +1153,7 @@ fn a_config_file_alone() {
     assert_eq!(c.mirror.lease_ttl, Duration::from_secs(60));
     assert_eq!(c.election_ttl, Duration::from_secs(20));
     assert_eq!((c.mirror.max_inflight, c.mirror.page_size), (3, 500));
+    assert!(c.peers.iter().all(|p| p.client.connections == 2));
     assert_eq!(c.mirror.limits.max_ops, 64);
     assert_eq!(c.replica_id, "pod-a-1");
     assert_eq!(c.metrics_addr, "0.0.0.0:9464".parse().unwrap());

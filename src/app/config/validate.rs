@@ -22,7 +22,8 @@ use crate::etcd::{
     ClientConfig, Credentials, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, TlsConfig, TxnLimits,
 };
 use crate::mirror::{
-    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_STATE_ROOT, MirrorConfig, PeerConfig,
+    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_PEER_CONNECTIONS, DEFAULT_STATE_ROOT,
+    MirrorConfig, PeerConfig,
 };
 use crate::schema::{DEFAULT_ROOT, Schema, SchemaError, validate_segment};
 use crate::view::ViewConfig;
@@ -436,6 +437,8 @@ impl RunArgs {
         let (max_inflight, origin) = layered!(max_inflight, "--max-inflight");
         let max_inflight =
             at_least_one(&origin, max_inflight.unwrap_or(DEFAULT_MAX_INFLIGHT_TXNS))?;
+        let (connections, origin) = layered!(peer_connections, "--peer-connections");
+        let connections = at_least_one(&origin, connections.unwrap_or(DEFAULT_PEER_CONNECTIONS))?;
         let (page_size, origin) = layered!(page_size, "--page-size");
         let page_size = at_least_one(&origin, page_size.unwrap_or(DEFAULT_PAGE_SIZE))?;
 
@@ -489,7 +492,7 @@ impl RunArgs {
         let (local, local_password_file) = self
             .local
             .validate_with(file.map(|(p, f)| (p, f.local.as_ref().unwrap_or(&EMPTY_TABLE))))?;
-        let peers = self.validate_peers(&region, &local, limits, file)?;
+        let peers = self.validate_peers(&region, &local, limits, connections, file)?;
         let mut peer_password_files = BTreeMap::new();
         for p in &peers {
             if let Some(l) = p.limits {
@@ -619,6 +622,7 @@ impl RunArgs {
         region: &str,
         local: &ClientConfig,
         limits: TxnLimits,
+        connections: usize,
         file: Option<(&str, &FileConfig)>,
     ) -> Result<Vec<ValidPeer>, ConfigError> {
         const FLAG: &str = "--peer-etcd";
@@ -764,6 +768,7 @@ impl RunArgs {
                     client: ClientConfig {
                         tls,
                         credentials,
+                        connections,
                         ..ClientConfig::new(endpoints)
                     },
                     region: peer,
