@@ -423,3 +423,49 @@ async fn every_session_claims_the_peer_anew() {
         "resumed, not re-synced"
     );
 }
+
+/// A freshness probe reads the source's revision, then the peer's state
+/// key; under load the watch applies revisions past the source read before
+/// the peer read returns. That is not a source that went back, and must
+/// never force a re-sync (the saturated live bench re-synced once per
+/// ~15 s of load, a 1.4 s stall, until the check compared the source read
+/// with the watermark of when it was sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_stream_is_never_mistaken_for_a_source_that_went_back() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    let cfg = config(10)
+        .with_heartbeat_interval(Duration::from_millis(10))
+        .with_lapse_after(None)
+        .with_verify_interval(None);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    // 32 writers for 3 s, one put per revision: a probe every 10 ms, each
+    // racing the stream.
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let src = src.clone();
+            tokio::spawn(async move {
+                let mut i = 0;
+                while tokio::time::Instant::now() < until {
+                    src.put(Put::new(key(w * 100_000 + i), format!("v{i}")))
+                        .await
+                        .unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    converged(&src, &peer, &cfg).await;
+    let st = &engine.stats()[0];
+    assert_eq!(
+        st.resyncs(ResyncReason::SourceChanged),
+        0,
+        "re-synced under load"
+    );
+    assert_eq!(st.errors(ErrorKind::Identity), 0);
+    engine.shutdown().await;
+}

@@ -570,6 +570,9 @@ struct ProbeRead {
     stored: Stored,
     peer: Header,
     floor: i64,
+    /// The watermark when the probe was sent, before the source was read:
+    /// a source revision below it means the source went back.
+    applied: i64,
 }
 
 /// How long the watch must stay quiet, with nothing pending, after a probe
@@ -700,6 +703,10 @@ impl<'a> Live<'a> {
             quiet_done: false,
         };
         let floor = self.writer.peer_revision();
+        // Read before the source is: the source's revision can be no lower.
+        // The watermark as it is when the read completes is no bound at
+        // all: the stream goes on applying while the peer is read.
+        let applied = self.window.watermark();
         let local = self.local;
         let prefix = self.prefix.clone();
         let writer = self.writer;
@@ -715,6 +722,7 @@ impl<'a> Live<'a> {
                 stored,
                 peer,
                 floor,
+                applied,
             })
         })
     }
@@ -724,15 +732,13 @@ impl<'a> Live<'a> {
     fn probed(&mut self, read: ProbeRead) -> Result<()> {
         let w = self.writer;
         let known = w.marks.source_cluster.load(Relaxed);
-        let went_back = read.source.revision < self.window.watermark();
+        let went_back = read.source.revision < read.applied;
         if (known != 0 && read.source.cluster_id != known) || went_back {
             return Err(Error::SourceChanged {
                 peer: w.region.clone(),
                 why: format!(
                     "cluster {:016x} at revision {}, the copy came from {known:016x} and is applied through {}",
-                    read.source.cluster_id,
-                    read.source.revision,
-                    self.window.watermark()
+                    read.source.cluster_id, read.source.revision, read.applied
                 ),
             });
         }
