@@ -70,16 +70,18 @@ impl Merge {
         Merge::open(local, peer, prefix, page_size, source_revision, None)
     }
 
-    /// Like [`Merge::start`] over a link of round trip `rtt` (if known):
-    /// from [`LONG_LINK`] on, the peer is read by several scans at once.
+    /// Like [`Merge::start_at`] over a link of round trip `rtt` (if
+    /// known): from [`LONG_LINK`] on, the peer is read by several scans at
+    /// once.
     pub(crate) fn start_over(
         local: &Client,
         peer: &Client,
         prefix: Bytes,
         page_size: usize,
+        source_revision: i64,
         rtt: Option<Duration>,
     ) -> Merge {
-        Merge::open(local, peer, prefix, page_size, 0, rtt)
+        Merge::open(local, peer, prefix, page_size, source_revision, rtt)
     }
 
     fn open(

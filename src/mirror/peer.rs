@@ -269,22 +269,23 @@ impl Peer {
         };
         self.fresh = false;
         self.stats().conflicted.store(false, Relaxed);
-        let mut from = match start {
-            Start::Resume(rev) => rev + 1,
+        let mut live = match start {
+            Start::Resume(rev) => Opened::later(rev + 1),
             Start::Sync(reason) => match self.sync(reason).await? {
-                Some(rev) => rev + 1,
+                Some(live) => live,
                 None => return Ok(()),
             },
         };
         loop {
-            match self.stream(from).await {
+            let from = live.from;
+            match self.stream(live).await {
                 Err(Error::Etcd(
                     etcd::Error::Compacted { .. } | etcd::Error::ResponseTooLarge { .. },
                 )) => {
                     self.stats().error(ErrorKind::Compacted);
                     tracing::info!(peer = %self.region(), from, "watch cannot resume (compacted, or a response over the decode limit); re-syncing");
                     match self.sync(ResyncReason::Compacted).await? {
-                        Some(rev) => from = rev + 1,
+                        Some(next) => live = next,
                         None => return Ok(()),
                     }
                 }
@@ -293,15 +294,32 @@ impl Peer {
         }
     }
 
-    async fn sync(&mut self, reason: ResyncReason) -> Result<Option<i64>> {
+    /// Syncs the peer at a revision S pinned first, with the live watch
+    /// from S + 1 opened before the sync starts. etcd serves a watch that
+    /// starts in the past from its *unsynced* group, at most 1,000
+    /// revisions per 100 ms; a watch opened only after the sync, while the
+    /// source is busy, started behind and stayed there through a whole
+    /// burst (up to a second of lag in the live bench). Opened first, it
+    /// starts caught up and its events wait in the watcher's byte-bounded
+    /// buffer (then in HTTP/2 flow control) until the sync is done.
+    async fn sync(&mut self, reason: ResyncReason) -> Result<Option<Opened>> {
         self.stats().resync(reason);
         self.stats().set_synced(false);
         self.sync_started_ms = unix_ms();
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
+        let pin = self
+            .local
+            .range(Range::key(self.prefix.clone()).count_only());
+        let at = tokio::select! {
+            _ = self.cancel.cancelled() => return Ok(None),
+            r = pin => r?.header.revision,
+        };
+        let live = Opened::now(&self.local, &self.prefix, at + 1)?;
         let fut = super::sync::run(
             &self.writer,
             &self.local,
             self.prefix.clone(),
+            at,
             &self.cfg,
             &mut self.pacer,
         );
@@ -313,7 +331,12 @@ impl Peer {
         // needed.
         self.prev_lease = None;
         self.stats().lapsed.store(false, Relaxed);
-        Ok(Some(rev))
+        debug_assert_eq!(rev, at, "the sync reads the source at the pinned revision");
+        Ok(Some(if rev == at {
+            live
+        } else {
+            Opened::later(rev + 1)
+        }))
     }
 
     /// Decides how the session starts and claims the peer: it returns a
@@ -489,22 +512,21 @@ impl Peer {
         Start::Resume(revision)
     }
 
-    /// Mirrors the watch from `from` until an error or cancellation.
-    async fn stream(&mut self, from: i64) -> Result<()> {
+    /// Mirrors the source watch from `live.from` until an error or
+    /// cancellation.
+    async fn stream(&mut self, live: Opened) -> Result<()> {
         let Some(lease_status) = self.writer.lease.as_ref().map(LeaseHandle::subscribe) else {
             return Err(Error::LeaseLost {
                 peer: self.region().to_owned(),
             });
         };
-        // A stream of the session's own: a slow peer holds back only its
-        // own watch. progress_notify: an idle subtree still advances the
-        // state revision when the local etcd sends per-watcher notices.
-        let ws = self.local.watch_stream();
-        let watcher = ws.watch(
-            WatchOptions::prefix(self.prefix.clone())
-                .start_revision(from)
-                .progress_notify(),
-        )?;
+        let from = live.from;
+        let (ws, watcher) = match live.watch {
+            Some(opened) => opened,
+            None => Opened::now(&self.local, &self.prefix, from)?
+                .watch
+                .expect("just opened"),
+        };
         let stats = self.stats();
         stats.applied_revision.store(from - 1, Relaxed);
         stats.source_revision.fetch_max(from - 1, Relaxed);
@@ -527,6 +549,36 @@ impl Peer {
             heartbeat_dirty: false,
         };
         live.run(watcher, lease_status, &self.cancel).await
+    }
+}
+
+/// The source watch a live phase reads, from revision `from`: opened
+/// already (before a sync), or to be opened when the phase starts.
+struct Opened {
+    from: i64,
+    watch: Option<(WatchStream, Watcher)>,
+}
+
+impl Opened {
+    fn later(from: i64) -> Opened {
+        Opened { from, watch: None }
+    }
+
+    /// A watch stream of the session's own (a slow peer holds back only
+    /// its own watch), watching the subtree from `from`. progress_notify:
+    /// an idle subtree still advances the state revision when the local
+    /// etcd sends per-watcher notices.
+    fn now(local: &Client, prefix: &Bytes, from: i64) -> Result<Opened> {
+        let ws = local.watch_stream();
+        let watcher = ws.watch(
+            WatchOptions::prefix(prefix.clone())
+                .start_revision(from)
+                .progress_notify(),
+        )?;
+        Ok(Opened {
+            from,
+            watch: Some((ws, watcher)),
+        })
     }
 }
 

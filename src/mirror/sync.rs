@@ -27,18 +27,20 @@ use super::writer::FencedWriter;
 use crate::error::Result;
 use crate::etcd::{self, Client, Delete, Op, TxnBatcher};
 
-/// Syncs the peer to the source; returns the source revision S it reflects.
+/// Syncs the peer to the source as of revision `at` (0: the source's
+/// current one); returns the source revision S it reflects.
 pub(crate) async fn run(
     writer: &FencedWriter,
     local: &Client,
     prefix: Bytes,
+    at: i64,
     cfg: &MirrorConfig,
     pacer: &mut Pacer,
 ) -> Result<i64> {
     // The copy will hold everything the source held when the scan began.
     let started_ms = unix_ms();
     let rtt = pacer.min_rtt();
-    let mut merge = Merge::start_over(local, &writer.client, prefix, cfg.page_size, rtt);
+    let mut merge = Merge::start_over(local, &writer.client, prefix, cfg.page_size, at, rtt);
     let lease = writer.lease_id();
     // Room for the fence compare; the state put goes in a txn of its own.
     let mut packer = TxnBatcher::new(writer.limits()).with_reserved(0, STATE_RESERVE_BYTES);
