@@ -40,21 +40,8 @@ say() {
 
 # ---------------------------------------------------------------- setup
 
-if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
-  # The package may start a system etcd on 2379; the demo does not use it.
-  apt_install etcd etcd etcd-server etcd-client
-fi
-missing=()
-for c in python3 curl; do
-  command -v "$c" >/dev/null || missing+=("$c")
-done
-if ((${#missing[@]})); then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "${missing[*]} needed: apt-get install -y ${missing[*]}" >&2
-    exit 1
-  fi
-  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+need_etcd
+need_commands python3 curl
 command -v cargo >/dev/null || {
   echo "cargo is needed to build the replicator (https://rustup.rs)" >&2
   exit 1

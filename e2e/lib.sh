@@ -20,6 +20,31 @@ apt_install() {
   command -v systemctl >/dev/null && systemctl stop "$service" 2>/dev/null || true
 }
 
+# need_etcd: installs Debian's etcd when etcd or etcdctl is missing (see
+# apt_install); the system etcd the package may start on 2379 is stopped, as
+# the scripts never use it.
+need_etcd() {
+  if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
+    apt_install etcd etcd etcd-server etcd-client
+  fi
+}
+
+# need_commands CMD...: installs the Debian packages of the same names for
+# the CMDs that are missing, as root (elsewhere fails with the command to run).
+need_commands() {
+  local missing=() c
+  for c in "$@"; do
+    command -v "$c" >/dev/null || missing+=("$c")
+  done
+  ((${#missing[@]})) || return 0
+  echo "== installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "${missing[*]} missing and this is not root: run apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
 # metric TEXT SELECTOR: the value of the first sample in the metrics page TEXT
 # named as SELECTOR (`name{label="v",...}`) with at least its labels.
 metric() {

@@ -84,6 +84,32 @@ fmt_ms() {
   printf '%d.%01ds' $(($1 / 1000)) $((($1 % 1000) / 100))
 }
 
+# poll SECONDS INTERVAL CMD...: runs CMD every INTERVAL seconds until it
+# succeeds; fails once SECONDS have passed without.
+poll() {
+  local secs=$1 interval=$2 deadline
+  shift 2
+  deadline=$(($(now_ms) + secs * 1000))
+  until "$@"; do
+    (($(now_ms) < deadline)) || return 1
+    sleep "$interval"
+  done
+}
+
+# every CMD R...: CMD R succeeds for each R, tried in order up to the first
+# that fails, which is then in FAILING.
+FAILING=""
+every() {
+  local cmd=$1 r
+  shift
+  for r in "$@"; do
+    "$cmd" "$r" || {
+      FAILING=$r
+      return 1
+    }
+  done
+}
+
 getv() {
   printf '%s' "${!1-}"
 }
@@ -446,24 +472,12 @@ region_ready() {
 
 # wait_ready SECONDS R...: until every region is ready; prints the leaders.
 wait_ready() {
-  local secs=$1 r deadline all
+  local secs=$1
   shift
-  deadline=$(($(now_ms) + secs * 1000))
-  while :; do
-    all=1
-    for r in "$@"; do
-      region_ready "$r" || {
-        all=0
-        break
-      }
-    done
-    ((all)) && return 0
-    if (($(now_ms) >= deadline)); then
-      echo "not ready after ${secs}s: $NOT_READY" >&2
-      return 1
-    fi
-    sleep 0.2
-  done
+  poll "$secs" 0.2 every region_ready "$@" || {
+    echo "not ready after ${secs}s: $NOT_READY" >&2
+    return 1
+  }
 }
 
 leader_slot() {
@@ -851,21 +865,9 @@ mirrored() {
 }
 
 wait_mirrored() { # STEP SECONDS R...
-  local step=$1 secs=$2 deadline r all
+  local step=$1 secs=$2
   shift 2
-  deadline=$(($(now_ms) + secs * 1000))
-  while :; do
-    all=1
-    for r in "$@"; do
-      mirrored "$r" || {
-        all=0
-        break
-      }
-    done
-    ((all)) && return 0
-    (($(now_ms) < deadline)) || fail "$step" "not converged after ${secs}s: $WHY"
-    sleep 0.1
-  done
+  poll "$secs" 0.1 every mirrored "$@" || fail "$step" "not converged after ${secs}s: $WHY"
 }
 
 check_cmd() { # R: run `aether-replicator check` for R against every peer
@@ -879,22 +881,13 @@ check_cmd() { # R: run `aether-replicator check` for R against every peer
 
 # wait_check STEP SECONDS R...: poll `check` for each region until all exit 0.
 CHECK_OUT=""
+check_passes() { # R: check_cmd R exits 0; its output is in CHECK_OUT
+  CHECK_OUT=$(check_cmd "$1")
+}
 wait_check() {
-  local step=$1 secs=$2 deadline r all
+  local step=$1 secs=$2
   shift 2
-  deadline=$(($(now_ms) + secs * 1000))
-  while :; do
-    all=1
-    for r in "$@"; do
-      if ! CHECK_OUT=$(check_cmd "$r"); then
-        all=0
-        break
-      fi
-    done
-    ((all)) && return 0
-    (($(now_ms) < deadline)) || fail "$step" "check --region $r still failing after ${secs}s: $(tr '\n' ' ' <<<"$CHECK_OUT")"
-    sleep 0.3
-  done
+  poll "$secs" 0.3 every check_passes "$@" || fail "$step" "check --region $FAILING still failing after ${secs}s: $(tr '\n' ' ' <<<"$CHECK_OUT")"
 }
 
 step_setup() {

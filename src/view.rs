@@ -798,6 +798,32 @@ fn find(list: &[Arc<Endpoint>], key: &EndpointKey) -> Option<usize> {
     })
 }
 
+/// The frame both watches' responses are applied in: each event goes to
+/// `event` with its revision, after the working copy's revision and
+/// `watched` (that watch's resume point) are raised to it; then the
+/// changes are published. A response without events (progress) publishes
+/// nothing.
+fn apply_events(
+    current: &mut Arc<Registry>,
+    watched: &mut i64,
+    shared: &Shared,
+    resp: WatchResponse,
+    mut event: impl FnMut(&mut Registry, etcd::Event, i64, &mut Vec<Change>),
+) {
+    if resp.events.is_empty() {
+        return;
+    }
+    let reg = Arc::make_mut(current);
+    let mut changes = Vec::new();
+    for ev in resp.events {
+        let revision = ev.revision();
+        reg.revision = reg.revision.max(revision);
+        *watched = (*watched).max(revision);
+        event(reg, ev, revision, &mut changes);
+    }
+    shared.publish(current.clone(), changes);
+}
+
 /// State shared between the view's handle and its task.
 struct Shared {
     snapshot: RwLock<Arc<Registry>>,
@@ -1118,71 +1144,67 @@ impl Task {
 
     /// Applies one watch response and publishes the result.
     fn apply(&mut self, resp: WatchResponse) {
-        if resp.events.is_empty() {
-            return;
-        }
-        let reg = Arc::make_mut(&mut self.current);
-        let mut changes = Vec::new();
-        for ev in resp.events {
-            let revision = ev.revision();
-            reg.revision = reg.revision.max(revision);
-            self.registry_revision = self.registry_revision.max(revision);
-            let key = match self.config.schema.parse(ev.kv.key()) {
-                Ok(key) => key,
-                Err(e) => {
-                    if ev.kind == EventKind::Put {
-                        tracing::debug!(error = %e, "skipping a key that is not an endpoint key");
-                        self.shared.skipped.fetch_add(1, Ordering::Relaxed);
+        let (config, shared) = (&self.config, &self.shared);
+        apply_events(
+            &mut self.current,
+            &mut self.registry_revision,
+            shared,
+            resp,
+            |reg, ev, revision, changes| {
+                let key = match config.schema.parse(ev.kv.key()) {
+                    Ok(key) => key,
+                    Err(e) => {
+                        if ev.kind == EventKind::Put {
+                            tracing::debug!(error = %e, "skipping a key that is not an endpoint key");
+                            shared.skipped.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return;
                     }
-                    continue;
+                };
+                match ev.kind {
+                    EventKind::Put => match reg.upsert(Endpoint::new(key, &ev.kv, config)) {
+                        Upsert::Added(endpoint) => {
+                            let origin = reg.count(&endpoint.key.region, true, revision);
+                            changes.push(Change::Added { endpoint, revision });
+                            changes.extend(origin);
+                        }
+                        Upsert::Updated(old, new) => {
+                            changes.push(Change::Updated { old, new, revision })
+                        }
+                        Upsert::Unchanged => {}
+                    },
+                    EventKind::Delete => {
+                        if let Some(endpoint) = reg.remove(&key) {
+                            let origin = reg.count(&endpoint.key.region, false, revision);
+                            changes.push(Change::Removed { endpoint, revision });
+                            changes.extend(origin);
+                        }
+                    }
                 }
-            };
-            match ev.kind {
-                EventKind::Put => match reg.upsert(Endpoint::new(key, &ev.kv, &self.config)) {
-                    Upsert::Added(endpoint) => {
-                        let origin = reg.count(&endpoint.key.region, true, revision);
-                        changes.push(Change::Added { endpoint, revision });
-                        changes.extend(origin);
-                    }
-                    Upsert::Updated(old, new) => {
-                        changes.push(Change::Updated { old, new, revision })
-                    }
-                    Upsert::Unchanged => {}
-                },
-                EventKind::Delete => {
-                    if let Some(endpoint) = reg.remove(&key) {
-                        let origin = reg.count(&endpoint.key.region, false, revision);
-                        changes.push(Change::Removed { endpoint, revision });
-                        changes.extend(origin);
-                    }
-                }
-            }
-        }
-        self.shared.publish(self.current.clone(), changes);
+            },
+        );
     }
 
     /// Applies one response of the state-key watch and publishes the
     /// result. A heartbeat updates the status without a change.
     fn apply_state(&mut self, resp: WatchResponse) {
-        if resp.events.is_empty() {
-            return;
-        }
-        let reg = Arc::make_mut(&mut self.current);
-        let mut changes = Vec::new();
-        for ev in resp.events {
-            let revision = ev.revision();
-            reg.revision = reg.revision.max(revision);
-            self.state_revision = self.state_revision.max(revision);
-            let Some(region) = self.config.state_origin(ev.kv.key()) else {
-                continue;
-            };
-            let state = match ev.kind {
-                EventKind::Put => Some((State::decode(ev.kv.value()), revision)),
-                EventKind::Delete => None,
-            };
-            changes.extend(reg.update_origin(region, revision, |o| o.set_state(state)));
-        }
-        self.shared.publish(self.current.clone(), changes);
+        let config = &self.config;
+        apply_events(
+            &mut self.current,
+            &mut self.state_revision,
+            &self.shared,
+            resp,
+            |reg, ev, revision, changes| {
+                let Some(region) = config.state_origin(ev.kv.key()) else {
+                    return;
+                };
+                let state = match ev.kind {
+                    EventKind::Put => Some((State::decode(ev.kv.value()), revision)),
+                    EventKind::Delete => None,
+                };
+                changes.extend(reg.update_origin(region, revision, |o| o.set_state(state)));
+            },
+        );
     }
 
     /// Takes a new snapshot (retrying until it succeeds or the view stops),

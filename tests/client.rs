@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use aether_replicator::etcd::{
     Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, Put, Range, TlsConfig, Txn,
-    TxnBatcher, TxnLimits, WatchOptions,
+    TxnBatcher, TxnLimits, WatchOptions, WatchResponse, Watcher,
 };
 use common::{Etcd, generate_mtls, generate_tls};
 
@@ -15,6 +15,21 @@ fn client(etcd: &Etcd) -> Client {
 }
 
 const T: Duration = Duration::from_secs(20);
+
+/// The revision `put` made.
+async fn put_rev(c: &Client, put: Put) -> i64 {
+    c.put(put).await.unwrap().header.revision
+}
+
+/// The watcher's next response, which must come within `T` and not be an
+/// error.
+async fn next_response(w: &mut Watcher) -> WatchResponse {
+    tokio::time::timeout(T, w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_range_put_delete_txn() {
@@ -240,12 +255,7 @@ async fn a_thousand_watchers_on_one_stream() {
 async fn watch_resumes_across_an_etcd_restart_exactly_once() {
     let mut etcd = Etcd::start();
     let c = client(&etcd);
-    let start = c
-        .put(Put::new("/r/seed", "0"))
-        .await
-        .unwrap()
-        .header
-        .revision;
+    let start = put_rev(&c, Put::new("/r/seed", "0")).await;
     let (stream, mut w) = c
         .watch(
             WatchOptions::prefix("/r/")
@@ -256,7 +266,7 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
     // Every write that made a revision, as the event it must produce.
     let mut expected: Vec<(i64, String, EventKind)> = Vec::new();
     let mut got: Vec<(i64, String, EventKind)> = Vec::new();
-    let collect = |got: &mut Vec<_>, r: aether_replicator::etcd::WatchResponse| {
+    let collect = |got: &mut Vec<_>, r: WatchResponse| {
         for e in r.events {
             got.push((
                 e.revision(),
@@ -282,11 +292,7 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
         }
         // Read part of what was written, then kill etcd mid-stream.
         while got.len() + 20 < expected.len() {
-            let r = tokio::time::timeout(T, w.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
+            let r = next_response(&mut w).await;
             collect(&mut got, r);
         }
         assert!(stream.is_connected());
@@ -346,7 +352,7 @@ async fn a_watch_at_exactly_the_compaction_revision_is_compacted() {
     let c = client(&etcd);
     c.put(Put::new("/d/k", "1")).await.unwrap();
     let deleted = c.delete(Delete::key("/d/k")).await.unwrap().header.revision;
-    let after = c.put(Put::new("/d/k", "2")).await.unwrap().header.revision;
+    let after = put_rev(&c, Put::new("/d/k", "2")).await;
     c.compact(deleted, true).await.unwrap();
     let (_s, mut w) = c
         .watch(WatchOptions::prefix("/d/").start_revision(deleted))
@@ -360,11 +366,7 @@ async fn a_watch_at_exactly_the_compaction_revision_is_compacted() {
     let (_s, mut w) = c
         .watch(WatchOptions::prefix("/d/").start_revision(after))
         .unwrap();
-    let r = tokio::time::timeout(T, w.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let r = next_response(&mut w).await;
     let got: Vec<_> = r.events.iter().map(|e| (e.revision(), e.kind)).collect();
     assert_eq!(got, vec![(after, EventKind::Put)]);
 }
@@ -510,7 +512,7 @@ async fn username_password_auth() {
     }
     let cfg = etcd.client_config_as("alice", "secret");
     let c = Client::connect(cfg.clone()).unwrap();
-    let first = c.put(Put::new("/a/1", "v")).await.unwrap().header.revision;
+    let first = put_rev(&c, Put::new("/a/1", "v")).await;
     assert!(matches!(
         c.put(Put::new("/b/1", "v")).await,
         Err(Error::PermissionDenied)
@@ -570,22 +572,11 @@ async fn fragmented_catch_up_is_reassembled() {
         .extra_args(&["--max-request-bytes=262144"])
         .start();
     let c = client(&etcd);
-    let first = c
-        .put(Put::new("/frag/start", "x"))
-        .await
-        .unwrap()
-        .header
-        .revision;
+    let first = put_rev(&c, Put::new("/frag/start", "x")).await;
     let mut revs = Vec::new();
     for i in 0..40 {
         let v = vec![i as u8; 200 * 1024];
-        revs.push(
-            c.put(Put::new(format!("/frag/{i:02}"), v))
-                .await
-                .unwrap()
-                .header
-                .revision,
-        );
+        revs.push(put_rev(&c, Put::new(format!("/frag/{i:02}"), v)).await);
     }
     let (_s, mut w) = c
         .watch(
@@ -627,25 +618,12 @@ async fn progress_requests_and_cancel() {
         .watch(WatchOptions::prefix("/p/keep/").start_revision(now + 1))
         .unwrap();
     let dropped = stream.watch(WatchOptions::prefix("/p/drop/")).unwrap();
-    let rev = c
-        .put(Put::new("/p/keep/1", "a"))
-        .await
-        .unwrap()
-        .header
-        .revision;
-    let first = tokio::time::timeout(T, keep.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rev = put_rev(&c, Put::new("/p/keep/1", "a")).await;
+    let first = next_response(&mut keep).await;
     assert_eq!(first.events[0].revision(), rev);
     // A progress request answers with the current revision and no events.
     stream.request_progress().unwrap();
-    let p = tokio::time::timeout(T, keep.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let p = next_response(&mut keep).await;
     assert!(p.events.is_empty());
     assert!(p.revision >= rev);
     // Cancelling one watcher leaves the other on the same stream working,
@@ -666,17 +644,8 @@ async fn progress_requests_and_cancel() {
         "server still has {} watchers",
         watchers()
     );
-    let rev = c
-        .put(Put::new("/p/keep/2", "b"))
-        .await
-        .unwrap()
-        .header
-        .revision;
-    let next = tokio::time::timeout(T, keep.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rev = put_rev(&c, Put::new("/p/keep/2", "b")).await;
+    let next = next_response(&mut keep).await;
     assert_eq!(next.events[0].revision(), rev);
 }
 
@@ -751,12 +720,7 @@ async fn scan_windows_cover_uneven_and_binary_key_spaces() {
 async fn many_small_frames_unread_do_not_reset_the_connection() {
     let etcd = Etcd::start();
     let c = client(&etcd);
-    let rev = c
-        .put(Put::new("/s/seed", "x"))
-        .await
-        .unwrap()
-        .header
-        .revision;
+    let rev = put_rev(&c, Put::new("/s/seed", "x")).await;
     let (_s, mut w) = c
         .watch(WatchOptions::prefix("/s/").start_revision(rev + 1))
         .unwrap();
@@ -844,7 +808,7 @@ async fn a_watcher_is_a_stream_that_keeps_its_watch_stream_alive() {
     use futures_util::StreamExt;
     let etcd = Etcd::start();
     let c = client(&etcd);
-    let start = c.put(Put::new("/s/0", "x")).await.unwrap().header.revision + 1;
+    let start = put_rev(&c, Put::new("/s/0", "x")).await + 1;
     // The stream handle is dropped at once: the watcher must keep it alive.
     let (_, watcher) = c
         .watch(WatchOptions::prefix("/s/").start_revision(start))
@@ -879,13 +843,7 @@ async fn a_response_over_the_decode_limit_ends_the_watchers_instead_of_looping()
         ..ClientConfig::new(etcd.endpoints())
     })
     .unwrap();
-    let start = writer
-        .put(Put::new("/big/seed", "x"))
-        .await
-        .unwrap()
-        .header
-        .revision
-        + 1;
+    let start = put_rev(&writer, Put::new("/big/seed", "x")).await + 1;
     // One revision of 200 KiB: etcd never splits a revision over two
     // responses unless asked to fragment.
     let big = Txn::new()
@@ -921,17 +879,8 @@ async fn a_response_over_the_decode_limit_ends_the_watchers_instead_of_looping()
     let mut after = stream
         .watch(WatchOptions::prefix("/after/").start_revision(big_rev + 1))
         .unwrap();
-    let rev = writer
-        .put(Put::new("/after/small", "s"))
-        .await
-        .unwrap()
-        .header
-        .revision;
-    let r = tokio::time::timeout(T, after.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let rev = put_rev(&writer, Put::new("/after/small", "s")).await;
+    let r = next_response(&mut after).await;
     assert_eq!(r.events[0].revision(), rev);
     assert_eq!(stream.reconnects(), 0);
 }
@@ -949,13 +898,7 @@ async fn a_paused_watcher_buffers_at_most_its_byte_budget() {
         ..ClientConfig::new(etcd.endpoints())
     })
     .unwrap();
-    let start = writer
-        .put(Put::new("/buf/seed", "x"))
-        .await
-        .unwrap()
-        .header
-        .revision
-        + 1;
+    let start = put_rev(&writer, Put::new("/buf/seed", "x")).await + 1;
     let (stream, mut w) = c
         .watch(WatchOptions::prefix("/buf/").start_revision(start))
         .unwrap();
@@ -965,8 +908,8 @@ async fn a_paused_watcher_buffers_at_most_its_byte_budget() {
     const N: usize = 60;
     const VALUE: usize = 100 * 1024;
     let probe = writer.put(Put::new("/buf/probe", "p")).await.unwrap();
-    let r = tokio::time::timeout(T, w.next()).await.unwrap().unwrap();
-    assert_eq!(r.unwrap().events[0].revision(), probe.header.revision);
+    let r = next_response(&mut w).await;
+    assert_eq!(r.events[0].revision(), probe.header.revision);
     assert!(stream.is_connected());
     let mut want = Vec::with_capacity(N);
     for i in 0..N {
@@ -1067,23 +1010,17 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
         ..ClientConfig::new(first)
     })
     .unwrap();
-    let start = c
-        .put(Put::new("/q/seed", "x"))
-        .await
-        .unwrap()
-        .header
-        .revision
-        + 1;
+    let start = put_rev(&c, Put::new("/q/seed", "x")).await + 1;
     let (stream, mut w) = c
         .watch(WatchOptions::prefix("/q/").start_revision(start))
         .unwrap();
     let (silent_stream, mut silent_w) = silent
         .watch(WatchOptions::prefix("/q/").start_revision(start))
         .unwrap();
-    let rev = c.put(Put::new("/q/1", "a")).await.unwrap().header.revision;
+    let rev = put_rev(&c, Put::new("/q/1", "a")).await;
     for w in [&mut w, &mut silent_w] {
-        let r = tokio::time::timeout(T, w.next()).await.unwrap().unwrap();
-        assert_eq!(r.unwrap().events[0].revision(), rev);
+        let r = next_response(w).await;
+        assert_eq!(r.events[0].revision(), rev);
     }
     // The first member loses its quorum.
     tokio::task::block_in_place(|| {
@@ -1105,9 +1042,9 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
     );
     // Quorum again: the watch comes back and resumes.
     tokio::task::block_in_place(|| cluster.members[1].restart());
-    let rev = c.put(Put::new("/q/2", "b")).await.unwrap().header.revision;
-    let r = tokio::time::timeout(T, w.next()).await.unwrap().unwrap();
-    let got: Vec<i64> = r.unwrap().events.iter().map(|e| e.revision()).collect();
+    let rev = put_rev(&c, Put::new("/q/2", "b")).await;
+    let r = next_response(&mut w).await;
+    let got: Vec<i64> = r.events.iter().map(|e| e.revision()).collect();
     assert_eq!(got, vec![rev]);
     assert!(stream.is_connected());
 }

@@ -9,14 +9,29 @@ use std::time::Duration;
 
 use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
 use common::replicator::{Replicator, binary};
-use common::{Etcd, wait_until};
+use common::{Etcd, wait_until, write_file};
 
 const KEY: &str = "/aether/v1/regions/a/clusters/c/services/s/protocols/http/endpoints/10.0.0.1";
 
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_string()
+/// Writes a password file holding `password` and `a.toml`: region a with
+/// `lease_ttl`, a `[local]` endpoint nothing listens on, then what `rest`
+/// makes of the password file's path. Returns the config file's path.
+fn region_a_file(
+    dir: &Path,
+    password: &str,
+    lease_ttl: &str,
+    rest: impl FnOnce(&str) -> String,
+) -> String {
+    let pw = write_file(dir, "password", password);
+    let head = format!(
+        r#"
+region = "a"
+lease_ttl = "{lease_ttl}"
+[local]
+endpoints = ["http://127.0.0.1:1"]
+"#
+    );
+    write_file(dir, "a.toml", &(head + &rest(&pw)))
 }
 
 /// Runs the binary with `args` to completion: (exit code, stdout, stderr).
@@ -32,18 +47,10 @@ fn run(args: &[&str]) -> (Option<i32>, String, String) {
 #[test]
 fn check_config_accepts_a_good_file_without_connecting() {
     let dir = tempfile::tempdir().unwrap();
-    let pw = write(dir.path(), "password", "pw\n");
     // Nothing listens on these ports: --check-config must not connect.
-    let file = write(
-        dir.path(),
-        "a.toml",
-        &format!(
-            r#"
-region = "a"
-lease_ttl = "30s"
-[local]
-endpoints = ["http://127.0.0.1:1"]
-username = "replicator"
+    let file = region_a_file(dir.path(), "pw\n", "30s", |pw| {
+        format!(
+            r#"username = "replicator"
 password_file = "{pw}"
 [peers.b]
 endpoints = ["http://127.0.0.1:2"]
@@ -51,8 +58,8 @@ max_request_bytes = "1536KiB"
 [peers.c]
 endpoints = ["http://127.0.0.1:3"]
 "#
-        ),
-    );
+        )
+    });
     let config = format!("--config={file}");
     let (code, out, err) = run(&["--check-config", &config]);
     assert_eq!(code, Some(0), "{err}");
@@ -93,7 +100,7 @@ fn check_config_refuses_a_bad_file_with_one_line_naming_file_table_and_key() {
         // A flag that is wrong is named as a flag, even with a file.
         ("flag.toml", "", &["--lease-ttl=0s"], "--lease-ttl \"0s\""),
     ] {
-        let file = write(dir.path(), name, &format!("{base}{extra}"));
+        let file = write_file(dir.path(), name, &format!("{base}{extra}"));
         let config = format!("--config={file}");
         let mut argv = vec!["--check-config", config.as_str()];
         argv.extend_from_slice(args);
@@ -131,24 +138,16 @@ fn a_config_file_with_an_override_mirrors_between_two_real_etcds() {
     let (src, dst) = (Etcd::start(), Etcd::start());
     dst.enable_root_auth("rootpw");
     let dir = tempfile::tempdir().unwrap();
-    let pw = write(dir.path(), "password", "rootpw\n");
-    let file = write(
-        dir.path(),
-        "a.toml",
-        &format!(
-            r#"
-region = "a"
-lease_ttl = "6s"
-[local]
-endpoints = ["http://127.0.0.1:1"]
-[peers.b]
+    let file = region_a_file(dir.path(), "rootpw\n", "6s", |pw| {
+        format!(
+            r#"[peers.b]
 endpoints = ["{dst}"]
 username = "root"
 password_file = "{pw}"
 "#,
             dst = dst.endpoint()
-        ),
-    );
+        )
+    });
     let replica = Replicator::spawn_with_env(
         &[format!("--local-etcd={}", src.endpoint())],
         &[("AETHER_REPLICATOR_CONFIG", &file)],

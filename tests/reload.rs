@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use aether_replicator::etcd::{Client, ClientConfig, Put, Range, TlsConfig};
 use common::replicator::{Replicator, metric};
-use common::{Etcd, TlsFiles, generate_mtls, wait_until};
+use common::{Etcd, TlsFiles, generate_mtls, wait_until, write_file};
 
 const PREFIX: &str = "/aether/v1/regions/a/clusters/c/services/s/protocols/http/endpoints/";
 
@@ -77,6 +77,46 @@ fn has(rt: &tokio::runtime::Runtime, c: &Client, key: &str) -> bool {
         .is_ok_and(|r| !r.kvs().is_empty())
 }
 
+/// The replicator of region a, from the file `config` and with `src` as its
+/// local etcd.
+fn spawn(config: &str, src: &Etcd) -> Replicator {
+    Replicator::spawn(&[
+        format!("--config={config}"),
+        format!("--local-etcd={}", src.endpoint()),
+    ])
+}
+
+/// A running replicator and a client of its local etcd.
+struct Rig<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    replica: &'a Replicator,
+    src: Client,
+}
+
+impl Rig<'_> {
+    /// Writes `key` = `value` to the local etcd and waits up to `secs` for
+    /// `d`, a reader of the peer, to have it; `when` completes the failure
+    /// message.
+    #[track_caller]
+    fn assert_mirrored(&self, d: &Client, key: &str, value: &str, secs: u64, when: &str) {
+        let put = Put::new(key.to_string(), value.to_string());
+        self.rt.block_on(self.src.put(put)).unwrap();
+        assert!(
+            wait_until(Duration::from_secs(secs), || has(self.rt, d, key)),
+            "never mirrored{when}; log:\n{}",
+            self.replica.log_text()
+        );
+    }
+}
+
+/// The reload counter says peer b's files were reloaded at least once.
+#[track_caller]
+fn assert_reloaded(replica: &Replicator) {
+    let page = replica.scrape().unwrap_or_default();
+    let reloads = metric(&page, "aether_replicator_reloads_total{peer=\"b\"}");
+    assert!(reloads.is_some_and(|n| n >= 1.0), "{page}");
+}
+
 /// The replicator starts with the peer's files from CA1. While it runs, the
 /// mounted files are replaced by ones from a new CA2 (client certificate
 /// too), and the peer etcd restarts trusting and presenting CA2 only: the
@@ -91,10 +131,10 @@ fn rotated_certificates_are_used_without_a_restart() {
     let src = Etcd::start();
     let mut dst = Etcd::builder().tls(server.clone()).start();
     let mut mount = SecretMount::new(&pki.path().join("mount"), &server);
-    let config = pki.path().join("a.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = write_file(
+        pki.path(),
+        "a.toml",
+        &format!(
             r#"
 region = "a"
 lease_ttl = "20s"
@@ -110,21 +150,16 @@ key = "{key}"
             cert = mount.path("tls.crt"),
             key = mount.path("tls.key"),
         ),
-    )
-    .unwrap();
-    let replica = Replicator::spawn(&[
-        format!("--config={}", config.display()),
-        format!("--local-etcd={}", src.endpoint()),
-    ]);
-    let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
-    let before = format!("{PREFIX}10.0.0.1");
-    rt.block_on(s.put(Put::new(before.clone(), "1"))).unwrap();
-    let d = reader(&dst, &server);
-    assert!(
-        wait_until(Duration::from_secs(30), || has(&rt, &d, &before)),
-        "never mirrored with CA1; log:\n{}",
-        replica.log_text()
     );
+    let replica = spawn(&config, &src);
+    let rig = Rig {
+        rt: &rt,
+        replica: &replica,
+        src: Client::connect(ClientConfig::new(src.endpoints())).unwrap(),
+    };
+    let d = reader(&dst, &server);
+    let before = format!("{PREFIX}10.0.0.1");
+    rig.assert_mirrored(&d, &before, "1", 30, " with CA1");
 
     // Rotation: a new CA, new server and client certificates.
     let ca2 = generate_mtls(&pki.path().join("ca2"));
@@ -142,16 +177,9 @@ key = "{key}"
     dst.restart();
     let d = reader(&dst, &server);
     let after = format!("{PREFIX}10.0.0.2");
-    rt.block_on(s.put(Put::new(after.clone(), "2"))).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(60), || has(&rt, &d, &after)),
-        "never mirrored after the rotation to CA2; log:\n{}",
-        replica.log_text()
-    );
+    rig.assert_mirrored(&d, &after, "2", 60, " after the rotation to CA2");
     assert!(has(&rt, &d, &before), "the earlier key is still there");
-    let page = replica.scrape().unwrap_or_default();
-    let reloads = metric(&page, "aether_replicator_reloads_total{peer=\"b\"}");
-    assert!(reloads.is_some_and(|n| n >= 1.0), "{page}");
+    assert_reloaded(&replica);
     assert!(
         replica.log_text().contains("reloaded rotated files"),
         "{}",
@@ -171,12 +199,11 @@ fn a_rotated_password_file_is_used_without_a_restart() {
     let (src, dst) = (Etcd::start(), Etcd::start());
     dst.enable_root_auth("pw-one");
     let dir = tempfile::tempdir().unwrap();
-    let pw = dir.path().join("password");
-    std::fs::write(&pw, "pw-one\n").unwrap();
-    let config = dir.path().join("a.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let pw = write_file(dir.path(), "password", "pw-one\n");
+    let config = write_file(
+        dir.path(),
+        "a.toml",
+        &format!(
             r#"
 region = "a"
 reload_interval = "1s"
@@ -186,28 +213,22 @@ username = "root"
 password_file = "{pw}"
 "#,
             dst = dst.endpoint(),
-            pw = pw.display()
         ),
-    )
-    .unwrap();
-    let replica = Replicator::spawn(&[
-        format!("--config={}", config.display()),
-        format!("--local-etcd={}", src.endpoint()),
-    ]);
+    );
+    let replica = spawn(&config, &src);
     let reader = |password: &str| {
         let mut cfg = dst.client_config_as("root", password);
         cfg.request_timeout = Duration::from_secs(3);
         Client::connect(cfg).unwrap()
     };
-    let s = Client::connect(ClientConfig::new(src.endpoints())).unwrap();
-    let before = format!("{PREFIX}10.0.1.1");
-    rt.block_on(s.put(Put::new(before.clone(), "1"))).unwrap();
+    let rig = Rig {
+        rt: &rt,
+        replica: &replica,
+        src: Client::connect(ClientConfig::new(src.endpoints())).unwrap(),
+    };
     let d = reader("pw-one");
-    assert!(
-        wait_until(Duration::from_secs(30), || has(&rt, &d, &before)),
-        "never mirrored; log:\n{}",
-        replica.log_text()
-    );
+    let before = format!("{PREFIX}10.0.1.1");
+    rig.assert_mirrored(&d, &before, "1", 30, "");
 
     // Rotation: etcd first, then the file (by rename, as a Secret update).
     let mut passwd = common::etcdctl_command()
@@ -231,13 +252,6 @@ password_file = "{pw}"
 
     let d = reader("pw-two");
     let after = format!("{PREFIX}10.0.1.2");
-    rt.block_on(s.put(Put::new(after.clone(), "2"))).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(60), || has(&rt, &d, &after)),
-        "never mirrored after the password rotation; log:\n{}",
-        replica.log_text()
-    );
-    let page = replica.scrape().unwrap_or_default();
-    let reloads = metric(&page, "aether_replicator_reloads_total{peer=\"b\"}");
-    assert!(reloads.is_some_and(|n| n >= 1.0), "{page}");
+    rig.assert_mirrored(&d, &after, "2", 60, " after the password rotation");
+    assert_reloaded(&replica);
 }

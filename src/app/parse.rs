@@ -363,6 +363,32 @@ pub fn parse_user_password(creds: &str) -> Result<(&str, &str), String> {
     Ok((user, password))
 }
 
+/// Endpoint URLs [`is_valid_url`] takes, for its tests and the command
+/// line's.
+#[cfg(test)]
+pub(crate) const VALID_URLS: [&str; 4] = [
+    "http://x",
+    "http://x:2379/",
+    "https://[fd00::1]:2379",
+    "http://10.0.0.1:2379",
+];
+
+/// Endpoint URLs [`is_valid_url`] refuses, for its tests and the command
+/// line's.
+#[cfg(test)]
+pub(crate) const INVALID_URLS: [&str; 10] = [
+    "127.0.0.1:2379",
+    "ftp://x:21",
+    "http://",
+    "http://:2379",
+    "http://x:0",
+    "http://x:65536",
+    "http://user:pw@x:2379",
+    "http://x:2379/v3",
+    "http://x:2379#f",
+    "HTTP://x:2379",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -427,26 +453,10 @@ mod tests {
 
     #[test]
     fn urls() {
-        for ok in [
-            "http://x",
-            "http://x:2379/",
-            "https://[fd00::1]:2379",
-            "http://10.0.0.1:2379",
-        ] {
+        for ok in VALID_URLS {
             assert!(is_valid_url(ok), "{ok}");
         }
-        for bad in [
-            "127.0.0.1:2379",
-            "ftp://x:21",
-            "http://",
-            "http://:2379",
-            "http://x:0",
-            "http://x:65536",
-            "http://user:pw@x:2379",
-            "http://x:2379/v3",
-            "http://x:2379#f",
-            "HTTP://x:2379",
-        ] {
+        for bad in INVALID_URLS {
             assert!(!is_valid_url(bad), "{bad}");
         }
         assert_eq!(normalize_url("HTTP://X:1/"), "http://x:1");

@@ -40,6 +40,13 @@ pub fn init_logging() {
     });
 }
 
+/// Writes `text` to the file `name` in `dir` and returns its path.
+pub fn write_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
 /// Polls `cond` every 20ms until it returns true or `timeout` elapses.
 /// Returns whether the condition became true. Blocking: do not use it on a
 /// current-thread runtime while async tasks (e.g. a [`FaultProxy`]) must run;

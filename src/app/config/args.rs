@@ -214,14 +214,9 @@ pub struct EndpointsArgs {
     )]
     pub output: Output,
 
-    /// The registry root: starts and ends with '/'.
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_ROOT",
-        value_name = "PREFIX",
-        default_value = DEFAULT_ROOT
-    )]
-    pub root: String,
+    /// `--root`.
+    #[command(flatten)]
+    pub root: RootArg,
 
     /// Keys per page when reading the registry (at least 1).
     #[arg(
@@ -231,6 +226,15 @@ pub struct EndpointsArgs {
         default_value_t = DEFAULT_PAGE_SIZE
     )]
     pub page_size: usize,
+}
+
+/// `--root` of the subcommands that read the registry (`run`'s own is
+/// optional: the config file may give it).
+#[derive(Clone, Debug, Args)]
+pub struct RootArg {
+    /// The registry root: starts and ends with '/'.
+    #[arg(long, env = "AETHER_REPLICATOR_ROOT", value_name = "PREFIX", default_value = DEFAULT_ROOT)]
+    pub root: String,
 }
 
 /// The flags of `migrate`.
@@ -261,14 +265,9 @@ pub struct MigrateArgs {
     )]
     pub legacy_prefix: String,
 
-    /// The registry root: starts and ends with '/'.
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_ROOT",
-        value_name = "PREFIX",
-        default_value = DEFAULT_ROOT
-    )]
-    pub root: String,
+    /// `--root`.
+    #[command(flatten)]
+    pub root: RootArg,
 
     /// Write the v1 keys that do not exist yet. Without it, only report.
     #[arg(long)]

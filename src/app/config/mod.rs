@@ -111,8 +111,8 @@ mod file;
 mod validate;
 
 pub use args::{
-    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs, Secret,
-    StatusArgs,
+    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RootArg,
+    RunArgs, Secret, StatusArgs,
 };
 pub(crate) use validate::read_password;
 pub use validate::{

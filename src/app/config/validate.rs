@@ -15,7 +15,9 @@ use super::super::parse::{
     parse_byte_size, parse_duration,
 };
 use super::super::status::StatusOptions;
-use super::args::{EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RunArgs, StatusArgs};
+use super::args::{
+    EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RootArg, RunArgs, StatusArgs,
+};
 use super::file::{self, CONFIG_FLAG, EtcdTable, FileConfig, place};
 use super::{MAX_LEASE_TTL_SECS, MAX_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES, MIN_MAX_TXN_OPS};
 use crate::etcd::{
@@ -230,7 +232,7 @@ impl EndpointsArgs {
         if let Some(service) = &self.service {
             segment_flag("--service", "service", service)?;
         }
-        let schema = prefix_flag("--root", &self.root)?;
+        let schema = self.root.schema()?;
         let root = schema.root();
         if root.starts_with(DEFAULT_STATE_ROOT) || DEFAULT_STATE_ROOT.starts_with(root) {
             return Err(ConfigError::new(
@@ -276,7 +278,7 @@ impl MigrateArgs {
         if let Some(cluster) = &self.cluster {
             segment_flag("--cluster", "cluster", cluster)?;
         }
-        let schema = prefix_flag("--root", &self.root)?;
+        let schema = self.root.schema()?;
         let legacy = prefix_flag("--legacy-prefix", &self.legacy_prefix)?;
         let legacy = legacy.root().to_string();
         for (other, what) in [
@@ -846,6 +848,13 @@ impl RunArgs {
             );
         }
         Ok(out)
+    }
+}
+
+impl RootArg {
+    /// `--root` as a schema root (see [`prefix_flag`]).
+    fn schema(&self) -> Result<Schema, ConfigError> {
+        prefix_flag("--root", &self.root)
     }
 }
 
