@@ -109,7 +109,9 @@ async fn twenty_writes_to_one_key_coalesce_into_one_txn() {
     // A slow link to the peer keeps the first txn in flight while the
     // other nineteen writes arrive.
     let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
-    let cfg = config(20);
+    // No heartbeat: its state-only txn, if its tick fell among the twenty
+    // slow writes, would count as a txn of theirs.
+    let cfg = config(20).with_heartbeat_interval(Duration::from_secs(3600));
     let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
     let s = engine.stats()[0].clone();
     let txns_before = s.txns.load(Ordering::Relaxed);

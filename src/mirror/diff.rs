@@ -55,7 +55,7 @@ pub(crate) struct Merge {
 
 impl Merge {
     pub(crate) fn start(local: &Client, peer: &Client, prefix: Bytes, page_size: usize) -> Merge {
-        Merge::open(local, peer, prefix, page_size, 0, None)
+        Merge::start_over(local, peer, prefix, page_size, 0, None)
     }
 
     /// Like [`Merge::start`], with the source read at `source_revision`
@@ -67,24 +67,13 @@ impl Merge {
         page_size: usize,
         source_revision: i64,
     ) -> Merge {
-        Merge::open(local, peer, prefix, page_size, source_revision, None)
+        Merge::start_over(local, peer, prefix, page_size, source_revision, None)
     }
 
     /// Like [`Merge::start_at`] over a link of round trip `rtt` (if
     /// known): from [`LONG_LINK`] on, the peer is read by several scans at
     /// once.
     pub(crate) fn start_over(
-        local: &Client,
-        peer: &Client,
-        prefix: Bytes,
-        page_size: usize,
-        source_revision: i64,
-        rtt: Option<Duration>,
-    ) -> Merge {
-        Merge::open(local, peer, prefix, page_size, source_revision, rtt)
-    }
-
-    fn open(
         local: &Client,
         peer: &Client,
         prefix: Bytes,

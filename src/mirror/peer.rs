@@ -897,12 +897,10 @@ impl<'a> Live<'a> {
         self.heartbeat_dirty = false;
         let (seq, state_rev) = self.window.open(&batch.keys, batch.complete_through);
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
-        let txn = self.writer.txn(batch.ops.clone(), Some(state_rev));
-        let client = self.writer.client.clone();
+        let txn = self.writer.send(batch.ops.clone(), Some(state_rev));
         self.bytes_in_flight += batch.bytes;
-        let sent = Instant::now();
         self.inflight.push(Box::pin(async move {
-            let result = client.txn(txn).await;
+            let (sent, result) = txn.await;
             Done {
                 seq,
                 batch,

@@ -120,12 +120,10 @@ impl InFlight<'_> {
                 self.finish(writer, sent).await?;
             }
         }
-        let txn = writer.txn(ops.clone(), None);
-        let client = writer.client.clone();
+        let txn = writer.send(ops.clone(), None);
         self.bytes += bytes;
-        let sent = Instant::now();
         self.txns.push(Box::pin(async move {
-            let result = client.txn(txn).await;
+            let (sent, result) = txn.await;
             Sent {
                 ops,
                 bytes,

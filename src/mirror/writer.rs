@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -158,6 +159,20 @@ impl FencedWriter {
             }
             None => txn,
         }
+    }
+
+    /// A fenced txn of `ops` (see [`FencedWriter::txn`]) on its way, for a
+    /// window of txns in flight: it resolves to when it was sent and what
+    /// the peer answered, to be booked by [`FencedWriter::settle`].
+    pub(crate) fn send(
+        &self,
+        ops: Vec<Op>,
+        state_revision: Option<i64>,
+    ) -> impl Future<Output = (Instant, etcd::Result<etcd::TxnResponse>)> + Send + 'static {
+        let txn = self.txn(ops, state_revision);
+        let client = self.client.clone();
+        let sent = Instant::now();
+        async move { (sent, client.txn(txn).await) }
     }
 
     /// Sends a fenced txn of `ops` and books its outcome (see
