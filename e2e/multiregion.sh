@@ -7,6 +7,7 @@
 #   e2e/multiregion.sh alerts  [--state DIR]
 #   e2e/multiregion.sh down    [--state DIR]
 #   e2e/multiregion.sh restart REGION [--state DIR]
+#   e2e/multiregion.sh burst   [--state DIR] [--revisions N] [--writers W] [--rounds K]
 #
 # up       starts everything and returns once every region has exactly one
 #          leader whose peers are all synced.
@@ -21,11 +22,19 @@
 #          state dir. Idempotent.
 # restart  starts again whichever replicas of REGION are not running (after
 #          a manual `kill`, as the demo suggests).
+# burst    (issue 14's many-regions case) K rounds: every region's etcd takes
+#          N single-put revisions from W writers at once (examples/loadgen),
+#          then every peer is waited for until it holds all of them; prints
+#          one REPORT line per round: how long after the last write returned
+#          the last peer held everything, the mirror txns and events per txn
+#          of the leaders, and the largest peak RSS (VmHWM) of a replica.
+#          Defaults: 5000 revisions, 16 writers, 3 rounds.
 #
 # Options:
 #   --state DIR     where pids, ports, data dirs and logs live
 #                   (default ${TMPDIR:-/tmp}/aether-e2e); `down` removes it.
-#   --regions N     2 (regions a, b) or 3 (a, b, c); default 2. up only.
+#   --regions N     2 to 5 (regions a, b, ... e); default 2. up only. verify
+#                   and alerts use a, b and c.
 #   --ttl SECONDS   mirror lease TTL, at least 4; default 6. The election TTL
 #                   is 2s (at most half the lease TTL). up only.
 #   --bin PATH      the aether-replicator binary (default
@@ -52,7 +61,7 @@ readonly KEY_ROOT=/aether/v1/regions/
 readonly STATE_KEY_ROOT=/aether/v1/replication/
 readonly ELECTION_TTL=2
 readonly MARKER=.aether-e2e-state
-readonly ALL_REGIONS=(a b c)
+readonly ALL_REGIONS=(a b c d e)
 readonly SLOTS=(1 2)
 
 export ETCDCTL_API=3
@@ -686,7 +695,7 @@ cmd_up() {
   for c in etcd etcdctl python3 curl setsid timeout; do
     command -v "$c" >/dev/null || die "$c is not installed"
   done
-  [[ $NREGIONS == 2 || $NREGIONS == 3 ]] || die "--regions must be 2 or 3"
+  [[ $NREGIONS =~ ^[2-5]$ ]] || die "--regions must be 2 to 5"
   [[ $TTL =~ ^[0-9]+$ ]] || die "--ttl $TTL: not a whole number of seconds"
   ((TTL >= 2 * ELECTION_TTL)) ||
     die "--ttl must be at least twice the election TTL (${ELECTION_TTL}s)"
@@ -1255,6 +1264,70 @@ cmd_restart() {
   start_replicas "${dead[@]}"
 }
 
+# ---------------------------------------------------------------- burst
+
+# The replicas' metric sum of NAME over every leader.
+leaders_sum() { # NAME
+  local r s port sum=0 v
+  for r in "${REGIONS[@]}"; do
+    for s in "${SLOTS[@]}"; do
+      port=$(getv "REPLICA_PORT_${r}_$s")
+      v=$(metrics_of "$port" | awk -v n="$1" '$1 ~ "^"n"({|$)" { t += $2 } END { print t + 0 }')
+      sum=$(awk -v a="$sum" -v b="$v" 'BEGIN { print a + b }')
+    done
+  done
+  echo "$sum"
+}
+
+cmd_burst() {
+  load_env
+  read -r -a REGIONS <<<"$E2E_REGIONS"
+  local load=${CARGO_TARGET_DIR:-$REPO/target}/release/examples/loadgen
+  if [[ ! -x $load ]]; then
+    (cd "$REPO" && cargo build --release --quiet --example loadgen) || die "cargo build --example loadgen failed"
+  fi
+  local round r p pid dir t_end t_last t_max rss rss_max txns0 ev0 txns1 ev1
+  wait_ready 30 "${REGIONS[@]}" || die "regions not ready: $NOT_READY"
+  dir=$STATE/burst
+  mkdir -p "$dir"
+  for ((round = 0; round < ROUNDS; round++)); do
+    txns0=$(leaders_sum aether_replicator_txns_applied_total)
+    ev0=$(leaders_sum aether_replicator_events_applied_total)
+    for r in "${REGIONS[@]}"; do
+      "$load" burst "$(getv "ETCD_URL_$r")" "${KEY_ROOT}$r/burst$round/" "$REVISIONS" "$WRITERS" >"$dir/end.$r" &
+    done
+    wait
+    t_end=0
+    for r in "${REGIONS[@]}"; do
+      t_last=$(tail -n1 "$dir/end.$r")
+      ((t_last > t_end)) && t_end=$t_last
+    done
+    for r in "${REGIONS[@]}"; do
+      for p in "${REGIONS[@]}"; do
+        [[ $p == "$r" ]] && continue
+        "$load" wait "$(getv "ETCD_URL_$p")" "${KEY_ROOT}$r/burst$round/" "$REVISIONS" 120 >"$dir/at.$r.$p" &
+      done
+    done
+    wait || die "a peer never held a region's burst (round $round)"
+    t_max=0
+    for f in "$dir"/at.*; do
+      t_last=$(tail -n1 "$f")
+      ((t_last > t_max)) && t_max=$t_last
+    done
+    rss_max=0
+    for r in "${REGIONS[@]}"; do
+      for s in "${SLOTS[@]}"; do
+        pid=$(getv "REPLICA_PID_${r}_$s")
+        rss=$(awk '/^VmHWM:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+        ((rss > rss_max)) && rss_max=$rss
+      done
+    done
+    txns1=$(leaders_sum aether_replicator_txns_applied_total)
+    ev1=$(leaders_sum aether_replicator_events_applied_total)
+    echo "REPORT burst regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * (${#REGIONS[@]} - 1))) round=$round revisions=$REVISIONS writers=$WRITERS converged_after_last_write_ms=$((t_max - t_end)) txns=$(awk -v a="$txns1" -v b="$txns0" 'BEGIN { print a - b }') events_per_txn=$(awk -v t="$txns1" -v t0="$txns0" -v e="$ev1" -v e0="$ev0" 'BEGIN { d = t - t0; printf "%.1f", (d > 0 ? (e - e0) / d : 0) }') peak_rss_kib_max=$rss_max"
+  done
+}
+
 # ---------------------------------------------------------------- main
 
 CMD=""
@@ -1264,10 +1337,13 @@ NREGIONS=2
 TTL=6
 BIN_ARG=""
 WITH_PROM=0
+REVISIONS=5000
+WRITERS=16
+ROUNDS=3
 REGIONS=()
 while (($#)); do
   case $1 in
-  up | verify | alerts | down | restart)
+  up | verify | alerts | down | restart | burst)
     [[ -z $CMD ]] || die "one command at a time"
     CMD=$1
     if [[ $1 == restart ]]; then
@@ -1285,6 +1361,9 @@ while (($#)); do
   --bin) (($# >= 2)) || die "--bin needs a value"; BIN_ARG=$2; shift ;;
   --bin=*) BIN_ARG=${1#*=} ;;
   --prometheus) WITH_PROM=1 ;;
+  --revisions) (($# >= 2)) || die "--revisions needs a value"; REVISIONS=$2; shift ;;
+  --writers) (($# >= 2)) || die "--writers needs a value"; WRITERS=$2; shift ;;
+  --rounds) (($# >= 2)) || die "--rounds needs a value"; ROUNDS=$2; shift ;;
   -h | --help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
   esac
@@ -1300,5 +1379,6 @@ verify) cmd_verify ;;
 alerts) cmd_alerts ;;
 down) cmd_down ;;
 restart) cmd_restart "$REGION_ARG" ;;
+burst) cmd_burst ;;
 *) usage >&2; exit 2 ;;
 esac

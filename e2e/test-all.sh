@@ -79,4 +79,14 @@ for regions in 2 3; do
   trap - EXIT
   leftovers
 done
+# Many regions under load (docs/scale.md): five regions, one burst round in
+# every region at once; fails if a peer never holds a region's burst.
+echo "== multi-region burst, 5 regions"
+state=$(mktemp -d)
+trap 'bash e2e/multiregion.sh down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
+bash e2e/multiregion.sh up --state "$state" --regions 5
+bash e2e/multiregion.sh burst --state "$state" --rounds 1
+bash e2e/multiregion.sh down --state "$state"
+trap - EXIT
+leftovers
 echo "== all tests passed"
