@@ -1266,37 +1266,47 @@ cmd_restart() {
 
 # ---------------------------------------------------------------- burst
 
-# The replicas' metric sum of NAME over every leader.
-leaders_sum() { # NAME
-  local r s port sum=0 v
+# Metric NAME summed over every replica's series (a standby's counters
+# stand still, so differences are the leaders' work).
+replicas_sum() { # NAME
+  local r s
   for r in "${REGIONS[@]}"; do
     for s in "${SLOTS[@]}"; do
-      port=$(getv "REPLICA_PORT_${r}_$s")
-      v=$(metrics_of "$port" | awk -v n="$1" '$1 ~ "^"n"({|$)" { t += $2 } END { print t + 0 }')
-      sum=$(awk -v a="$sum" -v b="$v" 'BEGIN { print a + b }')
+      metrics_of "$(getv "REPLICA_PORT_${r}_$s")"
     done
+  done | awk -v n="$1" '$1 ~ "^"n"({|$)" { t += $2 } END { print t + 0 }'
+}
+
+# Waits for every pid; a bare `wait` would return 0 whatever they exited with.
+wait_all() { # WHAT PID...
+  local what=$1 pid
+  shift
+  for pid in "$@"; do
+    wait "$pid" || die "$what"
   done
-  echo "$sum"
 }
 
 cmd_burst() {
   load_env
-  read -r -a REGIONS <<<"$E2E_REGIONS"
   local load=${CARGO_TARGET_DIR:-$REPO/target}/release/examples/loadgen
   if [[ ! -x $load ]]; then
     (cd "$REPO" && cargo build --release --quiet --example loadgen) || die "cargo build --example loadgen failed"
   fi
-  local round r p pid dir t_end t_last t_max rss rss_max txns0 ev0 txns1 ev1
+  local round r p s f pid dir t_end t_last t_max rss rss_max txns0 ev0 txns1 ev1
+  local -a pids
   wait_ready 30 "${REGIONS[@]}" || die "regions not ready: $NOT_READY"
   dir=$STATE/burst
   mkdir -p "$dir"
   for ((round = 0; round < ROUNDS; round++)); do
-    txns0=$(leaders_sum aether_replicator_txns_applied_total)
-    ev0=$(leaders_sum aether_replicator_events_applied_total)
+    txns0=$(replicas_sum aether_replicator_txns_applied_total)
+    ev0=$(replicas_sum aether_replicator_events_applied_total)
+    pids=()
     for r in "${REGIONS[@]}"; do
       "$load" burst "$(getv "ETCD_URL_$r")" "${KEY_ROOT}$r/burst$round/" "$REVISIONS" "$WRITERS" >"$dir/end.$r" &
+      pids+=($!)
     done
-    wait
+    wait_all "a burst's writes failed (round $round)" "${pids[@]}"
+    pids=()
     t_end=0
     for r in "${REGIONS[@]}"; do
       t_last=$(tail -n1 "$dir/end.$r")
@@ -1306,9 +1316,10 @@ cmd_burst() {
       for p in "${REGIONS[@]}"; do
         [[ $p == "$r" ]] && continue
         "$load" wait "$(getv "ETCD_URL_$p")" "${KEY_ROOT}$r/burst$round/" "$REVISIONS" 120 >"$dir/at.$r.$p" &
+        pids+=($!)
       done
     done
-    wait || die "a peer never held a region's burst (round $round)"
+    wait_all "a peer never held a region's burst (round $round)" "${pids[@]}"
     t_max=0
     for f in "$dir"/at.*; do
       t_last=$(tail -n1 "$f")
@@ -1322,8 +1333,8 @@ cmd_burst() {
         ((rss > rss_max)) && rss_max=$rss
       done
     done
-    txns1=$(leaders_sum aether_replicator_txns_applied_total)
-    ev1=$(leaders_sum aether_replicator_events_applied_total)
+    txns1=$(replicas_sum aether_replicator_txns_applied_total)
+    ev1=$(replicas_sum aether_replicator_events_applied_total)
     echo "REPORT burst regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * (${#REGIONS[@]} - 1))) round=$round revisions=$REVISIONS writers=$WRITERS converged_after_last_write_ms=$((t_max - t_end)) txns=$(awk -v a="$txns1" -v b="$txns0" 'BEGIN { print a - b }') events_per_txn=$(awk -v t="$txns1" -v t0="$txns0" -v e="$ev1" -v e0="$ev0" 'BEGIN { d = t - t0; printf "%.1f", (d > 0 ? (e - e0) / d : 0) }') peak_rss_kib_max=$rss_max"
   done
 }

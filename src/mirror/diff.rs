@@ -2,7 +2,9 @@
 //! peer, shared by the range-diff sync and by `check`.
 //!
 //! Each side is scanned in pages by its own prefetching task, the source at
-//! the revision of its first page, the peer at its current revision. The
+//! the revision the caller pins (the sync pins one before it opens its live
+//! watch; unpinned, that of the first page), the peer at its current
+//! revision. The
 //! two sorted key streams are joined in key order; memory holds a few pages
 //! per side whatever the subtree's size.
 //!
@@ -100,12 +102,6 @@ impl Merge {
         }
     }
 
-    /// The revision the source is read at (known after the first key, or
-    /// once the join is exhausted).
-    pub(crate) fn source_revision(&self) -> i64 {
-        self.src.revision
-    }
-
     /// The next key in order, or `None` when both sides are exhausted.
     pub(crate) async fn next(&mut self) -> etcd::Result<Option<Diff>> {
         if !self.primed {
@@ -154,7 +150,6 @@ const FIRST_PAGE: usize = 256;
 struct Prefetch {
     rx: mpsc::Receiver<etcd::Result<etcd::Page>>,
     page: std::vec::IntoIter<KeyValue>,
-    revision: i64,
     _task: Option<AbortOnDrop>,
 }
 
@@ -182,7 +177,6 @@ impl Prefetch {
         Prefetch {
             rx,
             page: Vec::new().into_iter(),
-            revision: 0,
             _task: Some(AbortOnDrop(task)),
         }
     }
@@ -193,7 +187,6 @@ impl Prefetch {
         let p = Prefetch {
             rx,
             page: Vec::new().into_iter(),
-            revision: 0,
             _task: None,
         };
         (p, tx)
@@ -207,10 +200,7 @@ impl Prefetch {
             match self.rx.recv().await {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(e),
-                Some(Ok(page)) => {
-                    self.revision = page.revision;
-                    self.page = page.kvs.into_iter();
-                }
+                Some(Ok(page)) => self.page = page.kvs.into_iter(),
             }
         }
     }

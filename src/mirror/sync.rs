@@ -27,8 +27,8 @@ use super::writer::FencedWriter;
 use crate::error::Result;
 use crate::etcd::{self, Client, Delete, Op, TxnBatcher};
 
-/// Syncs the peer to the source as of revision `at` (0: the source's
-/// current one); returns the source revision S it reflects.
+/// Syncs the peer to the source as of revision `at`, which the caller
+/// pinned (see `Peer::sync`).
 pub(crate) async fn run(
     writer: &FencedWriter,
     local: &Client,
@@ -36,7 +36,7 @@ pub(crate) async fn run(
     at: i64,
     cfg: &MirrorConfig,
     pacer: &mut Pacer,
-) -> Result<i64> {
+) -> Result<()> {
     // The copy will hold everything the source held when the scan began.
     let started_ms = unix_ms();
     let rtt = pacer.min_rtt();
@@ -79,8 +79,6 @@ pub(crate) async fn run(
     while let Some(sent) = inflight.txns.next().await {
         inflight.finish(writer, sent).await?;
     }
-    // The source's first page, empty or not, always comes back and pins it.
-    let revision = merge.source_revision();
     // Record completion: from here a successor can resume by watch, and
     // consumers see a complete copy.
     writer.marks.synced.store(true, Relaxed);
@@ -88,12 +86,12 @@ pub(crate) async fn run(
         .marks
         .heartbeat_unix_ms
         .fetch_max(started_ms, Relaxed);
-    writer.write(Vec::new(), Some(revision)).await?;
+    writer.write(Vec::new(), Some(at)).await?;
     writer.stats.mark_current(started_ms);
     writer.stats.sync_puts.fetch_add(puts, Relaxed);
     writer.stats.sync_deletes.fetch_add(deletes, Relaxed);
-    tracing::info!(peer = %writer.region, revision, puts, deletes, "sync complete");
-    Ok(revision)
+    tracing::info!(peer = %writer.region, revision = at, puts, deletes, "sync complete");
+    Ok(())
 }
 
 /// One txn of the sync in flight, and its outcome.
