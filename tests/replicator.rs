@@ -647,7 +647,13 @@ fn sigterm_with_a_hung_peer_still_exits_promptly() {
         "--election-ttl=2s".into(),
     ];
     let mut r = Replicator::spawn(&argv);
-    assert!(wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()));
+    // Synced, not only leading: hung during the session start (the claim),
+    // the engine would never reach the live phase this test is about.
+    assert!(wait_until(Duration::from_secs(30), || r.ready()
+        && r.is_leader()
+        && r.scrape().is_some_and(|p| {
+            metric(&p, "aether_replicator_peer_synced{peer=\"b\"}") == Some(1.0)
+        })));
     // The peer stops answering: the next txns hang in flight.
     proxy.set_latency(Duration::from_secs(120));
     rt.block_on(seed(&s, 40));
