@@ -623,14 +623,8 @@ fn wan(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
-    let rtts: Vec<u64> = std::env::var("AETHER_BENCH_WAN_RTTS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![0, 20, 100, 250]);
-    let src = Etcd::start();
-    let s = client(&src);
-    rt.block_on(write_batched(&s, 0..n, 16));
-    let mut dst = Etcd::start();
+    let rtts = wan_rtts(&[0, 20, 100, 250]);
+    let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut base_rate_0 = None;
     for rtt in rtts {
         let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
@@ -644,15 +638,7 @@ fn wan(c: &mut Criterion) {
         bench_runs(g, "base_sync_50k", || {
             dst.restart_empty();
             let d = client(&dst);
-            // As the binary builds its peer clients.
-            let far = Client::connect(
-                ClientConfig::new([proxy.endpoint()]).with_connections(DEFAULT_PEER_CONNECTIONS),
-            )
-            .expect("client");
-            let start = Instant::now();
-            let engine = Engine::start(s.clone(), vec![("b".into(), far)], cfg()).expect("engine");
-            rt.block_on(engine.wait_synced());
-            let took = start.elapsed();
+            let (engine, took) = wan_sync(&rt, &s, &proxy);
             sync_rates.push(n as f64 / took.as_secs_f64());
             let st = engine.stats()[0].clone();
             windows.push(st.window_txns.load(Ordering::Relaxed) as f64);
@@ -692,6 +678,81 @@ fn wan(c: &mut Criterion) {
     }
 }
 
+/// The WAN base sync of a subtree that takes many round trips to copy:
+/// 500k keys (`AETHER_BENCH_WAN_LARGE_KEYS` overrides) on an empty peer
+/// behind the fault proxy, at the round trips of `AETHER_BENCH_WAN_RTTS`
+/// (default 0, 100 and 250 ms). A session start costs a fixed number of
+/// round trips and a new connection's flow-control window ramps up over
+/// the first ones; `wan`'s 50k keys are mostly that at 250 ms, this is
+/// mostly the copy, which is what the window governs.
+fn wan_large(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n: usize = std::env::var("AETHER_BENCH_WAN_LARGE_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500_000);
+    let rtts = wan_rtts(&[0, 100, 250]);
+    let (_src, s, mut dst) = wan_stores(&rt, n);
+    let mut rate_0 = None;
+    for rtt in rtts {
+        let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
+        proxy.set_latency(Duration::from_millis(rtt) / 2);
+        let mut g = group(c, format!("wan_large/{rtt}ms"));
+        g.throughput(Throughput::Elements(n as u64));
+        let mut rates = Vec::new();
+        bench_runs(g, "base_sync", || {
+            dst.restart_empty();
+            let (engine, took) = wan_sync(&rt, &s, &proxy);
+            rates.push(n as f64 / took.as_secs_f64());
+            rt.block_on(engine.shutdown());
+            took
+        });
+        if rates.is_empty() {
+            continue;
+        }
+        let rate = median(&mut rates);
+        let ratio = rate_0.map_or(1.0, |r0: f64| rate / r0);
+        if rtt == 0 {
+            rate_0 = Some(rate);
+        }
+        println!(
+            "REPORT wan_large rtt_ms={rtt} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2}"
+        );
+    }
+}
+
+/// The round trips to measure: `AETHER_BENCH_WAN_RTTS` (ms, comma
+/// separated), or `default`.
+fn wan_rtts(default: &[u64]) -> Vec<u64> {
+    std::env::var("AETHER_BENCH_WAN_RTTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+/// A source holding `n` keys, its client, and an empty peer.
+fn wan_stores(rt: &tokio::runtime::Runtime, n: usize) -> (Etcd, Client, Etcd) {
+    let src = Etcd::start();
+    let s = client(&src);
+    rt.block_on(write_batched(&s, 0..n, 16));
+    (src, s, Etcd::start())
+}
+
+/// Starts an engine mirroring `s` to the peer behind `proxy`, its client
+/// built as the binary builds its peer clients, and waits for the base
+/// sync: the engine and how long it took from the start.
+fn wan_sync(rt: &tokio::runtime::Runtime, s: &Client, proxy: &FaultProxy) -> (Engine, Duration) {
+    let far = Client::connect(
+        ClientConfig::new([proxy.endpoint()]).with_connections(DEFAULT_PEER_CONNECTIONS),
+    )
+    .expect("client");
+    let start = Instant::now();
+    let engine = Engine::start(s.clone(), vec![("b".into(), far)], cfg()).expect("engine");
+    rt.block_on(engine.wait_synced());
+    (engine, start.elapsed())
+}
+
 /// Deletes the keys `key(i)` for `i` in `range`, in batched txns.
 async fn delete_keys(c: &Client, range: std::ops::Range<usize>) {
     let mut b = TxnBatcher::new(TxnLimits::default());
@@ -704,5 +765,7 @@ async fn delete_keys(c: &Client, range: std::ops::Range<usize>) {
     }
 }
 
-criterion_group!(benches, base_sync, live, handoff, fanout, load_curve, wan);
+criterion_group!(
+    benches, base_sync, live, handoff, fanout, load_curve, wan, wan_large
+);
 criterion_main!(benches);

@@ -1335,7 +1335,7 @@ cmd_burst() {
     done
     txns1=$(replicas_sum aether_replicator_txns_applied_total)
     ev1=$(replicas_sum aether_replicator_events_applied_total)
-    echo "REPORT burst regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * (${#REGIONS[@]} - 1))) round=$round revisions=$REVISIONS writers=$WRITERS converged_after_last_write_ms=$((t_max - t_end)) txns=$(awk -v a="$txns1" -v b="$txns0" 'BEGIN { print a - b }') events_per_txn=$(awk -v t="$txns1" -v t0="$txns0" -v e="$ev1" -v e0="$ev0" 'BEGIN { d = t - t0; printf "%.1f", (d > 0 ? (e - e0) / d : 0) }') peak_rss_kib_max=$rss_max"
+    echo "REPORT burst regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * (${#REGIONS[@]} - 1))) round=$round revisions=$REVISIONS writers=$WRITERS converged_after_last_write_ms=$((t_max - t_end)) txns=$(awk -v a="$txns1" -v b="$txns0" 'BEGIN { print a - b }') events_per_txn=$(awk -v t="$txns1" -v t0="$txns0" -v e="$ev1" -v e0="$ev0" 'BEGIN { d = t - t0; r = 0; if (d > 0) r = (e - e0) / d; printf "%.1f", r }') peak_rss_kib_max=$rss_max"
   done
 }
 

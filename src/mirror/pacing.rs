@@ -30,10 +30,16 @@
 //!   busier (other writers, compaction): the window shrinks by a fifth.
 //! - **Errors** (a txn failed for a transient reason) halve the window.
 //!
-//! - **BDP cap**: whatever the above says, at most twice the measured
-//!   bandwidth-delay product (the best txns/s of the last rounds × min RTT,
-//!   as BBR's cwnd gain), but at least [`BDP_FLOOR`]. On a narrow link this
-//!   is what bounds the queue in front of it (and so every request's wait).
+//! - **BDP cap**: once startup is over, whatever the above says, at most
+//!   twice the measured bandwidth-delay product (the best txns/s of the
+//!   last window-limited rounds × min RTT, as BBR's cwnd gain), but at
+//!   least [`BDP_FLOOR`]. On a narrow link this is what bounds the queue in
+//!   front of it (and so every request's wait). In startup the rate is
+//!   what is being measured, so it does not cap the window.
+//!
+//! A round starts with the first txn after an idle stretch, so the time
+//! before a sync's first txn (the session start's round trips) is not
+//! booked as a slow round.
 //!
 //! The best rate is a max filter that forgets after [`BEST_ROUNDS`]
 //! window-limited rounds, so a peer that slows down is followed down.
@@ -175,8 +181,16 @@ impl Pacer {
     }
 
     /// Twice the measured bandwidth-delay product in txns, at least
-    /// [`BDP_FLOOR`].
+    /// [`BDP_FLOOR`]; no cap in startup. Startup is where the rate is still
+    /// being found: a new connection's flow-control window (grpc-go opens
+    /// it at 64 KiB and doubles it per round trip) holds the first rounds'
+    /// rate far below the link's, and capping the window at twice that rate
+    /// would slow the ramp it is meant to measure (BBR, too, lets its
+    /// window grow freely until the pipe is full).
     fn bdp_cap(&self) -> f64 {
+        if matches!(self.phase, Phase::Startup { .. }) {
+            return f64::INFINITY;
+        }
         let rate = self.txn_rates.iter().copied().fold(0.0, f64::max);
         match self.min_rtt() {
             Some(rtt) if rate > 0.0 => (2.0 * rate * rtt.as_secs_f64()).max(BDP_FLOOR as f64),
@@ -202,6 +216,16 @@ impl Pacer {
             .store(self.window_bytes() as u64, Relaxed);
         if let Some(rtt) = self.min_rtt() {
             stats.rtt_micros.store(rtt.as_micros() as u64, Relaxed);
+        }
+    }
+
+    /// A txn is about to go with `in_flight` txns already out. After an
+    /// idle stretch (nothing in flight, nothing acknowledged this round)
+    /// the round starts now: time in which nothing was sent is not a rate
+    /// (the session start's round trips came before the sync's first txn).
+    pub(crate) fn on_send(&mut self, now: Instant, in_flight: usize) {
+        if in_flight == 0 && self.round.txns == 0 {
+            self.round.start = now;
         }
     }
 
@@ -294,10 +318,15 @@ impl Pacer {
         let elapsed = now.duration_since(round.start).as_secs_f64().max(1e-6);
         let rate = round.ops as f64 / elapsed;
         let latency = round.latency_sum / round.txns.max(1) as u32;
-        if self.txn_rates.len() == BEST_ROUNDS as usize {
-            self.txn_rates.pop_front();
+        let txn_rate = round.txns as f64 / elapsed;
+        // An app-limited round under-measures the path: it feeds the BDP
+        // cap only when it beats every sample held (BBR's rule).
+        if round.full || self.txn_rates.iter().all(|&r| txn_rate > r) {
+            if self.txn_rates.len() == BEST_ROUNDS as usize {
+                self.txn_rates.pop_front();
+            }
+            self.txn_rates.push_back(txn_rate);
         }
-        self.txn_rates.push_back(round.txns as f64 / elapsed);
         if !round.full {
             // App-limited: the window was not the limit. A rate above the
             // best still counts (it can only be an under-estimate).
@@ -346,7 +375,7 @@ impl Pacer {
                     // Double while it pays; hold while it stalls, so the
                     // next round measures this window rather than the last.
                     if stalls == 0 {
-                        self.window = (window * 2.0).min(cap).min(self.bdp_cap() * 2.0);
+                        self.window = (window * 2.0).min(cap);
                     }
                     self.phase = Phase::Startup { stalls };
                 }
@@ -427,6 +456,8 @@ mod tests {
 
     struct Outcome {
         rate: f64,
+        /// Ops acknowledged over the whole run.
+        delivered: u64,
         max_window: usize,
         final_window: usize,
         max_bytes_in_flight: usize,
@@ -441,7 +472,7 @@ mod tests {
             // (done at, sent at)
             let mut inflight: BinaryHeap<Reverse<(Instant, Instant)>> = BinaryHeap::new();
             let mut peer_free = start;
-            let mut delivered_late = 0u64;
+            let (mut delivered, mut delivered_late) = (0u64, 0u64);
             let mut backlog = 0.0f64;
             let (mut max_window, mut max_bytes) = (0, 0);
             while now < end {
@@ -451,6 +482,7 @@ mod tests {
                     }
                     inflight.pop();
                     pacer.on_ack(done, done - sent, self.ops_per_txn, self.bytes_per_txn);
+                    delivered += self.ops_per_txn;
                     if done >= half {
                         delivered_late += self.ops_per_txn;
                     }
@@ -467,6 +499,7 @@ mod tests {
                         break;
                     }
                     backlog -= self.ops_per_txn as f64;
+                    pacer.on_send(now, inflight.len());
                     let arrive = now + self.rtt / 2;
                     let begin = arrive.max(peer_free);
                     peer_free =
@@ -479,6 +512,7 @@ mod tests {
             }
             Outcome {
                 rate: delivered_late as f64 / (secs / 2.0),
+                delivered,
                 max_window,
                 final_window: pacer.window_txns(),
                 max_bytes_in_flight: max_bytes,
@@ -519,6 +553,30 @@ mod tests {
             assert!(rtt_seen >= Duration::from_millis(rtt), "{rtt_seen:?}");
             assert!(rtt_seen < Duration::from_millis(rtt) + Duration::from_millis(5));
         }
+    }
+
+    /// The engine makes its pacer when the session starts, and the sync's
+    /// first txn goes out a few round trips later (state read, lease,
+    /// claim, the peer's first page). That idle time once made the first
+    /// round a near-zero rate, and the BDP cap built on it cut the window
+    /// to the floor just as the copy began: the 250 ms sync of 50k keys ran
+    /// at ~32 txns per round trip for its first second.
+    #[test]
+    fn idle_time_before_the_first_txn_does_not_slow_the_ramp() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(256, 64 << 20, t0);
+        // Four round trips of traffic after one second of nothing.
+        let out = sync_sim(250).run(&mut p, t0 + Duration::from_secs(1), 1.0);
+        // Doubling from 64 reaches the peer's ceiling (~157 txns per round
+        // trip) in the third: 64 + 128 + 157 + 157 txns acknowledged, less
+        // the last round trip's that are still in flight at the end.
+        let txns = out.delivered / 127;
+        assert!(txns >= 300, "{txns} txns in four round trips");
+        assert!(
+            p.window_txns() >= INITIAL_WINDOW,
+            "window {}",
+            p.window_txns()
+        );
     }
 
     #[test]

@@ -893,6 +893,7 @@ impl<'a> Live<'a> {
     fn launch(&mut self, batch: Batch) {
         // Every state put carries the heartbeat as it is now.
         self.heartbeat_dirty = false;
+        self.pacer.on_send(Instant::now(), self.inflight.len());
         let (seq, state_rev) = self.window.open(&batch.keys, batch.complete_through);
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let txn = self.writer.send(batch.ops.clone(), Some(state_rev));

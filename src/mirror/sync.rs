@@ -14,9 +14,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 
 use super::batch::STATE_RESERVE_BYTES;
 use super::config::MirrorConfig;
@@ -118,6 +118,7 @@ impl InFlight<'_> {
                 self.finish(writer, sent).await?;
             }
         }
+        self.pacer.on_send(Instant::now(), self.txns.len());
         let txn = writer.send(ops.clone(), None);
         self.bytes += bytes;
         self.txns.push(Box::pin(async move {
@@ -129,6 +130,15 @@ impl InFlight<'_> {
                 result,
             }
         }));
+        // Put it on the wire now: a future in the set is first polled when
+        // the set is, and the loop above only polls it once the window is
+        // full, so the first txns of a sync would wait for the whole
+        // window to be packed (about 0.2 s for 64 txns, inflating the
+        // measured round trip too). Txns that are already answered are
+        // booked here as well.
+        while let Some(Some(sent)) = self.txns.next().now_or_never() {
+            self.finish(writer, sent).await?;
+        }
         Ok(())
     }
 
