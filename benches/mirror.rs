@@ -722,6 +722,145 @@ fn wan_large(c: &mut Criterion) {
     }
 }
 
+/// Many regions under load (issue 14): N regions (`AETHER_BENCH_REGIONS`,
+/// default 5), every one's etcd on this machine and every engine mirroring
+/// to all the others (N × (N − 1) streams), each region starting with 20k
+/// keys. Measured once: the time until every engine has base-synced every
+/// peer. Each sample: 16 writers in *every* region write 5,000 single-put
+/// revisions at once; the sample's time is from the start of the bursts
+/// until every peer holds every region's burst, and the REPORT line gives
+/// the convergence after the last write, events per mirror txn and the
+/// process's RSS after the sync and after the bursts (all engines, clients
+/// and the bench share it, so it is the growth that matters). `e2e/multiregion.sh burst`
+/// runs the same scene with the binaries, one process per replica.
+fn regions(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n: usize = std::env::var("AETHER_BENCH_REGIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let (base, burst) = (20_000usize, 5_000usize);
+    let names: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let stores: Vec<Etcd> = (0..n).map(|_| Etcd::start()).collect();
+    let clients: Vec<Client> = stores.iter().map(client).collect();
+    for (c, r) in clients.iter().zip(&names) {
+        rt.block_on(common::mirror::put_many(
+            c,
+            (0..base).map(|k| (common::mirror::key_in(r, k), format!("v{k}"))),
+        ));
+    }
+    let start = Instant::now();
+    let engines: Vec<Engine> = (0..n)
+        .map(|i| {
+            let peers = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| (names[j].clone(), clients[j].clone()))
+                .collect();
+            let mut cfg = MirrorConfig::new(names[i].as_str());
+            cfg.lease_ttl = Duration::from_secs(30);
+            Engine::start(clients[i].clone(), peers, cfg).expect("engine")
+        })
+        .collect();
+    for e in &engines {
+        rt.block_on(e.wait_synced());
+    }
+    let base_sync = start.elapsed();
+    let rss_synced = rss_kib();
+    let mut rss_max = rss_synced;
+    let stats: Vec<_> = engines.iter().flat_map(|e| e.stats()).collect();
+    let totals = || {
+        stats.iter().fold((0u64, 0u64), |(t, ev), s| {
+            (
+                t + s.txns.load(Ordering::Relaxed),
+                ev + s.events.load(Ordering::Relaxed),
+            )
+        })
+    };
+    let mut g = group(c, format!("regions/{n}"));
+    g.throughput(Throughput::Elements((n * burst) as u64));
+    let (mut tails, mut per_txn) = (Vec::new(), Vec::new());
+    let mut round = 0;
+    bench_runs(g, "bursts_to_convergence", || {
+        let (txns0, events0) = totals();
+        let from = base + round * burst;
+        round += 1;
+        let start = Instant::now();
+        let last_write = rt.block_on(async {
+            let mut writers = tokio::task::JoinSet::new();
+            for (c, r) in clients.iter().zip(&names) {
+                let next = Arc::new(AtomicUsize::new(0));
+                for _ in 0..16 {
+                    let (c, r, next) = (c.clone(), r.clone(), next.clone());
+                    writers.spawn(async move {
+                        loop {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            if k >= burst {
+                                return;
+                            }
+                            let key = common::mirror::key_in(&r, from + k);
+                            c.put(Put::new(key, "b")).await.expect("burst put");
+                        }
+                    });
+                }
+            }
+            while let Some(w) = writers.join_next().await {
+                w.expect("writer");
+            }
+            Instant::now()
+        });
+        let want = (from + burst) as i64;
+        let all_there = || async {
+            for c in &clients {
+                for r in &names {
+                    let prefix = format!("/aether/v1/regions/{r}/");
+                    let held = c.range(Range::prefix(prefix).count_only()).await;
+                    if held.expect("count").count < want {
+                        return false;
+                    }
+                }
+            }
+            true
+        };
+        let converged = rt.block_on(async {
+            // Bounded: a peer that never converges fails the bench.
+            for _ in 0..60_000 {
+                if all_there().await {
+                    return Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            panic!("the regions did not converge within a minute of the bursts");
+        });
+        tails.push((converged - last_write).as_secs_f64());
+        let (txns1, events1) = totals();
+        per_txn.push((events1 - events0) as f64 / (txns1 - txns0).max(1) as f64);
+        rss_max = rss_max.max(rss_kib());
+        converged - start
+    });
+    let (tail_median, tail_max) = tail_ms(&tails);
+    println!(
+        "REPORT regions n={n} streams={} base_keys={base} base_sync_all_ms={} burst={burst} converge_after_last_write_ms_median={tail_median:.0} max={tail_max:.0} events_per_txn_median={:.1} rss_kib_after_sync={rss_synced} rss_kib_max_after_bursts={rss_max}",
+        n * (n - 1),
+        base_sync.as_millis(),
+        median(&mut per_txn),
+    );
+    for e in engines {
+        rt.block_on(e.shutdown());
+    }
+}
+
+/// This process's resident set now (VmRSS), in KiB; 0 if unknown.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// The round trips to measure: `AETHER_BENCH_WAN_RTTS` (ms, comma
 /// separated), or `default`.
 fn wan_rtts(default: &[u64]) -> Vec<u64> {
@@ -766,6 +905,6 @@ async fn delete_keys(c: &Client, range: std::ops::Range<usize>) {
 }
 
 criterion_group!(
-    benches, base_sync, live, handoff, fanout, load_curve, wan, wan_large
+    benches, base_sync, live, handoff, fanout, load_curve, wan, wan_large, regions
 );
 criterion_main!(benches);
