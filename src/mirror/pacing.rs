@@ -30,16 +30,17 @@
 //!   busier (other writers, compaction): the window shrinks by a fifth.
 //! - **Errors** (a txn failed for a transient reason) halve the window.
 //!
-//! - **BDP cap**: once startup is over, whatever the above says, at most
-//!   twice the measured bandwidth-delay product (the best txns/s of the
-//!   last window-limited rounds × min RTT, as BBR's cwnd gain), but at
-//!   least [`BDP_FLOOR`]. On a narrow link this is what bounds the queue in
-//!   front of it (and so every request's wait). In startup the rate is
-//!   what is being measured, so it does not cap the window.
+//! - **BDP cap**: whatever the above says, at most twice the measured
+//!   bandwidth-delay product (the best txns/s of the last window-limited
+//!   rounds × min RTT, as BBR's cwnd gain), but at least [`BDP_FLOOR`]. On a
+//!   narrow link this is what bounds the queue in front of it (and so
+//!   every request's wait), from the second round of startup on. On a fat
+//!   link it never binds: the rate doubles with the window.
 //!
 //! A round starts with the first txn after an idle stretch, so the time
 //! before a sync's first txn (the session start's round trips) is not
-//! booked as a slow round.
+//! booked as a slow round; that first round, which ends at the first
+//! acknowledgement, does not feed the BDP cap either.
 //!
 //! The best rate is a max filter that forgets after [`BEST_ROUNDS`]
 //! window-limited rounds, so a peer that slows down is followed down.
@@ -117,6 +118,13 @@ struct Round {
     bytes: u64,
     latency_sum: Duration,
     full: bool,
+    /// Began with the first txn after an idle stretch. Such a round ends
+    /// at its first acknowledgement (one round trip after the send, when
+    /// the rest of the window is still in flight), so its rate is about
+    /// one txn per round trip whatever the path: it must not feed the BDP
+    /// cap, which would then cut the window to the floor just as a sync
+    /// starts (it did: 32 txns for the first second at 250 ms).
+    after_idle: bool,
 }
 
 impl Round {
@@ -128,6 +136,7 @@ impl Round {
             bytes: 0,
             latency_sum: Duration::ZERO,
             full: false,
+            after_idle: false,
         }
     }
 }
@@ -163,7 +172,10 @@ impl Pacer {
             window: INITIAL_WINDOW.min(cap_txns) as f64,
             phase: Phase::Startup { stalls: 0 },
             best: None,
-            round: Round::new(now),
+            round: Round {
+                after_idle: true,
+                ..Round::new(now)
+            },
             srtt: None,
             min_rtt: None,
             probe_rtt: None,
@@ -181,16 +193,8 @@ impl Pacer {
     }
 
     /// Twice the measured bandwidth-delay product in txns, at least
-    /// [`BDP_FLOOR`]; no cap in startup. Startup is where the rate is still
-    /// being found: a new connection's flow-control window (grpc-go opens
-    /// it at 64 KiB and doubles it per round trip) holds the first rounds'
-    /// rate far below the link's, and capping the window at twice that rate
-    /// would slow the ramp it is meant to measure (BBR, too, lets its
-    /// window grow freely until the pipe is full).
+    /// [`BDP_FLOOR`]; none until a round has measured a rate.
     fn bdp_cap(&self) -> f64 {
-        if matches!(self.phase, Phase::Startup { .. }) {
-            return f64::INFINITY;
-        }
         let rate = self.txn_rates.iter().copied().fold(0.0, f64::max);
         match self.min_rtt() {
             Some(rtt) if rate > 0.0 => (2.0 * rate * rtt.as_secs_f64()).max(BDP_FLOOR as f64),
@@ -225,7 +229,8 @@ impl Pacer {
     /// (the session start's round trips came before the sync's first txn).
     pub(crate) fn on_send(&mut self, now: Instant, in_flight: usize) {
         if in_flight == 0 && self.round.txns == 0 {
-            self.round.start = now;
+            self.round = Round::new(now);
+            self.round.after_idle = true;
         }
     }
 
@@ -321,7 +326,7 @@ impl Pacer {
         let txn_rate = round.txns as f64 / elapsed;
         // An app-limited round under-measures the path: it feeds the BDP
         // cap only when it beats every sample held (BBR's rule).
-        if round.full || self.txn_rates.iter().all(|&r| txn_rate > r) {
+        if !round.after_idle && (round.full || self.txn_rates.iter().all(|&r| txn_rate > r)) {
             if self.txn_rates.len() == BEST_ROUNDS as usize {
                 self.txn_rates.pop_front();
             }
@@ -375,7 +380,7 @@ impl Pacer {
                     // Double while it pays; hold while it stalls, so the
                     // next round measures this window rather than the last.
                     if stalls == 0 {
-                        self.window = (window * 2.0).min(cap);
+                        self.window = (window * 2.0).min(cap).min(self.bdp_cap() * 2.0);
                     }
                     self.phase = Phase::Startup { stalls };
                 }
