@@ -120,10 +120,7 @@ fn base_sync(c: &mut Criterion) {
         let mut ceiling_rates = Vec::new();
         // 64 in flight unless told otherwise: the fastest in the sweep of
         // BENCHMARKS.md §1 (8, 16, 32, 64).
-        let inflight = std::env::var("AETHER_BENCH_CEILING_INFLIGHT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(64);
+        let inflight: usize = env_or("AETHER_BENCH_CEILING_INFLIGHT", 64);
         bench_runs(g, "write_ceiling", || {
             dst.restart_empty();
             let d = client(&dst);
@@ -689,10 +686,7 @@ fn wan(c: &mut Criterion) {
 fn wan_large(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
-    let n: usize = std::env::var("AETHER_BENCH_WAN_LARGE_KEYS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500_000);
+    let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
     let rtts = wan_rtts(&[0, 100, 250]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut rate_0 = None;
@@ -732,15 +726,13 @@ fn wan_large(c: &mut Criterion) {
 /// until every peer holds every region's burst, and the REPORT line gives
 /// the convergence after the last write, events per mirror txn and the
 /// process's RSS after the sync and after the bursts (all engines, clients
-/// and the bench share it, so it is the growth that matters). `e2e/multiregion.sh burst`
-/// runs the same scene with the binaries, one process per replica.
+/// and the bench share it, so it is the growth that matters).
+/// `e2e/multiregion.sh burst` runs the same scene with the binaries, one
+/// process per replica.
 fn regions(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
-    let n: usize = std::env::var("AETHER_BENCH_REGIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let n: usize = env_or("AETHER_BENCH_REGIONS", 5);
     let (base, burst) = (20_000usize, 5_000usize);
     let names: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
     let stores: Vec<Etcd> = (0..n).map(|_| Etcd::start()).collect();
@@ -864,6 +856,15 @@ fn rss_kib() -> u64 {
             line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or(0)
+}
+
+/// The environment variable `name` parsed, or `default` when it is unset
+/// or does not parse.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The round trips to measure: `AETHER_BENCH_WAN_RTTS` (ms, comma

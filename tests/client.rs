@@ -773,8 +773,8 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     drop(c);
     drop(stream);
     observer.put(Put::new("/owner/b", "2")).await.unwrap();
-    // Failed once in CI (no event within T, not reproduced in 140 local
-    // runs): say what the link and the store looked like.
+    // Failed once in CI (no event within T; not reproduced locally): say
+    // what the link and the store looked like.
     let Ok(second) = tokio::time::timeout(T, watcher.next()).await else {
         let held = observer.range(Range::prefix("/owner/")).await.unwrap();
         panic!(

@@ -139,6 +139,14 @@ impl Round {
             after_idle: false,
         }
     }
+
+    /// A round begun by the first txn after an idle stretch.
+    fn after_idle(start: Instant) -> Round {
+        Round {
+            after_idle: true,
+            ..Round::new(start)
+        }
+    }
 }
 
 /// One peer's adaptive window. See the module docs.
@@ -172,10 +180,7 @@ impl Pacer {
             window: INITIAL_WINDOW.min(cap_txns) as f64,
             phase: Phase::Startup { stalls: 0 },
             best: None,
-            round: Round {
-                after_idle: true,
-                ..Round::new(now)
-            },
+            round: Round::after_idle(now),
             srtt: None,
             min_rtt: None,
             probe_rtt: None,
@@ -229,8 +234,7 @@ impl Pacer {
     /// (the session start's round trips came before the sync's first txn).
     pub(crate) fn on_send(&mut self, now: Instant, in_flight: usize) {
         if in_flight == 0 && self.round.txns == 0 {
-            self.round = Round::new(now);
-            self.round.after_idle = true;
+            self.round = Round::after_idle(now);
         }
     }
 
