@@ -1135,11 +1135,7 @@ impl Task {
     }
 
     async fn sleep(&self, backoff: &mut Backoff) -> bool {
-        let d = backoff.next_delay();
-        tokio::select! {
-            _ = self.cancel.cancelled() => false,
-            _ = tokio::time::sleep(d) => true,
-        }
+        backoff.wait_unless(self.cancel.cancelled()).await
     }
 
     /// Applies one watch response and publishes the result.

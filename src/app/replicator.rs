@@ -133,9 +133,8 @@ pub async fn run_with_state(
                     state.session_ok.store(false, Relaxed);
                     let wait = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in = ?wait, "campaign failed");
-                    tokio::select! {
-                        _ = &mut shutdown => return Ok(()),
-                        _ = tokio::time::sleep(wait) => {}
+                    if !Backoff::sleep_unless(wait, &mut shutdown).await {
+                        return Ok(());
                     }
                     continue;
                 }
@@ -180,9 +179,8 @@ pub async fn run_with_state(
                 tracing::warn!(peer = ?peer, "another replicator took over a peer; stepping down");
                 engine.shutdown().await;
                 leadership.resign().await;
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = tokio::time::sleep(config.election_ttl) => {}
+                if !Backoff::sleep_unless(config.election_ttl, &mut shutdown).await {
+                    return Ok(());
                 }
             }
         }

@@ -102,6 +102,27 @@ impl Backoff {
         tokio::time::sleep(self.next_delay()).await;
     }
 
+    /// Sleeps for [`Backoff::next_delay`] unless `stop` resolves first;
+    /// returns whether the whole wait passed (`false`: stopped). The one
+    /// "cancel or back off" of every retry loop, e.g.
+    /// `backoff.wait_unless(cancel.cancelled())` or
+    /// `backoff.wait_unless(&mut shutdown)`.
+    pub async fn wait_unless(&mut self, stop: impl Future) -> bool {
+        let delay = self.next_delay();
+        Backoff::sleep_unless(delay, stop).await
+    }
+
+    /// Sleeps for `delay` unless `stop` resolves first; returns whether the
+    /// whole wait passed. For a wait chosen by the caller (a fixed pause,
+    /// or a delay already drawn and logged).
+    pub async fn sleep_unless(delay: Duration, stop: impl Future) -> bool {
+        tokio::select! {
+            biased;
+            _ = stop => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+
     fn next_u64(&mut self) -> u64 {
         // xorshift64*: plenty for spreading retries, and no dependency.
         let mut x = self.rng;

@@ -483,9 +483,5 @@ async fn stream_failed(
     for k in leases.values() {
         k.status.send_modify(|s| s.failures += 1);
     }
-    let wait = backoff.next_delay();
-    tokio::select! {
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(wait) => true,
-    }
+    backoff.wait_unless(cancel.cancelled()).await
 }

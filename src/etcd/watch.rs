@@ -576,7 +576,7 @@ async fn run(
                 }
                 client.rotate(idx);
                 reconnects.fetch_add(1, Ordering::Relaxed);
-                if !sleep_or_cancel(&cancel, &mut backoff).await {
+                if !backoff.wait_unless(cancel.cancelled()).await {
                     return;
                 }
                 continue;
@@ -640,7 +640,7 @@ async fn run(
                         for st in watchers.values_mut() {
                             st.fragments.clear();
                         }
-                        if !sleep_or_cancel(&cancel, &mut backoff).await {
+                        if !backoff.wait_unless(cancel.cancelled()).await {
                             return;
                         }
                         break;
@@ -648,14 +648,6 @@ async fn run(
                 },
             }
         }
-    }
-}
-
-async fn sleep_or_cancel(cancel: &CancellationToken, backoff: &mut Backoff) -> bool {
-    let d = backoff.next_delay();
-    tokio::select! {
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(d) => true,
     }
 }
 

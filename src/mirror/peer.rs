@@ -142,10 +142,7 @@ impl Peer {
             // lease. Bounded by one TTL, so a region that is really gone
             // still lapses.
             tracing::info!(peer = %self.region(), "stepped down; keeping the lease alive for one TTL");
-            tokio::select! {
-                _ = self.cancel.cancelled() => {}
-                _ = tokio::time::sleep(self.cfg.lease_ttl) => {}
-            }
+            Backoff::sleep_unless(self.cfg.lease_ttl, self.cancel.cancelled()).await;
         }
         result
     }
@@ -213,10 +210,14 @@ impl Peer {
             }
             let wait = wait.unwrap_or_else(|| backoff.next_delay());
             tracing::warn!(peer = %self.region(), error = %err, retry_in = ?wait, "peer session ended");
-            tokio::select! {
-                _ = self.cancel.cancelled() => return Ok(()),
-                _ = self.pause.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(wait) => {}
+            let stop = async {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => {}
+                    _ = self.pause.cancelled() => {}
+                }
+            };
+            if !Backoff::sleep_unless(wait, stop).await {
+                return Ok(());
             }
         }
     }
