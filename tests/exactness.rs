@@ -90,20 +90,45 @@ async fn a_peer_with_a_lower_txn_op_limit_gets_smaller_txns() {
     let src_etcd = Etcd::start();
     let peer_etcd = Etcd::builder().extra_args(&["--max-txn-ops=16"]).start();
     let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
-    common::mirror::put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
+    common::mirror::put_many(&src, (0..3000).map(|i| (key(i), format!("v{i}")))).await;
     let cfg = fast(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = &engine.stats()[0];
+    // Found by the sync, exactly: not halved once per refused txn of the
+    // window in flight (that ratchet ended at 2).
+    assert_eq!(s.txn_ops_limit.load(Relaxed), 16, "after the sync");
+    assert!(s.errors(ErrorKind::TooManyOps) >= 1);
     // Live too: a 100-op source txn is one revision the peer cannot take
     // in one txn.
-    common::mirror::put_many(&src, (300..400).map(|i| (key(i), format!("v{i}")))).await;
+    common::mirror::put_many(&src, (3000..3100).map(|i| (key(i), format!("v{i}")))).await;
+    converged(&src, &peer, &cfg).await;
+    assert_eq!(s.txn_ops_limit.load(Relaxed), 16, "after the live burst");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_lower_request_size_limit_is_found_to_within_its_raft_header() {
+    const PEER_LIMIT: u64 = 262_144;
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::builder()
+        .extra_args(&[&format!("--max-request-bytes={PEER_LIMIT}")])
+        .start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    // 3 KiB values: 127 of them are a txn of ~400 KiB, over the peer's
+    // limit.
+    let value = "x".repeat(3 * 1024);
+    common::mirror::put_many(&src, (0..2000).map(|i| (key(i), value.clone()))).await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     converged(&src, &peer, &cfg).await;
     let s = &engine.stats()[0];
-    assert!(s.errors(ErrorKind::TooManyOps) >= 1);
+    let found = s.request_bytes_limit.load(Relaxed);
+    // etcd checks the txn wrapped in its raft header (a few dozen bytes),
+    // and the search stops within its precision (64 bytes).
     assert!(
-        s.txn_ops_limit.load(Relaxed) <= 16,
-        "{}",
-        s.txn_ops_limit.load(Relaxed)
+        (PEER_LIMIT - 256..=PEER_LIMIT).contains(&found),
+        "discovered {found}, the peer's limit is {PEER_LIMIT}"
     );
+    assert_eq!(s.errors(ErrorKind::TooLarge), 0, "no value was too large");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,13 +22,52 @@
 //! whatever its bytes, and never anything outside it apart from the state
 //! key. It never mirrors another region's subtree, which is what keeps
 //! replication between regions loop-free.
+//!
+//! # Layout
+//! One peer's task, top to bottom:
+//! - `peer`: the session lifecycle: claim, sync or resume, live; retry with
+//!   backoff, re-sync, or let a stale copy lapse.
+//! - `claim`: how a session takes the peer: identity checks, the lease
+//!   (adopt or grant), the compare-and-swap on the state key, and whether
+//!   to resume or re-sync.
+//! - `sync`: the range-diff sync at one pinned revision, over `diff` (the
+//!   merge-join of both sides' pages).
+//! - `live`: the live loop: watch in, batches out, the freshness probe.
+//!   [`batch`] turns watch events into batches of whole revisions;
+//!   `sequence` keeps per-key order and the acknowledged watermark.
+//! - `verify`: the periodic verification pass that repairs what a probe
+//!   can't see (out-of-band edits on the peer).
+//! - `pipeline`: **the one send path** of the sync and the live loop: txns
+//!   in flight, their bytes, the window's samples, refusals and re-sends.
+//!   - `window`: the adaptive in-flight window (how many txns and bytes may
+//!     be in flight, from the measured round trip and throughput).
+//!   - `limits`: the peer's txn limits, discovered by probing after a
+//!     refusal.
+//! - `writer`: builds every fenced txn and tells why one failed; [`state`]
+//!   is the state key's format, the fence and the claim.
+//! - [`stats`]: per-peer counters and signals; [`check`]: the offline
+//!   comparison behind `aether-replicator check`; `config`: [`MirrorConfig`].
+//!
+//! # Where to look
+//! - *Where is a txn packed?* Sync: `sync` with the client's
+//!   [`crate::etcd::TxnBatcher`]. Live: [`batch::Batcher`]. Both pack for
+//!   the limits the pipeline reports.
+//! - *Where are limits discovered?* `limits` (`Limits::refused`, called by
+//!   `pipeline` when the peer refuses a txn for its size).
+//! - *Where is the window sized?* `window` (`Pacer`), fed only by `pipeline`.
+//! - *Where is a flag added?* In the app, not here: see `app::config`'s
+//!   module doc; the engine takes it as a [`MirrorConfig`] field.
 
 pub mod batch;
 pub mod check;
+mod claim;
 mod config;
 mod diff;
-mod pacing;
+mod limits;
+mod live;
 mod peer;
+mod pipeline;
+mod sequence;
 pub mod state;
 pub mod stats;
 mod sync;

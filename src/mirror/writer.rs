@@ -1,26 +1,22 @@
 //! The fenced writer: everything one txn to a peer needs, as one value.
 //!
-//! Both the range-diff sync ([`super::sync`]) and the live loop
-//! ([`super::peer`]) write through it. It holds the peer's client, its
-//! state key, the fence (the state key's create revision at this engine's
-//! claim), the mirror lease and the stats; it builds the fenced txn, tells
-//! a fence failure from a lost lease, and falls back to one op per txn when
-//! the peer refuses a batch as too large.
+//! The send pipeline ([`super::pipeline`]), the claim, the verification
+//! pass and the final state write all build their txns here. It holds the
+//! peer's client, its state key, the fence (the state key's create revision
+//! at this engine's claim), the mirror lease and the stats; it builds the
+//! fenced txn, checks the peer's identity in every answer, and tells a
+//! fence failure from a lost lease.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
 
 use bytes::Bytes;
 
 use super::state::{self, State, Stored};
-use super::stats::{ErrorKind, PeerStats};
+use super::stats::PeerStats;
 use crate::error::{Error, Result};
 use crate::etcd::{
-    self, Client, Delete, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnLimits,
-    TxnResponse,
+    self, Client, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse,
 };
 
 /// Writes to one peer under this engine's claim.
@@ -40,9 +36,6 @@ pub(crate) struct FencedWriter {
     pub(crate) lease: Option<LeaseHandle>,
     /// What goes into the state key besides the revision.
     pub(crate) marks: Marks,
-    /// The peer's txn limits as discovered: they start at the configured
-    /// ones and shrink when the peer refuses a txn for its size.
-    limits: Mutex<TxnLimits>,
     /// The peer's identity as this engine knows it: its cluster id and the
     /// highest revision a txn of ours committed at.
     peer_cluster: AtomicU64,
@@ -68,12 +61,7 @@ impl FencedWriter {
         state_key: Bytes,
         holder: u64,
         stats: Arc<PeerStats>,
-        limits: TxnLimits,
     ) -> FencedWriter {
-        stats.txn_ops_limit.store(limits.max_ops as u64, Relaxed);
-        stats
-            .request_bytes_limit
-            .store(limits.max_bytes as u64, Relaxed);
         FencedWriter {
             region,
             client,
@@ -83,7 +71,6 @@ impl FencedWriter {
             fence: 0,
             lease: None,
             marks: Marks::default(),
-            limits: Mutex::new(limits),
             peer_cluster: AtomicU64::new(0),
             peer_revision: AtomicI64::new(0),
         }
@@ -106,23 +93,6 @@ impl FencedWriter {
         self.fence = 0;
         self.marks.synced.store(false, Relaxed);
         self.stats.set_lease(0, None);
-    }
-
-    /// The peer's txn limits as known now.
-    pub(crate) fn limits(&self) -> TxnLimits {
-        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn shrink_limits(&self, f: impl FnOnce(&mut TxnLimits)) -> TxnLimits {
-        let mut l = self.limits.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut l);
-        l.max_ops = l.max_ops.max(2);
-        l.max_bytes = l.max_bytes.max(4096);
-        self.stats.txn_ops_limit.store(l.max_ops as u64, Relaxed);
-        self.stats
-            .request_bytes_limit
-            .store(l.max_bytes as u64, Relaxed);
-        *l
     }
 
     /// A put under the mirror lease.
@@ -161,98 +131,19 @@ impl FencedWriter {
         }
     }
 
-    /// A fenced txn of `ops` (see [`FencedWriter::txn`]) on its way, for a
-    /// window of txns in flight: it resolves to when it was sent and what
-    /// the peer answered, to be booked by [`FencedWriter::settle`].
-    pub(crate) fn send(
-        &self,
-        ops: Vec<Op>,
-        state_revision: Option<i64>,
-    ) -> impl Future<Output = (Instant, etcd::Result<etcd::TxnResponse>)> + Send + 'static {
-        let txn = self.txn(ops, state_revision);
-        let client = self.client.clone();
-        let sent = Instant::now();
-        async move { (sent, client.txn(txn).await) }
-    }
-
-    /// Sends a fenced txn of `ops` and books its outcome (see
-    /// [`FencedWriter::settle`]).
+    /// Sends a fenced txn of `ops` with the state put recording
+    /// `state_revision`, one at a time: for the state-only writes outside
+    /// the send pipeline (a sync's completion, a drain's last word).
     pub(crate) async fn write(&self, ops: Vec<Op>, state_revision: Option<i64>) -> Result<()> {
-        let result = self.client.txn(self.txn(ops.clone(), state_revision)).await;
-        self.settle(ops, result).await
-    }
-
-    /// Books the outcome of a fenced txn of `ops`. A failed compare is a
-    /// fence or lease error. A txn the peer refuses for its size is split
-    /// and sent again, and the peer's limit is lowered for what follows:
-    /// "too many operations" halves the op limit, "request too large"
-    /// halves the txn; a single value too large for the peer is deleted
-    /// there (never left at an older value), logged with its key and
-    /// counted. A peer out of space is an error of its own.
-    pub(crate) async fn settle(
-        &self,
-        ops: Vec<Op>,
-        result: etcd::Result<TxnResponse>,
-    ) -> Result<()> {
-        let mut queue: VecDeque<Vec<Op>> = VecDeque::new();
-        let mut result = Some((ops, result));
-        loop {
-            let (ops, res) = match result.take() {
-                Some(r) => r,
-                None => match queue.pop_front() {
-                    Some(ops) => {
-                        let res = self.client.txn(self.txn(ops.clone(), None)).await;
-                        (ops, res)
-                    }
-                    None => return Ok(()),
-                },
-            };
-            match res {
-                Ok(resp) if resp.succeeded => self.check_peer(&resp.header)?,
-                Ok(resp) => return Err(self.fence_failure(&resp)),
-                Err(etcd::Error::TooManyOps) if ops.len() > 1 => {
-                    self.stats.error(ErrorKind::TooManyOps);
-                    // The refused txn had `ops` plus, maybe, the state put.
-                    let limits = self.shrink_limits(|l| {
-                        l.max_ops = l.max_ops.min(ops.len() + 1) / 2 + 1;
-                    });
-                    tracing::warn!(peer = %self.region, max_txn_ops = limits.max_ops, "the peer refused a txn for its op count; lowered its limit");
-                    let per = limits.max_ops.saturating_sub(1).max(1);
-                    split_front(&mut queue, ops, per);
-                }
-                Err(etcd::Error::RequestTooLarge) if ops.len() > 1 => {
-                    let bytes: usize = ops.iter().map(Op::encoded_len).sum();
-                    let limits = self.shrink_limits(|l| {
-                        l.max_bytes = l.max_bytes.min(bytes + etcd::REQUEST_OVERHEAD_BYTES);
-                    });
-                    tracing::debug!(peer = %self.region, ops = ops.len(), bytes, max_request_bytes = limits.max_bytes, "the peer refused a txn as too large; splitting it");
-                    let half = ops.len().div_ceil(2);
-                    split_front(&mut queue, ops, half);
-                }
-                Err(etcd::Error::RequestTooLarge) if ops.len() == 1 => {
-                    let key = ops[0].key().cloned();
-                    self.stats.error(ErrorKind::TooLarge);
-                    match key {
-                        Some(key) => {
-                            tracing::error!(
-                                peer = %self.region,
-                                key = %String::from_utf8_lossy(&key),
-                                "value exceeds the peer's request size limit; deleted on the peer instead of leaving an older value"
-                            );
-                            queue.push_front(vec![Delete::key(key).into()]);
-                        }
-                        None => {
-                            tracing::error!(peer = %self.region, "op exceeds the peer's request size limit; skipped")
-                        }
-                    }
-                }
-                Err(etcd::Error::NoSpace) => {
-                    self.stats.error(ErrorKind::NoSpace);
-                    return Err(Error::Etcd(etcd::Error::NoSpace));
-                }
-                Err(e) => return Err(self.txn_error(e)),
-            }
+        let resp = self
+            .client
+            .txn(self.txn(ops, state_revision))
+            .await
+            .map_err(|e| self.txn_error(e))?;
+        if !resp.succeeded {
+            return Err(self.fence_failure(&resp));
         }
+        self.check_peer(&resp.header)
     }
 
     /// Checks a response header of the peer against what this engine knows
@@ -334,52 +225,5 @@ impl FencedWriter {
             },
             e => Error::Etcd(e),
         }
-    }
-}
-
-/// Puts `ops` back at the front of `queue` in chunks of at most `per`,
-/// keeping their order.
-fn split_front(queue: &mut VecDeque<Vec<Op>>, mut ops: Vec<Op>, per: usize) {
-    let per = per.max(1);
-    let mut chunks = Vec::new();
-    while ops.len() > per {
-        let rest = ops.split_off(per);
-        chunks.push(std::mem::replace(&mut ops, rest));
-    }
-    chunks.push(ops);
-    for c in chunks.into_iter().rev() {
-        queue.push_front(c);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_front_keeps_the_order() {
-        let ops: Vec<Op> = (0..7)
-            .map(|i| Delete::key(format!("k{i}")).into())
-            .collect();
-        let mut q = VecDeque::new();
-        q.push_back(vec![Delete::key("after").into()]);
-        split_front(&mut q, ops, 3);
-        let keys: Vec<Vec<String>> = q
-            .iter()
-            .map(|c| {
-                c.iter()
-                    .map(|o| String::from_utf8_lossy(o.key().unwrap()).into_owned())
-                    .collect()
-            })
-            .collect();
-        assert_eq!(
-            keys,
-            [
-                vec!["k0", "k1", "k2"],
-                vec!["k3", "k4", "k5"],
-                vec!["k6"],
-                vec!["after"]
-            ]
-        );
     }
 }

@@ -1,0 +1,222 @@
+//! The claim: how a session takes a peer, and with which lease.
+//!
+//! Each session reads the source's identity (cluster id, revision) and the
+//! peer's state key at once; refuses a peer that another source holds (two
+//! sites with one region name); adopts a predecessor's live lease granted
+//! with the configured TTL, or grants a new one (a predecessor's lease with
+//! another TTL is kept alive until the subtree is re-put under the new
+//! one); and claims the peer anew with a compare-and-swap on the state key,
+//! so that whatever an earlier session left in flight fails the fence
+//! ([`super::state`]). It decides how the session starts: resume the watch
+//! from the state revision when the copy can be trusted (same source, no
+//! revision gone back, same lease, not too far behind), or re-sync.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::peer::Peer;
+use super::state::{self, State};
+use super::stats::{ErrorKind, ResyncReason};
+use crate::error::{Error, Result};
+use crate::etcd::{Header, LeaseHandle, Range};
+
+/// Where a session starts from.
+pub(super) enum Start {
+    /// Every source revision up to this one is on the peer: watch from the
+    /// next one.
+    Resume(i64),
+    /// Run a range-diff sync first.
+    Sync(ResyncReason),
+}
+
+impl Peer {
+    /// Decides how the session starts and claims the peer: it returns a
+    /// new lease handle when the lease changed.
+    pub(super) async fn claim(&mut self) -> Result<(Option<LeaseHandle>, Start)> {
+        // The source as it is now: the copy may only be resumed if it came
+        // from this store and nothing it holds is past the store's revision.
+        // The two reads are independent: one round trip to the peer, not
+        // two in a row (on a long link every round trip of the session
+        // start is paid again by each new session).
+        let floor = self.writer.peer_revision();
+        let (source, peer) = tokio::join!(
+            self.local
+                .range(Range::key(self.prefix.clone()).count_only()),
+            state::read(&self.writer.client, &self.writer.state_key),
+        );
+        let source = source?.header;
+        let (stored, peer_header) = peer?;
+        self.writer.check_peer_read(&peer_header, floor)?;
+        self.stats().up.store(true, Relaxed);
+        self.writer
+            .marks
+            .source_cluster
+            .store(source.cluster_id, Relaxed);
+
+        if let Some(st) = stored.state
+            && st.holder != self.writer.holder
+        {
+            // Another site with this region's name, still alive: it keeps
+            // the peer.
+            if st.source_cluster != 0
+                && st.source_cluster != source.cluster_id
+                && self.live_lease(st.lease).await?.is_some()
+            {
+                return Err(Error::Conflict {
+                    peer: self.region().to_owned(),
+                    other: st.source_cluster,
+                });
+            }
+            if !self.fresh {
+                return Err(Error::Fenced {
+                    peer: self.region().to_owned(),
+                });
+            }
+        }
+        let source_changed = stored.state.and_then(|st| source_mismatch(&st, &source));
+        if let Some(why) = &source_changed {
+            self.stats().error(ErrorKind::Identity);
+            tracing::warn!(peer = %self.region(), why, "the source is not the store the copy came from; re-syncing in full");
+        }
+
+        // Adopt a live lease granted with our TTL, or grant one.
+        let w = &self.writer;
+        let own_lease_alive = w.lease_alive();
+        let candidate = stored.state.map_or(w.lease_id(), |st| st.lease);
+        let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
+        let mut new_handle = None;
+        let mut ttl_changed = false;
+        let (lease, adopted) = match self.live_lease(candidate).await? {
+            Some(granted) if granted == want_ttl => {
+                if w.lease_id() != candidate || !own_lease_alive {
+                    new_handle = Some(
+                        w.client
+                            .lease_keeper()
+                            .keep_alive(candidate, granted)
+                            .await?,
+                    );
+                }
+                (candidate, true)
+            }
+            other => {
+                if let Some(granted) = other {
+                    // The operator changed the TTL: the only handoff that
+                    // re-puts the subtree. The old lease stays alive until
+                    // every key is under the new one.
+                    ttl_changed = true;
+                    tracing::info!(peer = %self.region(), lease = candidate, granted, want_ttl, "the live lease has another TTL; re-putting the subtree under a new lease");
+                    self.prev_lease = Some(
+                        w.client
+                            .lease_keeper()
+                            .keep_alive(candidate, granted)
+                            .await?,
+                    );
+                }
+                let grant = w.client.lease_grant(want_ttl, 0).await?;
+                tracing::info!(peer = %self.region(), lease = grant.id, ttl = grant.ttl, "granted mirror lease");
+                new_handle = Some(
+                    w.client
+                        .lease_keeper()
+                        .keep_alive(grant.id, grant.ttl)
+                        .await?,
+                );
+                (grant.id, false)
+            }
+        };
+        let resume = match stored.state {
+            Some(st)
+                if adopted
+                    && st.lease == lease
+                    && st.revision > 0
+                    && source_changed.is_none()
+                    && self.force_sync.is_none() =>
+            {
+                Some(st)
+            }
+            _ => None,
+        };
+        let start = match resume {
+            Some(st) => self.check_lag(st.revision, source.revision),
+            None => Start::Sync(match self.force_sync.take() {
+                Some(reason) => reason,
+                None if source_changed.is_some() => ResyncReason::SourceChanged,
+                None if ttl_changed => ResyncReason::LeaseTtl,
+                None if !adopted && !self.fresh => ResyncReason::LeaseLost,
+                None if !self.fresh => ResyncReason::Fenced,
+                None => ResyncReason::Initial,
+            }),
+        };
+        // What the copy is, as of this claim: a resumed copy keeps its
+        // heartbeat and synced marker; anything else starts unsynced.
+        let marks = &self.writer.marks;
+        marks
+            .heartbeat_unix_ms
+            .store(resume.map_or(0, |st| st.heartbeat_unix_ms), Relaxed);
+        if let Some(st) = resume.filter(|st| st.heartbeat_unix_ms > 0) {
+            // The store's word on when this copy was last current.
+            self.writer
+                .stats
+                .current_unix_ms
+                .store(st.heartbeat_unix_ms, Relaxed);
+        }
+        marks
+            .synced
+            .store(resume.is_some_and(|st| st.synced), Relaxed);
+        let claimed = State {
+            revision: resume.map_or(0, |st| st.revision),
+            lease,
+            ..self.writer.state(0)
+        };
+        let w = &mut self.writer;
+        match state::claim(&w.client, &w.state_key, &stored, claimed).await? {
+            Some(fence) => {
+                w.fence = fence;
+                if let Some(prev) = stored.state.filter(|s| s.holder != w.holder) {
+                    tracing::info!(peer = %w.region, previous = format!("{:016x}", prev.holder), lease, adopted, "took over the peer");
+                }
+                Ok((new_handle, start))
+            }
+            // Not necessarily a rival: an aborted predecessor's txns in
+            // flight still pass its fence and move the state key. The next
+            // session reads it again.
+            None => Err(Error::ClaimRaced {
+                peer: w.region.clone(),
+            }),
+        }
+    }
+
+    /// The granted TTL of `lease` if it is alive on the peer.
+    async fn live_lease(&self, lease: i64) -> Result<Option<i64>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let ttl = self.writer.client.lease_time_to_live(lease, false).await?;
+        Ok((ttl.ttl > 0).then_some(ttl.granted_ttl.max(1)))
+    }
+
+    /// Resume through the watch unless the source has moved on so far that
+    /// a range diff is cheaper.
+    fn check_lag(&self, revision: i64, source_revision: i64) -> Start {
+        if source_revision - revision > self.cfg.resync_lag {
+            return Start::Sync(ResyncReason::Lag);
+        }
+        Start::Resume(revision)
+    }
+}
+
+/// Why a copy stamped `st` cannot have come from the source `now`: another
+/// cluster, or a revision the source has not reached (it went back).
+fn source_mismatch(st: &State, now: &Header) -> Option<String> {
+    if st.source_cluster != 0 && st.source_cluster != now.cluster_id {
+        return Some(format!(
+            "source cluster id is {:016x}, the copy came from {:016x}",
+            now.cluster_id, st.source_cluster
+        ));
+    }
+    if now.revision < st.revision {
+        return Some(format!(
+            "source revision is {}, below the {} the copy is applied through",
+            now.revision, st.revision
+        ));
+    }
+    None
+}

@@ -1,0 +1,526 @@
+//! The live loop: the source's watch in, fenced batches out.
+//!
+//! Watch events are packed into batches of consecutive revisions
+//! ([`super::batch`]) and sent through the send pipeline
+//! ([`super::pipeline`]), several in flight; the in-flight window
+//! ([`super::sequence`]) keeps per-key order and the contiguous watermark
+//! that the state key records. Every heartbeat a freshness probe reads both
+//! stores: their identity, and whether the peer holds everything through
+//! the source's revision (staleness, the heartbeat in the state key). The
+//! verification pass ([`super::verify`]) and the re-probe of lowered txn
+//! limits ([`super::limits`]) run beside it.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::batch::{Batch, Batcher};
+use super::config::MirrorConfig;
+use super::limits::ProbeResult;
+use super::peer::Peer;
+use super::pipeline::{Done, Pipeline};
+use super::sequence::Sequencer;
+use super::state::{self, Stored};
+use super::stats::unix_ms;
+use super::verify;
+use super::writer::FencedWriter;
+use crate::error::{Error, Result};
+use crate::etcd::{
+    self, Client, Header, LeaseHandle, LeaseStatus, Range, WatchOptions, WatchStream, Watcher,
+};
+
+impl Peer {
+    /// Mirrors the source watch from `live.from` until an error or
+    /// cancellation.
+    pub(super) async fn stream(&mut self, live: Opened) -> Result<()> {
+        let Some(lease_status) = self.writer.lease.as_ref().map(LeaseHandle::subscribe) else {
+            return Err(Error::LeaseLost {
+                peer: self.region().to_owned(),
+            });
+        };
+        let from = live.from;
+        let (ws, watcher) = match live.watch {
+            Some(opened) => opened,
+            None => open_watch(&self.local, &self.prefix, from)?,
+        };
+        let stats = self.stats();
+        stats.applied_revision.store(from - 1, Relaxed);
+        stats.source_revision.fetch_max(from - 1, Relaxed);
+        stats.set_synced(true);
+        tracing::info!(peer = %self.region(), from, "mirroring live");
+        let mut live = Live {
+            writer: &self.writer,
+            cfg: &self.cfg,
+            local: &self.local,
+            prefix: &self.prefix,
+            ws,
+            batcher: Batcher::new(self.link.limits.current(), self.writer.lease_id()),
+            window: Sequencer::new(from - 1),
+            pipeline: Pipeline::new(&self.writer, &mut self.link),
+            splits_seen: 0,
+            received: 0,
+            probe: None,
+            heartbeat_dirty: false,
+        };
+        live.run(watcher, lease_status, &self.cancel).await
+    }
+}
+
+/// The source watch a live phase reads, from revision `from`: opened
+/// already (before a sync), or to be opened when the phase starts.
+pub(super) struct Opened {
+    pub(super) from: i64,
+    watch: Option<(WatchStream, Watcher)>,
+}
+
+impl Opened {
+    pub(super) fn later(from: i64) -> Opened {
+        Opened { from, watch: None }
+    }
+
+    pub(super) fn now(local: &Client, prefix: &Bytes, from: i64) -> Result<Opened> {
+        Ok(Opened {
+            from,
+            watch: Some(open_watch(local, prefix, from)?),
+        })
+    }
+}
+
+/// A watch stream of the session's own (a slow peer holds back only its
+/// own watch), watching the subtree from `from`. progress_notify: an idle
+/// subtree still advances the state revision when the local etcd sends
+/// per-watcher notices.
+fn open_watch(local: &Client, prefix: &Bytes, from: i64) -> Result<(WatchStream, Watcher)> {
+    let ws = local.watch_stream();
+    let watcher = ws.watch(
+        WatchOptions::prefix(prefix.clone())
+            .start_revision(from)
+            .progress_notify(),
+    )?;
+    Ok((ws, watcher))
+}
+
+/// A freshness probe that came back: the source's revision at `at`.
+#[derive(Clone, Copy)]
+struct Probe {
+    source_revision: i64,
+    at: Instant,
+    at_unix_ms: i64,
+    /// Watch messages received when the probe was sent.
+    received: u64,
+    /// The quiet period after it has passed without making it current:
+    /// only the watermark can still resolve it, and the next probe may
+    /// replace it.
+    quiet_done: bool,
+}
+
+/// What a probe read: the source's header, the peer's state key and header,
+/// and the floor the peer's revision must not be below.
+struct ProbeRead {
+    sent: Probe,
+    source: Header,
+    stored: Stored,
+    peer: Header,
+    floor: i64,
+    /// The watermark when the probe was sent, before the source was read:
+    /// a source revision below it means the source went back.
+    applied: i64,
+}
+
+/// How long the watch must stay quiet, with nothing pending, after a probe
+/// read the source's revision, before the engine takes it that no event in
+/// the subtree lies between what it applied and that revision. etcd hands
+/// a caught-up watcher its events as they commit, and a catching-up one
+/// every ~100 ms, so ten of those cycles of silence are a wide margin.
+const QUIET: Duration = Duration::from_secs(1);
+
+/// The live phase of one session: watch events in, fenced batches out
+/// through the send pipeline; a freshness probe every heartbeat.
+struct Live<'a> {
+    writer: &'a FencedWriter,
+    cfg: &'a MirrorConfig,
+    local: &'a Client,
+    prefix: &'a Bytes,
+    /// The watch's stream, for whether it is connected.
+    ws: WatchStream,
+    batcher: Batcher,
+    window: Sequencer,
+    /// The txns in flight, each tagged with its sequence number in the
+    /// window and its batch (less the ops, which the pipeline holds).
+    pipeline: Pipeline<'a, (u64, Batch)>,
+    splits_seen: u64,
+    /// Watch messages received so far.
+    received: u64,
+    /// The last probe not yet confirmed current.
+    probe: Option<Probe>,
+    /// The heartbeat moved: the state key should record it.
+    heartbeat_dirty: bool,
+}
+
+impl<'a> Live<'a> {
+    /// Sealed batches to hold at most before reading the watch again: two
+    /// windows' worth, so the batches fill while a window is in flight.
+    fn max_ready(&self) -> usize {
+        self.pipeline.window_txns() * 2
+    }
+
+    async fn run(
+        &mut self,
+        mut watcher: Watcher,
+        mut lease_status: watch::Receiver<LeaseStatus>,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
+        let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
+        let mut verify_tick = self.cfg.verify_interval.map(|every| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
+        let mut reprobing: Option<BoxFuture<'static, ProbeResult>> = None;
+        loop {
+            self.send_ready();
+            let max_ready = self.max_ready();
+            let quiet_at = self.probe.filter(|p| !p.quiet_done).map(|p| p.at + QUIET);
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    self.drain().await;
+                    return Ok(());
+                }
+                _ = async { lease_status.wait_for(|s| s.lost).await.is_ok() } => {
+                    return Err(Error::LeaseLost { peer: self.writer.region.clone() });
+                }
+                Some(done) = self.pipeline.next(), if !self.pipeline.is_empty() => {
+                    self.complete(done).await?;
+                    self.check_current();
+                }
+                msg = watcher.next(), if self.batcher.ready_len() < max_ready => {
+                    self.take_watch(msg, &mut watcher, max_ready)?;
+                }
+                read = async { probing.as_mut().expect("guarded").await }, if probing.is_some() => {
+                    probing = None;
+                    self.probed(read?)?;
+                    self.check_current();
+                }
+                report = async { verifying.as_mut().expect("guarded").await }, if verifying.is_some() => {
+                    verifying = None;
+                    match report {
+                        Ok(_) => {}
+                        Err(Error::Etcd(etcd::Error::Compacted { .. })) => {
+                            tracing::info!(peer = %self.writer.region, "verification skipped: its pinned revision was compacted; the next pass pins a newer one");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                _ = async { verify_tick.as_mut().expect("guarded").tick().await }, if verify_tick.is_some() && verifying.is_none() => {
+                    verifying = Some(Box::pin(verify::pass(
+                        self.writer,
+                        self.local,
+                        self.prefix.clone(),
+                        self.cfg,
+                        self.window.watermark(),
+                    )));
+                }
+                _ = tick.tick(), if probing.is_none() => {
+                    self.check_stale()?;
+                    probing = Some(self.probe_read());
+                    let now = Instant::now();
+                    if reprobing.is_none() && self.pipeline.link().limits.reprobe_due(now) {
+                        let prober = self.pipeline.prober();
+                        reprobing = Some(Box::pin(self.pipeline.link().limits.reprobe(now, prober)));
+                    }
+                }
+                up = async { reprobing.as_mut().expect("guarded").await }, if reprobing.is_some() => {
+                    reprobing = None;
+                    self.reprobed(up);
+                }
+                _ = async {
+                    match quiet_at {
+                        Some(t) => tokio::time::sleep_until(t.into()).await,
+                        None => std::future::pending().await,
+                    }
+                }, if quiet_at.is_some() => {
+                    self.check_current();
+                    if let Some(p) = self.probe.as_mut() {
+                        p.quiet_done = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the source's revision and the peer's state key, for identity
+    /// and freshness.
+    fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
+        let sent = Probe {
+            source_revision: 0,
+            at: Instant::now(),
+            at_unix_ms: unix_ms(),
+            received: self.received,
+            quiet_done: false,
+        };
+        let floor = self.writer.peer_revision();
+        // Read before the source is: the source's revision can be no lower.
+        // The watermark as it is when the read completes is no bound at
+        // all: the stream goes on applying while the peer is read.
+        let applied = self.window.watermark();
+        let local = self.local;
+        let prefix = self.prefix.clone();
+        let writer = self.writer;
+        Box::pin(async move {
+            let source = local.range(Range::key(prefix).count_only()).await?.header;
+            let (stored, peer) = state::read(&writer.client, &writer.state_key).await?;
+            Ok(ProbeRead {
+                sent: Probe {
+                    source_revision: source.revision,
+                    ..sent
+                },
+                source,
+                stored,
+                peer,
+                floor,
+                applied,
+            })
+        })
+    }
+
+    /// Checks what a probe read: both stores are still the ones the copy
+    /// belongs to, and this engine still holds the peer.
+    fn probed(&mut self, read: ProbeRead) -> Result<()> {
+        let w = self.writer;
+        let known = w.marks.source_cluster.load(Relaxed);
+        let went_back = read.source.revision < read.applied;
+        if (known != 0 && read.source.cluster_id != known) || went_back {
+            return Err(Error::SourceChanged {
+                peer: w.region.clone(),
+                why: format!(
+                    "cluster {:016x} at revision {}, the copy came from {known:016x} and is applied through {}",
+                    read.source.cluster_id, read.source.revision, read.applied
+                ),
+            });
+        }
+        w.check_peer_read(&read.peer, read.floor)?;
+        if read.stored.create_revision != w.fence {
+            let peer = w.region.clone();
+            return Err(match read.stored.state {
+                Some(st) if st.holder != w.holder => Error::Fenced { peer },
+                _ => Error::StateGone { peer },
+            });
+        }
+        // A pending probe keeps its place until its quiet period is over,
+        // or a busy stream would never have one.
+        if self.probe.is_none_or(|p| p.quiet_done) {
+            self.probe = Some(read.sent);
+        }
+        Ok(())
+    }
+
+    /// Marks the peer current as of the pending probe when everything the
+    /// source held then is applied, or the watch has been quiet since with
+    /// nothing pending (an idle subtree: nothing to apply).
+    fn check_current(&mut self) {
+        let Some(p) = self.probe else { return };
+        let applied = self.window.watermark() >= p.source_revision;
+        let idle = self.batcher.is_idle()
+            && self.window.is_empty()
+            && self.received == p.received
+            && self.ws.is_connected()
+            && p.at.elapsed() >= QUIET;
+        if !applied && !idle {
+            return;
+        }
+        if !applied {
+            // Nothing in the subtree changed through that revision: resume
+            // from there (this moves an idle subtree's state revision on
+            // etcd 3.4, which sends no progress notices by default).
+            self.window.advance_idle(p.source_revision);
+        }
+        self.probe = None;
+        let w = self.writer;
+        w.stats.mark_current(p.at_unix_ms);
+        w.marks.heartbeat_unix_ms.fetch_max(p.at_unix_ms, Relaxed);
+        self.heartbeat_dirty = true;
+    }
+
+    /// Ends the session once the copy has been stale past the bound, so the
+    /// peer loop can re-sync it or let it lapse.
+    fn check_stale(&self) -> Result<()> {
+        let Some(bound) = self.cfg.lapse_after else {
+            return Ok(());
+        };
+        let stale = self.writer.stats.staleness();
+        if stale > bound {
+            return Err(Error::Stale {
+                peer: self.writer.region.clone(),
+                stale_secs: stale.as_secs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends what can go: eagerly while there is room in flight, so a lone
+    /// revision leaves at once and a burst fills the batches.
+    fn send_ready(&mut self) {
+        loop {
+            if self.batcher.ready_len() == 0 {
+                self.batcher.flush();
+            }
+            let Some(batch) = self.batcher.peek() else {
+                // Nothing to send: catch the state key up if the last
+                // batches went out pipelined.
+                if self.window.is_empty() && (self.window.state_behind() || self.heartbeat_dirty) {
+                    self.launch(Batch::empty(self.window.watermark()));
+                }
+                break;
+            };
+            // Per-key order first: a conflict says nothing about the link.
+            if self.window.conflicts(&batch.keys) {
+                break;
+            }
+            if !self.pipeline.has_room(batch.bytes) {
+                break;
+            }
+            if let Some(batch) = self.batcher.pop() {
+                self.launch(batch);
+            }
+        }
+        let splits = self.batcher.split_revisions;
+        if splits > self.splits_seen {
+            let stats = &self.writer.stats;
+            stats
+                .split_revisions
+                .fetch_add(splits - self.splits_seen, Relaxed);
+            self.splits_seen = splits;
+        }
+    }
+
+    fn launch(&mut self, mut batch: Batch) {
+        // Every state put carries the heartbeat as it is now.
+        self.heartbeat_dirty = false;
+        let (seq, state_rev) = self.window.open(&batch.keys, batch.complete_through);
+        tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
+        let ops = std::mem::take(&mut batch.ops);
+        self.pipeline.send(ops, Some(state_rev), (seq, batch));
+    }
+
+    /// Applies what a re-probe of lowered txn limits found: a peer that
+    /// takes the configured limits again gets bigger batches from the next
+    /// one on.
+    fn reprobed(&mut self, up: ProbeResult) {
+        let link = self.pipeline.link();
+        match up {
+            Ok(Some(limits)) => {
+                link.limits.reprobed(Some(limits));
+                link.limits.publish(&self.writer.stats);
+                tracing::info!(peer = %self.writer.region, max_txn_ops = limits.max_ops, max_request_bytes = limits.max_bytes, "the peer takes larger txns again");
+                self.batcher.set_limits(limits);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(peer = %self.writer.region, error = %e, "re-probing the peer's txn limits failed; trying again later");
+            }
+        }
+    }
+
+    /// Takes everything the watch has buffered before sending, so a burst
+    /// lands in full batches.
+    fn take_watch(
+        &mut self,
+        mut msg: Option<etcd::Result<etcd::WatchResponse>>,
+        watcher: &mut Watcher,
+        max_ready: usize,
+    ) -> Result<()> {
+        loop {
+            let resp = match msg {
+                None => return Err(Error::Etcd(etcd::Error::Closed)),
+                Some(Err(e)) => return Err(Error::Etcd(e)),
+                Some(Ok(resp)) => resp,
+            };
+            self.received += 1;
+            tracing::trace!(peer = %self.writer.region, rev = resp.revision, events = resp.events.len(), first = resp.events.first().map(|e| e.revision()), "watch");
+            if let Some(last) = resp.events.last() {
+                let stats = &self.writer.stats;
+                stats.source_revision.fetch_max(last.revision(), Relaxed);
+                self.batcher.push(resp.events, Instant::now());
+            } else if self.batcher.is_idle() && self.window.is_empty() {
+                // A per-watcher progress notice: etcd only sends those once
+                // the watcher has caught up. (This stream is the session's
+                // own and never asks for the broadcast kind, which 3.4 also
+                // sends to watchers still catching up.)
+                self.window.advance_idle(resp.revision);
+            }
+            if self.batcher.ready_len() >= max_ready {
+                return Ok(());
+            }
+            msg = match watcher.try_next() {
+                Some(m) => Some(m),
+                None => return Ok(()),
+            };
+        }
+    }
+
+    /// Books one finished txn: stats, the contiguous watermark, errors.
+    async fn complete(&mut self, done: Done<(u64, Batch)>) -> Result<()> {
+        let (seq, batch) = self.pipeline.settle(done).await?;
+        self.window.release(&batch.keys);
+        // A refusal may have lowered the limits: pack for them from now.
+        let limits = self.pipeline.limits();
+        if limits != self.batcher.limits() {
+            self.batcher.set_limits(limits);
+        }
+        let Batch {
+            complete_through,
+            events,
+            received,
+            bytes,
+            ..
+        } = batch;
+        let stats = &self.writer.stats;
+        stats.events.fetch_add(events, Relaxed);
+        stats.bytes.fetch_add(bytes as u64, Relaxed);
+        if events > 0 {
+            stats.apply_latency.observe(received.elapsed(), events);
+        }
+        tracing::trace!(peer = %self.writer.region, seq, through = complete_through, "acked");
+        let watermark = self.window.ack(seq, complete_through);
+        stats.applied_revision.fetch_max(watermark, Relaxed);
+        Ok(())
+    }
+
+    /// On shutdown: let the txns in flight finish, then record the final
+    /// watermark so a successor resumes without replay; all within the
+    /// shutdown grace (or the request timeout, if shorter).
+    async fn drain(&mut self) {
+        let grace = self
+            .cfg
+            .shutdown_grace
+            .min(self.writer.client.config().request_timeout);
+        let deadline = tokio::time::sleep(grace);
+        tokio::pin!(deadline);
+        let mut clean = true;
+        while !self.pipeline.is_empty() {
+            tokio::select! {
+                _ = &mut deadline => { clean = false; break; }
+                Some(done) = self.pipeline.next() => {
+                    if self.complete(done).await.is_err() {
+                        clean = false;
+                    }
+                }
+            }
+        }
+        if clean && self.window.state_behind() {
+            let txn = self.writer.txn(Vec::new(), Some(self.window.watermark()));
+            tokio::select! {
+                _ = &mut deadline => {}
+                _ = self.writer.client.txn(txn) => {}
+            }
+        }
+    }
+}

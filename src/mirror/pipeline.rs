@@ -1,0 +1,324 @@
+//! The send pipeline: the one path every data txn to a peer takes, for the
+//! range-diff sync ([`super::sync`]) and the live loop ([`super::live`]).
+//!
+//! It owns the txns in flight and their bytes, asks the adaptive window
+//! ([`super::window`]) for room, sends each txn fenced ([`super::writer`]),
+//! and books what comes back: the peer's identity, the pacer's round trip
+//! and rate samples, the stats, and refusals for size, which are re-sent in
+//! pieces while the discovered limits ([`super::limits`]) come down to the
+//! peer's. Callers only decide *what* goes: they pack with
+//! [`Pipeline::limits`], send when [`Pipeline::has_room`], and get back the
+//! tag they sent each txn with, in completion order.
+//!
+//! What was learnt about the link, the window and the limits, lives in a
+//! [`Link`] that outlives sessions; the txns in flight belong to one phase.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+
+use super::limits::{Limits, Prober, Refusal};
+use super::stats::ErrorKind;
+use super::window::Pacer;
+use super::writer::FencedWriter;
+use crate::error::{Error, Result};
+use crate::etcd::{self, Delete, Op, TxnBatcher, TxnLimits, TxnResponse};
+
+/// What one peer's pipelines learn about its link, kept across sessions:
+/// the adaptive window and the discovered txn limits.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) pacer: Pacer,
+    pub(crate) limits: Limits,
+}
+
+/// One txn in flight, and then its outcome.
+pub(crate) struct Done<T> {
+    tag: T,
+    ops: Vec<Op>,
+    /// Encoded bytes of `ops`: what the window counts.
+    bytes: usize,
+    /// The txn's largest branch and its encoded size: what the limits count.
+    branch: usize,
+    size: usize,
+    sent: Instant,
+    result: etcd::Result<TxnResponse>,
+}
+
+/// The txns in flight to one peer in one phase of a session, each carrying
+/// a caller's tag of type `T`.
+pub(crate) struct Pipeline<'a, T> {
+    writer: &'a FencedWriter,
+    link: &'a mut Link,
+    txns: FuturesUnordered<BoxFuture<'static, Done<T>>>,
+    bytes: usize,
+}
+
+impl<'a, T: Send + 'static> Pipeline<'a, T> {
+    pub(crate) fn new(writer: &'a FencedWriter, link: &'a mut Link) -> Self {
+        Pipeline {
+            writer,
+            link,
+            txns: FuturesUnordered::new(),
+            bytes: 0,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.txns.is_empty()
+    }
+
+    /// The peer's txn limits as known now: pack for these.
+    pub(crate) fn limits(&self) -> TxnLimits {
+        self.link.limits.current()
+    }
+
+    /// The window's size in txns now.
+    pub(crate) fn window_txns(&self) -> usize {
+        self.link.pacer.window_txns()
+    }
+
+    /// What was learnt about the link, for the live loop's re-probe.
+    pub(crate) fn link(&mut self) -> &mut Link {
+        self.link
+    }
+
+    /// A prober of the peer's limits, on the state key.
+    pub(crate) fn prober(&self) -> Prober {
+        Prober::new(self.writer.client.clone(), self.writer.state_key.clone())
+    }
+
+    /// Whether the window has room for a txn of `bytes` more now (one txn
+    /// may always go, however large).
+    pub(crate) fn has_room(&mut self, bytes: usize) -> bool {
+        self.link.pacer.allows(self.txns.len(), self.bytes, bytes)
+    }
+
+    /// Puts a fenced txn of `ops` on its way (with the state put recording
+    /// `state_revision`, if any); its outcome comes back, with `tag`, from
+    /// [`Pipeline::next`] or [`Pipeline::ready`].
+    pub(crate) fn send(&mut self, ops: Vec<Op>, state_revision: Option<i64>, tag: T) {
+        let bytes: usize = ops.iter().map(Op::encoded_len).sum();
+        self.link.pacer.on_send(Instant::now(), self.txns.len());
+        let txn = self.writer.txn(ops.clone(), state_revision);
+        let (branch, size) = (txn.success_len().max(txn.compare_len()), txn.encoded_len());
+        let client = self.writer.client.clone();
+        self.bytes += bytes;
+        let sent = Instant::now();
+        self.txns.push(Box::pin(async move {
+            let result = client.txn(txn).await;
+            Done {
+                tag,
+                ops,
+                bytes,
+                branch,
+                size,
+                sent,
+                result,
+            }
+        }));
+    }
+
+    /// The next txn to finish, in any order; `None` when none is in flight.
+    pub(crate) async fn next(&mut self) -> Option<Done<T>> {
+        self.txns.next().await
+    }
+
+    /// A txn that has already finished, if any. Polling the set also puts
+    /// the txns just sent on the wire: a future in a `FuturesUnordered` is
+    /// first polled when the set is, so a caller that packs many txns
+    /// before it waits calls this after each send.
+    pub(crate) fn ready(&mut self) -> Option<Done<T>> {
+        self.txns.next().now_or_never().flatten()
+    }
+
+    /// Books a finished txn: a failed fence or a lost lease is an error; a
+    /// txn the peer refused for its size is re-sent in pieces within the
+    /// limits found by the search it starts (a single value too large for
+    /// the peer is deleted there instead, never left at an older value,
+    /// and counted); anything else ends the session. Returns the tag.
+    pub(crate) async fn settle(&mut self, done: Done<T>) -> Result<T> {
+        let Done {
+            tag,
+            ops,
+            bytes,
+            branch,
+            size,
+            sent,
+            result,
+        } = done;
+        self.bytes = self.bytes.saturating_sub(bytes);
+        let now = Instant::now();
+        let n_ops = ops.len() as u64;
+        match result {
+            Ok(resp) => {
+                self.accepted(&resp, branch, size)?;
+                if self.link.pacer.on_ack(now, now - sent, n_ops, bytes as u64) {
+                    self.link.pacer.publish(&self.writer.stats);
+                }
+            }
+            Err(e) => {
+                // A refusal for size says nothing about the link; any other
+                // failure does.
+                if let Err(e) = self.resend(ops, e, branch, size).await {
+                    self.link.pacer.on_error(now);
+                    self.link.pacer.publish(&self.writer.stats);
+                    return Err(e);
+                }
+            }
+        }
+        let stats = &self.writer.stats;
+        stats.up.store(true, Relaxed);
+        stats.txns.fetch_add(1, Relaxed);
+        Ok(tag)
+    }
+
+    /// Books a txn the peer answered: its compares held (else why not).
+    fn accepted(&mut self, resp: &TxnResponse, branch: usize, size: usize) -> Result<()> {
+        if !resp.succeeded {
+            return Err(self.writer.fence_failure(resp));
+        }
+        self.writer.check_peer(&resp.header)?;
+        self.link.limits.accepted(branch, size);
+        Ok(())
+    }
+
+    /// Handles a failed txn of `ops` (largest branch `branch`, `size`
+    /// bytes): re-sends it in pieces while the peer refuses it for its
+    /// size, one piece at a time (refusals are rare: a peer with lower
+    /// limits than configured, found once; a value too large for it).
+    async fn resend(
+        &mut self,
+        ops: Vec<Op>,
+        err: etcd::Error,
+        branch: usize,
+        size: usize,
+    ) -> Result<()> {
+        let w = self.writer;
+        let mut queue: VecDeque<Vec<Op>> = VecDeque::new();
+        let mut failed = Some((ops, err, branch, size));
+        loop {
+            let (ops, err, branch, size) = match failed.take() {
+                Some(f) => f,
+                None => {
+                    let Some(ops) = queue.pop_front() else {
+                        return Ok(());
+                    };
+                    let txn = w.txn(ops.clone(), None);
+                    let (branch, size) = (txn.success_len(), txn.encoded_len());
+                    match w.client.txn(txn).await {
+                        Ok(resp) => {
+                            self.accepted(&resp, branch, size)?;
+                            continue;
+                        }
+                        Err(e) => (ops, e, branch, size),
+                    }
+                }
+            };
+            let refusal = match err {
+                etcd::Error::TooManyOps if ops.len() > 1 => {
+                    w.stats.error(ErrorKind::TooManyOps);
+                    Refusal::Ops(branch)
+                }
+                etcd::Error::RequestTooLarge if ops.len() > 1 => Refusal::Bytes(size),
+                etcd::Error::RequestTooLarge => {
+                    w.stats.error(ErrorKind::TooLarge);
+                    match ops[0].key().cloned() {
+                        Some(key) => {
+                            tracing::error!(
+                                peer = %w.region,
+                                key = %String::from_utf8_lossy(&key),
+                                "value exceeds the peer's request size limit; deleted on the peer instead of leaving an older value"
+                            );
+                            queue.push_front(vec![Delete::key(key).into()]);
+                        }
+                        None => {
+                            tracing::error!(peer = %w.region, "op exceeds the peer's request size limit; skipped")
+                        }
+                    }
+                    continue;
+                }
+                etcd::Error::NoSpace => {
+                    w.stats.error(ErrorKind::NoSpace);
+                    return Err(Error::Etcd(etcd::Error::NoSpace));
+                }
+                e => return Err(w.txn_error(e)),
+            };
+            let prober = self.prober();
+            if self.link.limits.refused(refusal, &prober).await? {
+                let limits = self.link.limits.current();
+                self.link.limits.publish(&w.stats);
+                tracing::warn!(peer = %w.region, ?refusal, max_txn_ops = limits.max_ops, max_request_bytes = limits.max_bytes, "the peer refused a txn for its size; found its limits");
+            }
+            for piece in split(ops, self.link.limits.current()).into_iter().rev() {
+                queue.push_front(piece);
+            }
+        }
+    }
+}
+
+/// `ops` (distinct keys, in order) in pieces that fit `limits` as a txn of
+/// their own (the fence compare only; no state put).
+fn split(ops: Vec<Op>, limits: TxnLimits) -> Vec<Vec<Op>> {
+    let mut packer = TxnBatcher::new(limits);
+    let n = ops.len();
+    for op in ops {
+        packer.push(op);
+    }
+    packer.flush();
+    let mut pieces: Vec<Vec<Op>> = std::iter::from_fn(|| packer.pop()).collect();
+    if pieces.len() == 1 && n > 1 {
+        // Within the limits as known, yet refused: halve, so the re-send
+        // cannot repeat the refusal for ever.
+        let mut whole = pieces.pop().unwrap_or_default();
+        let rest = whole.split_off(n.div_ceil(2));
+        pieces = vec![whole, rest];
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(pieces: &[Vec<Op>]) -> Vec<Vec<String>> {
+        pieces
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|o| String::from_utf8_lossy(o.key().unwrap()).into_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn deletes(n: usize) -> Vec<Op> {
+        (0..n)
+            .map(|i| Delete::key(format!("k{i}")).into())
+            .collect()
+    }
+
+    #[test]
+    fn split_keeps_the_order_within_the_limits() {
+        let limits = TxnLimits {
+            max_ops: 3,
+            ..TxnLimits::default()
+        };
+        assert_eq!(
+            keys(&split(deletes(7), limits)),
+            [vec!["k0", "k1", "k2"], vec!["k3", "k4", "k5"], vec!["k6"]]
+        );
+    }
+
+    #[test]
+    fn split_halves_what_already_fits() {
+        assert_eq!(
+            keys(&split(deletes(3), TxnLimits::default())),
+            [vec!["k0", "k1"], vec!["k2"]]
+        );
+    }
+}
