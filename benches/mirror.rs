@@ -141,6 +141,89 @@ fn base_sync(c: &mut Criterion) {
     }
 }
 
+/// A base sync of 20k keys to a peer run with limits below etcd's
+/// defaults, with the engine told them (`explicit`) and left to find them
+/// (`discovered`): `--max-txn-ops 16`, and `--max-request-bytes 262144`
+/// with 3 KiB values. The discovered run should be within 0.8× of the
+/// explicit one, and report the peer's limit.
+fn lower_limits(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n: usize = env_or("AETHER_BENCH_LIMITS_KEYS", 20_000);
+    let cases: [(&str, String, usize, TxnLimits); 2] = [
+        (
+            "ops16",
+            "--max-txn-ops=16".into(),
+            100,
+            TxnLimits {
+                max_ops: 16,
+                ..TxnLimits::default()
+            },
+        ),
+        (
+            "bytes256k",
+            "--max-request-bytes=262144".into(),
+            3 * 1024,
+            TxnLimits {
+                max_bytes: 262_144,
+                ..TxnLimits::default()
+            },
+        ),
+    ];
+    for (name, flag, value_len, explicit) in cases {
+        let src = Etcd::start();
+        let s = client(&src);
+        let mut b = TxnBatcher::new(TxnLimits::default());
+        let v = vec![b'v'; value_len];
+        for i in 0..n {
+            b.put(key(i), v.clone(), 0);
+        }
+        for t in b.finish() {
+            rt.block_on(s.txn(t)).expect("txn");
+        }
+        let mut dst = Etcd::builder().extra_args(&[&flag]).start();
+        let g = group(c, format!("lower_limits/{name}"));
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut found = Vec::new();
+        let mut sync = |limits: TxnLimits, rates: &mut Vec<f64>| {
+            dst.restart_empty();
+            let d = client(&dst);
+            let mut cfg = cfg();
+            cfg.limits = limits;
+            let start = Instant::now();
+            let engine = Engine::start(s.clone(), vec![("b".into(), d)], cfg).expect("engine");
+            rt.block_on(engine.wait_synced());
+            let took = start.elapsed();
+            rates.push(n as f64 / took.as_secs_f64());
+            let st = &engine.stats()[0];
+            let limit = (
+                st.txn_ops_limit.load(Ordering::Relaxed),
+                st.request_bytes_limit.load(Ordering::Relaxed),
+            );
+            rt.block_on(engine.shutdown());
+            (took, limit)
+        };
+        let mut g = g;
+        g.bench_function("explicit", |b| {
+            iter_runs(b, || sync(explicit, &mut rates[0]).0)
+        });
+        bench_runs(g, "discovered", || {
+            let (took, limit) = sync(TxnLimits::default(), &mut rates[1]);
+            found.push(limit);
+            took
+        });
+        if rates.iter().any(Vec::is_empty) {
+            continue;
+        }
+        let (e, d) = (median(&mut rates[0]), median(&mut rates[1]));
+        let (ops, bytes) = found.last().copied().unwrap_or_default();
+        println!(
+            "REPORT lower_limits case={name} n={n} explicit_keys_per_s={e:.0} discovered_keys_per_s={d:.0} ratio={:.2} discovered_txn_ops={ops} discovered_request_bytes={bytes}",
+            d / e
+        );
+    }
+}
+
 /// A benchmark group as every bench here runs it: each iteration is a
 /// whole run against real etcd, so flat sampling, ten samples, and the
 /// shortest warm-up and measurement times (criterion's defaults would
@@ -911,6 +994,15 @@ async fn delete_keys(c: &Client, range: std::ops::Range<usize>) {
 }
 
 criterion_group!(
-    benches, base_sync, live, handoff, fanout, load_curve, wan, wan_large, regions
+    benches,
+    base_sync,
+    live,
+    handoff,
+    fanout,
+    load_curve,
+    wan,
+    wan_large,
+    regions,
+    lower_limits
 );
 criterion_main!(benches);
