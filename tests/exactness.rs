@@ -106,6 +106,27 @@ async fn a_peer_with_a_lower_txn_op_limit_gets_smaller_txns() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_op_limit_is_raised_gets_bigger_txns_back() {
+    let src_etcd = Etcd::start();
+    let mut peer_etcd = Etcd::builder().extra_args(&["--max-txn-ops=16"]).start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    common::mirror::put_many(&src, (0..500).map(|i| (key(i), format!("v{i}")))).await;
+    let cfg = fast(10).with_limit_reprobe(Duration::from_millis(300));
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = &engine.stats()[0];
+    assert_eq!(s.txn_ops_limit.load(Relaxed), 16);
+    // The operator raises the peer's limit back to etcd's default.
+    peer_etcd.set_extra_args(&[]);
+    peer_etcd.restart();
+    eventually("the probe finds the configured limit again", async || {
+        s.txn_ops_limit.load(Relaxed) == 128
+    })
+    .await;
+    common::mirror::put_many(&src, (500..700).map(|i| (key(i), format!("w{i}")))).await;
+    converged(&src, &peer, &cfg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_with_a_lower_request_size_limit_is_found_to_within_its_raft_header() {
     const PEER_LIMIT: u64 = 262_144;
     let src_etcd = Etcd::start();

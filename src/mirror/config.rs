@@ -8,7 +8,7 @@ use crate::etcd::{ClientConfig, TxnLimits};
 /// Default TTL of the lease each peer holds for this region's copy.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// Default cap on the mirror txns in flight to one peer. The window itself
-/// adapts (see `pacing`); the cap must cover the bandwidth-delay product of
+/// adapts (see `window`); the cap must cover the bandwidth-delay product of
 /// the longest link: 80k keys/s × 250 ms ≈ 160 txns of 127 puts.
 pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 256;
 /// Default HTTP/2 connections to each peer endpoint
@@ -52,6 +52,10 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// trips it, short enough that consumers do not route to a region's
 /// endpoints of long ago. See README, "Exact, current, or gone".
 pub const DEFAULT_LAPSE_AFTER: Duration = Duration::from_secs(300);
+/// Default interval at which txn limits found below the configured ones
+/// (a peer run with a lower `--max-txn-ops` or `--max-request-bytes`) are
+/// probed again, so a peer whose limits were raised gets them back.
+pub const DEFAULT_LIMIT_REPROBE: Duration = Duration::from_secs(60);
 /// Default interval of the verification pass (anti-entropy).
 pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(600);
 /// Default pace of the verification pass, in keys read per second per
@@ -97,6 +101,8 @@ pub struct MirrorConfig {
     pub verify_interval: Option<Duration>,
     /// Keys per second the verification pass reads, per peer.
     pub verify_rate: u32,
+    /// How often limits found below `limits` are probed again.
+    pub limit_reprobe: Duration,
 }
 
 impl MirrorConfig {
@@ -119,6 +125,7 @@ impl MirrorConfig {
             lapse_after: Some(DEFAULT_LAPSE_AFTER),
             verify_interval: Some(DEFAULT_VERIFY_INTERVAL),
             verify_rate: DEFAULT_VERIFY_RATE,
+            limit_reprobe: DEFAULT_LIMIT_REPROBE,
         }
     }
 
@@ -147,6 +154,13 @@ impl MirrorConfig {
     #[must_use]
     pub fn with_verify_rate(mut self, keys_per_sec: u32) -> Self {
         self.verify_rate = keys_per_sec.max(1);
+        self
+    }
+
+    /// With another interval for probing lowered txn limits again.
+    #[must_use]
+    pub fn with_limit_reprobe(mut self, interval: Duration) -> Self {
+        self.limit_reprobe = interval;
         self
     }
 

@@ -38,8 +38,9 @@
 //!
 //! # Back up
 //! While a limit is below the configured one, the configured limits are
-//! probed again every [`REPROBE_EVERY`] (by the live loop, beside its
-//! freshness probe); a peer that takes them gets them back.
+//! probed again every `limit_reprobe` ([`super::MirrorConfig`], a minute
+//! by default) by the live loop, beside its freshness probe; a peer that
+//! takes them gets them back.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -51,8 +52,6 @@ use crate::etcd::{self, Client, Compare, CompareOp, Put, Txn, TxnLimits};
 
 /// How close to the peer's byte limit the search gets.
 pub const BYTES_PRECISION: usize = 64;
-/// How often limits below the configured ones are probed again.
-pub const REPROBE_EVERY: Duration = Duration::from_secs(60);
 /// The fewest ops a mirror txn needs: one write and the state put.
 pub const MIN_OPS: usize = 2;
 /// The smallest byte limit the engine works with.
@@ -79,16 +78,18 @@ pub(crate) struct Limits {
     ok_bytes: usize,
     /// When the limits were last lowered or probed back up.
     checked: Instant,
+    reprobe_every: Duration,
 }
 
 impl Limits {
-    pub(crate) fn new(configured: TxnLimits) -> Limits {
+    pub(crate) fn new(configured: TxnLimits, reprobe_every: Duration) -> Limits {
         Limits {
             configured,
             current: configured,
             ok_ops: 0,
             ok_bytes: 0,
             checked: Instant::now(),
+            reprobe_every,
         }
     }
 
@@ -142,7 +143,7 @@ impl Limits {
 
     /// Whether limits below the configured ones are due to be probed again.
     pub(crate) fn reprobe_due(&self, now: Instant) -> bool {
-        self.current != self.configured && now.duration_since(self.checked) >= REPROBE_EVERY
+        self.current != self.configured && now.duration_since(self.checked) >= self.reprobe_every
     }
 
     /// The configured limits, probed: a future of the limits the peer
@@ -295,7 +296,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refusal_above_the_current_limit_is_a_leftover() {
-        let mut l = Limits::new(TxnLimits::default());
+        let mut l = Limits::new(TxnLimits::default(), Duration::from_secs(60));
         l.current.max_ops = 16;
         // The client points nowhere: were a probe sent, the call would
         // fail. A txn packed before the limit came down changes nothing.

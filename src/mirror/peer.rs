@@ -78,7 +78,7 @@ impl Peer {
         stats.current_unix_ms.store(unix_ms(), Relaxed);
         let link = Link {
             pacer: Pacer::new(cfg.max_inflight, cfg.max_inflight_bytes, Instant::now()),
-            limits: Limits::new(cfg.limits),
+            limits: Limits::new(cfg.limits, cfg.limit_reprobe),
         };
         link.pacer.publish(&stats);
         link.limits.publish(&stats);

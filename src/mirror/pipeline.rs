@@ -142,29 +142,20 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
     /// the peer is deleted there instead, never left at an older value,
     /// and counted); anything else ends the session. Returns the tag.
     pub(crate) async fn settle(&mut self, done: Done<T>) -> Result<T> {
-        let Done {
-            tag,
-            ops,
-            bytes,
-            branch,
-            size,
-            sent,
-            result,
-        } = done;
-        self.bytes = self.bytes.saturating_sub(bytes);
+        self.bytes = self.bytes.saturating_sub(done.bytes);
         let now = Instant::now();
-        let n_ops = ops.len() as u64;
-        match result {
+        match done.result {
             Ok(resp) => {
-                self.accepted(&resp, branch, size)?;
-                if self.link.pacer.on_ack(now, now - sent, n_ops, bytes as u64) {
+                self.accepted(&resp, done.branch, done.size)?;
+                let (ops, bytes) = (done.ops.len() as u64, done.bytes as u64);
+                if self.link.pacer.on_ack(now, now - done.sent, ops, bytes) {
                     self.link.pacer.publish(&self.writer.stats);
                 }
             }
             Err(e) => {
                 // A refusal for size says nothing about the link; any other
                 // failure does.
-                if let Err(e) = self.resend(ops, e, branch, size).await {
+                if let Err(e) = self.resend(done.ops, e, done.branch, done.size).await {
                     self.link.pacer.on_error(now);
                     self.link.pacer.publish(&self.writer.stats);
                     return Err(e);
@@ -174,7 +165,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         let stats = &self.writer.stats;
         stats.up.store(true, Relaxed);
         stats.txns.fetch_add(1, Relaxed);
-        Ok(tag)
+        Ok(done.tag)
     }
 
     /// Books a txn the peer answered: its compares held (else why not).

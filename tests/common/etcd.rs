@@ -309,6 +309,12 @@ impl Etcd {
         let _ = p.child.wait();
     }
 
+    /// Replaces the extra command-line flags for the next (re)start, e.g.
+    /// a peer restarted with other limits.
+    pub fn set_extra_args(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|s| s.to_string()).collect();
+    }
+
     /// (Gracefully stops etcd if it is running, then) starts it again on the
     /// same ports with the same data dir, retrying while a port is briefly busy.
     pub fn restart(&mut self) {
