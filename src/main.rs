@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use aether_replicator::app::config::{Cli, Command, LogFormat};
-use aether_replicator::etcd::Client;
+use aether_replicator::etcd::{Client, ClientConfig};
 use clap::Parser;
 
 fn main() -> ExitCode {
@@ -85,34 +85,50 @@ fn exit<T, E: std::fmt::Display>(result: Result<T, E>, ok: impl FnOnce(T) -> boo
 /// `endpoints`: print the view (and its changes with --watch). Exit 0, 1 on
 /// an etcd error, 2 on invalid flags.
 fn endpoints(args: &aether_replicator::app::config::EndpointsArgs) -> ExitCode {
-    let (config, runtime) = match one_shot(args.validate()) {
-        Ok(v) => v,
-        Err(code) => return code,
-    };
-    let result = runtime.block_on(async {
-        let client = Client::connect(config.local.clone())?;
-        let mut out = std::io::stdout().lock();
-        aether_replicator::app::endpoints::run(client, &config.options, &mut out, shutdown_signal())
-            .await
-    });
-    exit(result, |()| true)
+    let validated = args.validate().map(|c| (c.local, c.options));
+    on_local_etcd(
+        validated,
+        async |client, options| {
+            let mut out = std::io::stdout().lock();
+            aether_replicator::app::endpoints::run(client, &options, &mut out, shutdown_signal())
+                .await
+        },
+        |()| true,
+    )
 }
 
 /// `migrate`: print the report. Exit 0, 1 when --delete-legacy is refused
 /// or on an etcd error, 2 on invalid flags.
 fn migrate(args: &aether_replicator::app::config::MigrateArgs) -> ExitCode {
-    let (config, runtime) = match one_shot(args.validate()) {
+    let validated = args.validate().map(|c| (c.local, c.options));
+    on_local_etcd(
+        validated,
+        async |client, options| aether_replicator::app::migrate::migrate(&client, &options).await,
+        |report| {
+            print!("{}", report.render());
+            report.ok()
+        },
+    )
+}
+
+/// The one-shot commands on the local etcd alone (`endpoints`, `migrate`;
+/// `status` reads the peers too): the set-up, then `command` with a client
+/// of the local etcd and the command's options, then the exit code `ok`
+/// makes of its result.
+fn on_local_etcd<O, T, E: std::fmt::Display>(
+    validated: Result<(ClientConfig, O), E>,
+    command: impl AsyncFnOnce(Client, O) -> aether_replicator::error::Result<T>,
+    ok: impl FnOnce(T) -> bool,
+) -> ExitCode {
+    let ((local, options), runtime) = match one_shot(validated) {
         Ok(v) => v,
         Err(code) => return code,
     };
     let result = runtime.block_on(async {
-        let client = Client::connect(config.local.clone())?;
-        aether_replicator::app::migrate::migrate(&client, &config.options).await
+        let client = Client::connect(local)?;
+        command(client, options).await
     });
-    exit(result, |report| {
-        print!("{}", report.render());
-        report.ok()
-    })
+    exit(result, ok)
 }
 
 /// `status`: print the table or JSON. Exit 0 when healthy, 1 when not or

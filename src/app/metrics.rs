@@ -174,6 +174,33 @@ fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
     })
 }
 
+/// The rows of a per-peer counter broken down by `label` (the error kinds,
+/// the resync reasons): one per peer and value of `all`, named by `name`
+/// and counted by `count`. One place for the breakdowns' labels, so that
+/// every broken-down family carries the same ones.
+fn per_peer_by<K: Copy>(
+    peers: &[Arc<PeerStats>],
+    origin: &str,
+    label: &'static str,
+    all: &[K],
+    name: fn(K) -> &'static str,
+    count: fn(&PeerStats, K) -> u64,
+) -> Vec<([(&'static str, String); 3], u64)> {
+    peers
+        .iter()
+        .flat_map(|p| {
+            all.iter().map(move |&k| {
+                let labels = [
+                    ("origin", origin.to_string()),
+                    ("peer", p.region.clone()),
+                    (label, name(k).to_string()),
+                ];
+                (labels, count(p, k))
+            })
+        })
+        .collect()
+}
+
 impl Collector for AppCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let state = &self.0;
@@ -377,35 +404,27 @@ impl Collector for AppCollector {
             e,
             "errors",
             "Errors by kind.",
-            peers.iter().flat_map(|p| {
-                ErrorKind::ALL.iter().map(move |k| {
-                    (
-                        [
-                            ("origin", origin.to_string()),
-                            ("peer", p.region.clone()),
-                            ("kind", k.as_str().to_string()),
-                        ],
-                        p.errors(*k),
-                    )
-                })
-            }),
+            per_peer_by(
+                &peers,
+                origin,
+                "kind",
+                &ErrorKind::ALL,
+                ErrorKind::as_str,
+                PeerStats::errors,
+            ),
         )?;
         counters(
             e,
             "resyncs",
             "Range-diff syncs by reason.",
-            peers.iter().flat_map(|p| {
-                ResyncReason::ALL.iter().map(move |r| {
-                    (
-                        [
-                            ("origin", origin.to_string()),
-                            ("peer", p.region.clone()),
-                            ("reason", r.as_str().to_string()),
-                        ],
-                        p.resyncs(*r),
-                    )
-                })
-            }),
+            per_peer_by(
+                &peers,
+                origin,
+                "reason",
+                &ResyncReason::ALL,
+                ResyncReason::as_str,
+                PeerStats::resyncs,
+            ),
         )?;
         family(
             e,
