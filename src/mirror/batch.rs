@@ -235,6 +235,11 @@ mod tests {
         )
     }
 
+    /// Each batch's complete-through revision.
+    fn through(batches: &[Batch]) -> Vec<i64> {
+        batches.iter().map(|b| b.complete_through).collect()
+    }
+
     fn drain(b: &mut Batcher) -> Vec<Batch> {
         b.flush();
         std::iter::from_fn(|| b.pop()).collect()
@@ -283,13 +288,7 @@ mod tests {
         let batches = drain(&mut b);
         assert_eq!(batches.iter().map(Batch::len).collect::<Vec<_>>(), [5, 5]);
         assert_eq!(b.split_revisions, 0);
-        assert_eq!(
-            batches
-                .iter()
-                .map(|b| b.complete_through)
-                .collect::<Vec<_>>(),
-            [1, 2]
-        );
+        assert_eq!(through(&batches), [1, 2]);
     }
 
     #[test]
@@ -307,13 +306,7 @@ mod tests {
             [127, 127, 47]
         );
         assert_eq!(b.split_revisions, 1);
-        assert_eq!(
-            batches
-                .iter()
-                .map(|b| b.complete_through)
-                .collect::<Vec<_>>(),
-            [4, 4, 6]
-        );
+        assert_eq!(through(&batches), [4, 4, 6]);
     }
 
     #[test]
