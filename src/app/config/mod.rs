@@ -107,31 +107,31 @@
 //! files, peer specs) live in [`crate::app::parse`].
 
 mod args;
+mod connection;
+mod error;
 mod file;
-mod validate;
+mod limits;
+mod peers;
+mod run;
+mod settings;
+mod subcommands;
 
 pub use args::{
-    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RootArg,
-    RunArgs, Secret, StatusArgs,
+    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, MigrateArgs, RootArg, RunArgs, Secret,
+    StatusArgs,
 };
-pub(crate) use validate::read_password;
-pub use validate::{
-    Config, ConfigError, DEFAULT_LOCAL_ETCD, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL,
-    EndpointsConfig, MigrateConfig, PasswordFile,
+pub(crate) use connection::read_password;
+pub use connection::{DEFAULT_LOCAL_ETCD, PasswordFile};
+pub use error::ConfigError;
+pub use limits::{
+    MAX_LEASE_TTL_SECS, MAX_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES, MIN_MAX_TXN_OPS,
 };
-
-use crate::etcd::DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
+pub use run::Config;
+pub use settings::{DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, LogFormat, Settings};
+pub use subcommands::{EndpointsConfig, MigrateConfig};
 
 /// Prefix of every flag's environment variable.
 pub const ENV_PREFIX: &str = "AETHER_REPLICATOR_";
-/// Smallest `--max-txn-ops`.
-pub const MIN_MAX_TXN_OPS: usize = 2;
-/// Smallest `--max-request-bytes`.
-pub const MIN_MAX_REQUEST_BYTES: usize = 4096;
-/// Largest `--max-request-bytes`: the client's largest outgoing message.
-pub const MAX_MAX_REQUEST_BYTES: usize = DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
-/// Largest lease TTL etcd grants, in seconds (etcd's `MaxLeaseTTL`).
-pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
 
 #[cfg(test)]
 mod tests;

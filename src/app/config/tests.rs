@@ -265,7 +265,7 @@ fn check_subcommand_takes_the_same_flags() {
 
     let cli = parse(&["--region", "a"]).unwrap();
     assert!(cli.command.is_none());
-    assert_eq!(cli.run_args().region.as_deref(), Some("a"));
+    assert_eq!(cli.run_args().settings.region.as_deref(), Some("a"));
 }
 
 #[test]
