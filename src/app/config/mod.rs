@@ -100,11 +100,48 @@
 //! [`RunArgs::validate`] checks everything else and names the flag at fault
 //! in a one-line [`ConfigError`].
 //!
-//! The module is split by concern: `args` defines the flags (clap),
-//! `file` the config file, `validate` turns both into the settings the
-//! program runs with, and
-//! the general-purpose parsers they use (durations, byte sizes, URLs, PEM
-//! files, peer specs) live in [`crate::app::parse`].
+//! # Layout
+//!
+//! From the bottom up (no file imports one above it):
+//!
+//! - `error`: [`ConfigError`], and how a message names a flag or a place in
+//!   the file (`Origin`, `place`).
+//! - `file`: reading the TOML file with errors naming the file, the table
+//!   and the key; the `[local]` and `[peers.<region>]` tables.
+//! - `settings`: [`Settings`], the settings that are one flag, one
+//!   variable and one top-level file key each, declared once; `Layers`,
+//!   the flags over the file.
+//! - `args`: the command line ([`Cli`], the subcommands, [`RunArgs`],
+//!   [`LocalEtcdArgs`]), flattening [`Settings`] into a run's flags.
+//! - `connection`: one etcd's endpoints, TLS and credentials (flags or a
+//!   table), reading the TLS and password files.
+//! - `limits`: single values with bounds (txn limits, counts, durations,
+//!   prefixes, segments).
+//! - `peers`: the peers, from their tables and the `--peer-*` flags.
+//! - `run`: [`RunArgs::validate`]: everything above into a [`Config`] and
+//!   the engine's `MirrorConfig`.
+//! - `subcommands`: the settings of `endpoints` and `migrate`.
+//! - `tests`: the flags' and validation's tests.
+//!
+//! The general-purpose parsers (durations, byte sizes, URLs, PEM files,
+//! peer specs) live in [`crate::app::parse`].
+//!
+//! # Adding a flag
+//!
+//! A setting of a run goes in one place: a field of [`Settings`]
+//! (`settings.rs`), `Option<T>`, with its `--help` text as the doc comment
+//! and `#[arg(long, env = "AETHER_REPLICATOR_<FIELD>", ...)]`. The field's
+//! name makes the flag (`--foo-bar`) and the file key (`foo_bar`); its
+//! default is a constant beside it or the engine's. Then read it where the
+//! [`Config`] is built (`run.rs`, `layered!(layers, foo_bar)` gives the
+//! value and where it came from, for messages) and hand it to
+//! `MirrorConfig` or [`Config`]. The test
+//! `every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned`
+//! walks clap's `Command` and checks that every flag has its variable and
+//! every run flag its file key (the exceptions, and the `[local]`/`[peers]`
+//! keys of the grouped `--local-*`/`--peer-*` flags, are listed there with
+//! their reasons), and that no file key and no variable named in the
+//! sources, manifests or docs belongs to no flag.
 
 mod args;
 mod connection;

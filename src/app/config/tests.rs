@@ -134,10 +134,7 @@ fn every_flag_has_its_env_var() {
                 assert_eq!(arg.get_env(), None);
                 continue;
             }
-            let want = format!(
-                "{ENV_PREFIX}{}",
-                long.to_ascii_uppercase().replace('-', "_")
-            );
+            let want = env_of(long);
             assert_eq!(
                 arg.get_env().and_then(|e| e.to_str()),
                 Some(want.as_str()),
@@ -966,10 +963,7 @@ fn subcommand_flags_have_env_vars_except_the_destructive_ones() {
                 assert_eq!(env, None, "--{long}");
                 continue;
             }
-            let want = format!(
-                "{ENV_PREFIX}{}",
-                long.to_ascii_uppercase().replace('-', "_")
-            );
+            let want = env_of(long);
             assert_eq!(env, Some(want.as_str()), "{name} --{long}");
         }
     }
