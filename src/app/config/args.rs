@@ -6,14 +6,14 @@
 #![allow(rustdoc::invalid_html_tags)]
 
 use std::fmt;
-use std::net::SocketAddr;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
 use super::super::endpoints::Output;
 use super::super::migrate::DEFAULT_LEGACY_PREFIX;
 use super::super::parse::parse_duration;
 use super::super::status::StatusOutput;
+use super::settings::Settings;
 use crate::etcd::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
 use crate::mirror::DEFAULT_PAGE_SIZE;
 use crate::schema::DEFAULT_ROOT;
@@ -307,16 +307,6 @@ pub struct MigrateArgs {
     pub page_size: usize,
 }
 
-/// How log lines are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 /// A password: never shown by `Debug`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -348,8 +338,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// The flags shared by a run and by `check`, as given. [`RunArgs::validate`]
-/// turns them into a [`Config`](super::Config).
+/// The flags shared by a run, `check` and `status`, as given.
+/// [`RunArgs::validate`] lays them over the config file and turns them into
+/// a [`Config`](super::Config).
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
     /// A TOML config file: the settings below by their long names in
@@ -362,17 +353,6 @@ pub struct RunArgs {
         help_heading = "Regions"
     )]
     pub config: Option<String>,
-
-    /// This region's name: the replicator mirrors <root><region>/ and
-    /// nothing else.
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_REGION",
-        value_name = "NAME",
-        required_unless_present = "config",
-        help_heading = "Regions"
-    )]
-    pub region: Option<String>,
 
     /// The local etcd: `--local-etcd` and its TLS and auth flags.
     #[command(flatten)]
@@ -421,184 +401,7 @@ pub struct RunArgs {
     )]
     pub peer_auth: Vec<Secret>,
 
-    /// TTL of the lease under which each peer holds this region's copy: if
-    /// the replicator is gone that long, the copy disappears. Whole seconds.
-    ///
-    /// Durations are a number and a unit, units from largest to smallest:
-    /// 30s, 500ms, 2m, 1h, 1m30s, 1.5h (units h, m, s, ms, us, ns).
-    /// [default: 30s]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_LEASE_TTL",
-        value_name = "DURATION",
-        help_heading = "Mirror"
-    )]
-    pub lease_ttl: Option<String>,
-
-    /// TTL of the leader-election session in the local etcd: how long a dead
-    /// leader blocks a successor. Whole seconds, at most half of --lease-ttl
-    /// so a successor takes over before the peers' copies expire. [default:
-    /// a third of --lease-ttl, rounded up]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_ELECTION_TTL",
-        value_name = "DURATION",
-        help_heading = "Mirror"
-    )]
-    pub election_ttl: Option<String>,
-
-    /// Most ops in one txn: the peers' etcd --max-txn-ops (at least 2).
-    /// [default: 128, etcd's default]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_MAX_TXN_OPS",
-        value_name = "N",
-        help_heading = "Mirror"
-    )]
-    pub max_txn_ops: Option<usize>,
-
-    /// Largest txn request: the peers' etcd --max-request-bytes. A number of
-    /// bytes, or with a unit: 512KiB, 1.5MiB (B, KiB, MiB, GiB). At least
-    /// 4096.
-    /// [default: 1.5MiB, etcd's default]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_MAX_REQUEST_BYTES",
-        value_name = "BYTES",
-        help_heading = "Mirror"
-    )]
-    pub max_request_bytes: Option<String>,
-
-    /// Cap on the mirror txns in flight to one peer (at least 1); the
-    /// window adapts below it to the measured round trip and throughput.
-    /// [default: 256]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_MAX_INFLIGHT",
-        value_name = "N",
-        help_heading = "Mirror"
-    )]
-    pub max_inflight: Option<usize>,
-
-    /// HTTP/2 connections to each peer endpoint (at least 1). Over a long
-    /// link each new connection's flow-control window starts small at the
-    /// server and grows a doubling per round trip; several connections
-    /// fill the pipe sooner.
-    /// [default: 8]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_PEER_CONNECTIONS",
-        value_name = "N",
-        help_heading = "Mirror"
-    )]
-    pub peer_connections: Option<usize>,
-
-    /// Keys per page when scanning the local etcd and the peers (at least 1).
-    /// [default: 10000]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_PAGE_SIZE",
-        value_name = "N",
-        help_heading = "Mirror"
-    )]
-    pub page_size: Option<usize>,
-
-    /// How often to check each peer's and the source's identity and
-    /// revision and write the heartbeat into the peer's state key; also the
-    /// resolution of peer_staleness_seconds.
-    /// [default: 5s]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_HEARTBEAT_INTERVAL",
-        value_name = "DURATION",
-        help_heading = "Freshness"
-    )]
-    pub heartbeat_interval: Option<String>,
-
-    /// Let a peer's copy lapse (stop its keep-alive) once it has been
-    /// stale this long even through a re-sync; "off" never does.
-    /// [default: 5m]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_LAPSE_AFTER",
-        value_name = "DURATION|off",
-        help_heading = "Freshness"
-    )]
-    pub lapse_after: Option<String>,
-
-    /// How often to compare each peer's copy with the source and repair
-    /// differences (anti-entropy); "off" never does.
-    /// [default: 10m]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_VERIFY_INTERVAL",
-        value_name = "DURATION|off",
-        help_heading = "Freshness"
-    )]
-    pub verify_interval: Option<String>,
-
-    /// Keys per second a verification pass reads from each peer (at
-    /// least 1).
-    /// [default: 5000]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_VERIFY_RATE",
-        value_name = "N",
-        help_heading = "Freshness"
-    )]
-    pub verify_rate: Option<u32>,
-
-    /// The registry root: starts and ends with '/'.
-    /// [default: /aether/v1/regions/]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_ROOT",
-        value_name = "PREFIX",
-        help_heading = "Mirror"
-    )]
-    pub root: Option<String>,
-
-    /// Address to serve metrics on.
-    /// [default: 127.0.0.1:9464]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_METRICS_ADDR",
-        value_name = "HOST:PORT",
-        help_heading = "Process"
-    )]
-    pub metrics_addr: Option<SocketAddr>,
-
-    /// Log line format.
-    /// [default: text]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_LOG_FORMAT",
-        value_name = "FORMAT",
-        value_enum,
-        help_heading = "Process"
-    )]
-    pub log_format: Option<LogFormat>,
-
-    /// This replica's id in the leader election (shown as the leader).
-    /// Unique per process; Kubernetes sets it from the pod name. [default:
-    /// <hostname or "replica">-<pid>-<random>]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_REPLICA_ID",
-        value_name = "ID",
-        help_heading = "Process"
-    )]
-    pub replica_id: Option<String>,
-
-    /// How often to re-read the TLS and password files, so that rotated
-    /// certificates and passwords are used without a restart; "off" never
-    /// re-reads them.
-    /// [default: 10s]
-    #[arg(
-        long,
-        env = "AETHER_REPLICATOR_RELOAD_INTERVAL",
-        value_name = "DURATION",
-        help_heading = "Process"
-    )]
-    pub reload_interval: Option<String>,
+    /// The settings that are one flag and one file key each.
+    #[command(flatten)]
+    pub settings: Settings,
 }

@@ -1,50 +1,20 @@
-//! The TOML config file (`--config PATH`): its tables and keys, and errors
-//! that name the file, the table and the key.
+//! Reading the TOML config file (`--config PATH`), with errors that name
+//! the file, the table and the key; its two kinds of table, `[local]` and
+//! `[peers.<region>]`; and the parsers of values that TOML may write in
+//! more than one way.
 //!
-//! Keys are the long flag names in snake_case; one table for the local
-//! etcd (`[local]`) and one per peer (`[peers.<region>]`). Unknown keys are
-//! refused. Secrets come from files only (`password_file`), never from the
-//! config file itself.
+//! The top level is [`Settings`](super::settings::Settings): one key per
+//! flag. Unknown keys are refused. Secrets come from files only
+//! (`password_file`), never from the config file itself.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, Visitor};
+use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use toml::de::{DeTable, DeValue};
 
-use super::validate::ConfigError;
-
-/// The flag whose value a config-file error is about.
-pub(super) const CONFIG_FLAG: &str = "--config";
-
-/// The whole file.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct FileConfig {
-    pub region: Option<String>,
-    pub lease_ttl: Option<String>,
-    pub election_ttl: Option<String>,
-    pub metrics_addr: Option<String>,
-    pub log_format: Option<String>,
-    pub root: Option<String>,
-    pub max_inflight: Option<usize>,
-    pub peer_connections: Option<usize>,
-    pub page_size: Option<usize>,
-    pub max_txn_ops: Option<usize>,
-    #[serde(default, deserialize_with = "byte_size")]
-    pub max_request_bytes: Option<String>,
-    pub replica_id: Option<String>,
-    pub reload_interval: Option<String>,
-    pub heartbeat_interval: Option<String>,
-    pub lapse_after: Option<String>,
-    pub verify_interval: Option<String>,
-    pub verify_rate: Option<u32>,
-    pub local: Option<EtcdTable>,
-    #[serde(default)]
-    pub peers: BTreeMap<String, PeerTable>,
-}
+use super::error::{CONFIG_FLAG, ConfigError, place};
 
 /// `[local]`: how to reach this region's etcd.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -75,6 +45,19 @@ pub(super) struct PeerTable {
     pub max_request_bytes: Option<String>,
 }
 
+impl EtcdTable {
+    /// A table with nothing in it.
+    pub const EMPTY: EtcdTable = EtcdTable {
+        endpoints: None,
+        ca: None,
+        cert: None,
+        key: None,
+        server_name: None,
+        username: None,
+        password_file: None,
+    };
+}
+
 impl PeerTable {
     /// The connection keys, as for `[local]`.
     pub fn etcd(&self) -> EtcdTable {
@@ -92,38 +75,15 @@ impl PeerTable {
 
 /// Reads and parses the file at `path`. Every error is one line naming the
 /// file and, where it can be told, the table and the key.
-pub(super) fn load(path: &str) -> Result<FileConfig, ConfigError> {
+pub(super) fn load<T: DeserializeOwned>(path: &str) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new(CONFIG_FLAG, format!("{CONFIG_FLAG} {path:?}: {e}")))?;
     parse(path, &text)
 }
 
 /// Parses `text`, the contents of `path`.
-pub(super) fn parse(path: &str, text: &str) -> Result<FileConfig, ConfigError> {
+pub(super) fn parse<T: DeserializeOwned>(path: &str, text: &str) -> Result<T, ConfigError> {
     toml::from_str(text).map_err(|e| located(path, text, &e))
-}
-
-/// Where in the file something is: `lease_ttl` or `[peers.b] ca`.
-pub(super) fn place(table: &[&str], key: Option<&str>) -> String {
-    let table = table.iter().map(|s| toml_key(s)).collect::<Vec<_>>();
-    match (table.is_empty(), key) {
-        (true, Some(k)) => toml_key(k),
-        (true, None) => "top level".to_string(),
-        (false, Some(k)) => format!("[{}] {}", table.join("."), toml_key(k)),
-        (false, None) => format!("[{}]", table.join(".")),
-    }
-}
-
-/// A key as written in TOML: bare if it can be, quoted otherwise.
-fn toml_key(k: &str) -> String {
-    if !k.is_empty()
-        && k.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    {
-        k.to_string()
-    } else {
-        format!("{k:?}")
-    }
 }
 
 /// A parse or type error, with the table and key it is about.
@@ -192,7 +152,7 @@ fn locate(
 }
 
 /// A byte size as a string (`"1536KiB"`) or a plain integer of bytes.
-fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+pub(super) fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     struct V;
     impl Visitor<'_> for V {
         type Value = Option<String>;
@@ -212,119 +172,19 @@ fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error
     d.deserialize_any(V)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[track_caller]
-    fn refused(text: &str) -> String {
-        let e = parse("/etc/a.toml", text).expect_err("refused");
-        assert_eq!(e.flag(), CONFIG_FLAG);
-        let m = e.to_string();
-        assert!(!m.contains('\n'), "{m:?}");
-        m
-    }
-
-    #[test]
-    fn the_agreed_format_parses() {
-        let f = parse(
-            "a.toml",
-            r#"
-region = "a"
-lease_ttl = "30s"
-election_ttl = "10s"
-metrics_addr = "0.0.0.0:9464"
-log_format = "json"
-root = "/aether/v1/regions/"
-max_inflight = 8
-page_size = 10000
-replica_id = "aether-replicator-a-5d9c7-x2x9q"
-[local]
-endpoints = ["http://etcd-a.aether.svc:2379"]
-ca = "/etc/aether/local/ca.crt"
-cert = "/etc/aether/local/tls.crt"
-key = "/etc/aether/local/tls.key"
-server_name = "etcd-a"
-username = "replicator"
-password_file = "/etc/aether/local/password"
-
-[peers.b]
-endpoints = ["https://etcd-b.example:2379"]
-ca = "/etc/aether/peers/b/ca.crt"
-username = "replicator"
-password_file = "/etc/aether/peers/b/password"
-max_txn_ops = 128
-max_request_bytes = "1536KiB"
-
-[peers.c]
-endpoints = ["http://c:2379"]
-max_request_bytes = 65536
-"#,
-        )
-        .unwrap();
-        assert_eq!(f.region.as_deref(), Some("a"));
-        assert_eq!(f.max_inflight, Some(8));
-        let local = f.local.unwrap();
-        assert_eq!(local.server_name.as_deref(), Some("etcd-a"));
-        assert_eq!(f.peers.len(), 2);
-        assert_eq!(f.peers["b"].max_txn_ops, Some(128));
-        assert_eq!(f.peers["b"].max_request_bytes.as_deref(), Some("1536KiB"));
-        assert_eq!(f.peers["c"].max_request_bytes.as_deref(), Some("65536"));
-    }
-
-    #[test]
-    fn errors_name_the_file_table_and_key() {
-        for (text, want) in [
-            (
-                "region = 'a'\nfoo = 1\n",
-                "/etc/a.toml: foo: unknown key (expected one of",
-            ),
-            (
-                "[peers.b]\nendpoints = ['http://b:1']\npasword_file = 'x'\n",
-                "/etc/a.toml: [peers.b] pasword_file: unknown key (expected",
-            ),
-            (
-                "[peers.b]\nmax_txn_ops = 'many'\n",
-                "/etc/a.toml: [peers.b] max_txn_ops: invalid type: string \"many\", expected usize",
-            ),
-            (
-                "peers.b.max_txn_ops = -1\n",
-                "/etc/a.toml: [peers.b] max_txn_ops: invalid value: integer `-1`",
-            ),
-            (
-                "peers = { b = { endpoints = 3 } }\n",
-                "/etc/a.toml: [peers.b] endpoints: invalid type: integer `3`",
-            ),
-            (
-                "[local]\nendpoints = ['x']\nsni = 'y'\n",
-                "/etc/a.toml: [local] sni: unknown key",
-            ),
-            (
-                "region = 5\n",
-                "/etc/a.toml: region: invalid type: integer `5`",
-            ),
-            (
-                "[peers.b]\nmax_request_bytes = true\n",
-                "/etc/a.toml: [peers.b] max_request_bytes: invalid type: boolean `true`, expected a byte size",
-            ),
-            ("region = 'a\n", "/etc/a.toml: line 1, column 12: "),
-            (
-                "[peers.\"b/c\"]\nx = 1\n",
-                "/etc/a.toml: [peers.\"b/c\"] x: unknown key",
-            ),
-        ] {
-            let m = refused(text);
-            assert!(m.starts_with(want), "{text:?}:\n got {m:?}\nwant {want:?}");
-        }
-    }
-
-    #[test]
-    fn a_missing_file_names_the_flag_and_the_file() {
-        let e = load("/nonexistent/a.toml").unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("--config \"/nonexistent/a.toml\": "),
-            "{e}"
-        );
+/// A value written as a string and parsed by `parse`, refused as
+/// `invalid <what> "<text>": <expected>` (for a key's own deserializer).
+pub(super) fn parsed<'de, D: Deserializer<'de>, T>(
+    d: D,
+    what: &str,
+    expected: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> Result<Option<T>, D::Error> {
+    let raw = String::deserialize(d)?;
+    match parse(&raw) {
+        Some(v) => Ok(Some(v)),
+        None => Err(de::Error::custom(format!(
+            "invalid {what} {raw:?}: {expected}"
+        ))),
     }
 }

@@ -100,38 +100,75 @@
 //! [`RunArgs::validate`] checks everything else and names the flag at fault
 //! in a one-line [`ConfigError`].
 //!
-//! The module is split by concern: `args` defines the flags (clap),
-//! `file` the config file, `validate` turns both into the settings the
-//! program runs with, and
-//! the general-purpose parsers they use (durations, byte sizes, URLs, PEM
-//! files, peer specs) live in [`crate::app::parse`].
+//! # Layout
+//!
+//! From the bottom up (no file imports one above it):
+//!
+//! - `error`: [`ConfigError`], and how a message names a flag or a place in
+//!   the file (`Origin`, `place`).
+//! - `file`: reading the TOML file with errors naming the file, the table
+//!   and the key; the `[local]` and `[peers.<region>]` tables.
+//! - `settings`: [`Settings`], the settings that are one flag, one
+//!   variable and one top-level file key each, declared once; `Layers`,
+//!   the flags over the file.
+//! - `args`: the command line ([`Cli`], the subcommands, [`RunArgs`],
+//!   [`LocalEtcdArgs`]), flattening [`Settings`] into a run's flags.
+//! - `connection`: one etcd's endpoints, TLS and credentials (flags or a
+//!   table), reading the TLS and password files.
+//! - `limits`: single values with bounds (txn limits, counts, durations,
+//!   prefixes, segments).
+//! - `peers`: the peers, from their tables and the `--peer-*` flags.
+//! - `run`: [`RunArgs::validate`]: everything above into a [`Config`] and
+//!   the engine's `MirrorConfig`.
+//! - `subcommands`: the settings of `endpoints` and `migrate`.
+//! - `tests`: the flags' and validation's tests.
+//!
+//! The general-purpose parsers (durations, byte sizes, URLs, PEM files,
+//! peer specs) live in [`crate::app::parse`].
+//!
+//! # Adding a flag
+//!
+//! A setting of a run goes in one place: a field of [`Settings`]
+//! (`settings.rs`), `Option<T>`, with its `--help` text as the doc comment
+//! and `#[arg(long, env = "AETHER_REPLICATOR_<FIELD>", ...)]`. The field's
+//! name makes the flag (`--foo-bar`) and the file key (`foo_bar`); its
+//! default is a constant beside it or the engine's. Then read it where the
+//! [`Config`] is built (`run.rs`, `layered!(layers, foo_bar)` gives the
+//! value and where it came from, for messages) and hand it to
+//! `MirrorConfig` or [`Config`]. The test
+//! `every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned`
+//! walks clap's `Command` and checks that every flag has its variable and
+//! every run flag its file key (the exceptions, and the `[local]`/`[peers]`
+//! keys of the grouped `--local-*`/`--peer-*` flags, are listed there with
+//! their reasons), and that no file key and no variable named in the
+//! sources, manifests or docs belongs to no flag.
 
 mod args;
+mod connection;
+mod error;
 mod file;
-mod validate;
+mod limits;
+mod peers;
+mod run;
+mod settings;
+mod subcommands;
 
 pub use args::{
-    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, LogFormat, MigrateArgs, RootArg,
-    RunArgs, Secret, StatusArgs,
+    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, MigrateArgs, RootArg, RunArgs, Secret,
+    StatusArgs,
 };
-pub(crate) use validate::read_password;
-pub use validate::{
-    Config, ConfigError, DEFAULT_LOCAL_ETCD, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL,
-    EndpointsConfig, MigrateConfig, PasswordFile,
+pub(crate) use connection::read_password;
+pub use connection::{DEFAULT_LOCAL_ETCD, PasswordFile};
+pub use error::ConfigError;
+pub use limits::{
+    MAX_LEASE_TTL_SECS, MAX_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES, MIN_MAX_TXN_OPS,
 };
-
-use crate::etcd::DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
+pub use run::Config;
+pub use settings::{DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, LogFormat, Settings};
+pub use subcommands::{EndpointsConfig, MigrateConfig};
 
 /// Prefix of every flag's environment variable.
 pub const ENV_PREFIX: &str = "AETHER_REPLICATOR_";
-/// Smallest `--max-txn-ops`.
-pub const MIN_MAX_TXN_OPS: usize = 2;
-/// Smallest `--max-request-bytes`.
-pub const MIN_MAX_REQUEST_BYTES: usize = 4096;
-/// Largest `--max-request-bytes`: the client's largest outgoing message.
-pub const MAX_MAX_REQUEST_BYTES: usize = DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
-/// Largest lease TTL etcd grants, in seconds (etcd's `MaxLeaseTTL`).
-pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
 
 #[cfg(test)]
 mod tests;

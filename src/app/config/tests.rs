@@ -134,10 +134,7 @@ fn every_flag_has_its_env_var() {
                 assert_eq!(arg.get_env(), None);
                 continue;
             }
-            let want = format!(
-                "{ENV_PREFIX}{}",
-                long.to_ascii_uppercase().replace('-', "_")
-            );
+            let want = env_of(long);
             assert_eq!(
                 arg.get_env().and_then(|e| e.to_str()),
                 Some(want.as_str()),
@@ -265,7 +262,7 @@ fn check_subcommand_takes_the_same_flags() {
 
     let cli = parse(&["--region", "a"]).unwrap();
     assert!(cli.command.is_none());
-    assert_eq!(cli.run_args().region.as_deref(), Some("a"));
+    assert_eq!(cli.run_args().settings.region.as_deref(), Some("a"));
 }
 
 #[test]
@@ -966,10 +963,7 @@ fn subcommand_flags_have_env_vars_except_the_destructive_ones() {
                 assert_eq!(env, None, "--{long}");
                 continue;
             }
-            let want = format!(
-                "{ENV_PREFIX}{}",
-                long.to_ascii_uppercase().replace('-', "_")
-            );
+            let want = env_of(long);
             assert_eq!(env, Some(want.as_str()), "{name} --{long}");
         }
     }
@@ -1332,4 +1326,241 @@ fn freshness_flags() {
     let mut bad = base.to_vec();
     bad.push("--verify-rate=0");
     refused(&bad, "--verify-rate", "at least 1");
+}
+
+/// The keys a struct's derived `Deserialize` accepts, in its order.
+fn file_keys<T: serde::de::DeserializeOwned>() -> Vec<&'static str> {
+    use serde::de::{self, Visitor};
+    /// A deserializer that only records the fields a struct asks for.
+    struct Fields(Vec<&'static str>);
+    impl<'de> de::Deserializer<'de> for &mut Fields {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.extend_from_slice(fields);
+            Err(de::Error::custom("fields recorded"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields = Fields(Vec::new());
+    let _ = T::deserialize(&mut fields);
+    assert!(
+        !fields.0.is_empty(),
+        "{} has no fields",
+        std::any::type_name::<T>()
+    );
+    fields.0
+}
+
+/// `--lease-ttl` is `AETHER_REPLICATOR_LEASE_TTL`.
+fn env_of(long: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        long.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// Every flag has its variable, and every flag of a run its key in the
+/// config file; no variable and no file key belongs to no flag. A flag is
+/// declared once (a field of `Settings`, or of `LocalEtcdArgs` and
+/// `RunArgs` for the grouped ones): this holds its three names together.
+#[test]
+fn every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned() {
+    /// Flags without a variable, as `[<subcommand> ]--<flag>`: asked for
+    /// on the command line only.
+    const NO_VARIABLE: &[(&str, &str)] = &[
+        ("--check-config", "an action, not a setting"),
+        (
+            "migrate --apply",
+            "what writes is asked for on the command line",
+        ),
+        (
+            "migrate --delete-legacy",
+            "what deletes is asked for on the command line",
+        ),
+        ("status --output", "how to print this one call"),
+        ("status --max-staleness", "how to judge this one call"),
+    ];
+    /// Flags of a run without a file key.
+    const NO_FILE_KEY: &[(&str, &str)] = &[
+        ("config", "names the file itself"),
+        ("check-config", "an action, not a setting"),
+    ];
+    /// A run's flags whose file keys are not their own name at the top
+    /// level: the `[local]` and `[peers.<region>]` tables group them, a
+    /// flag replacing its group whole. The file holds no secret: where a
+    /// flag gives a password, the table names a file holding it.
+    const GROUPED: &[(&str, &[&str])] = &[
+        ("local-etcd", &["local.endpoints"]),
+        ("local-ca", &["local.ca"]),
+        ("local-cert", &["local.cert"]),
+        ("local-key", &["local.key"]),
+        ("local-server-name", &["local.server_name"]),
+        ("local-user", &["local.username"]),
+        ("local-password", &["local.password_file"]),
+        ("peer-etcd", &["peers.*.endpoints"]),
+        (
+            "peer-tls",
+            &[
+                "peers.*.ca",
+                "peers.*.cert",
+                "peers.*.key",
+                "peers.*.server_name",
+            ],
+        ),
+        ("peer-auth", &["peers.*.username", "peers.*.password_file"]),
+        // A peer's own limits, in place of the top-level ones.
+        ("max-txn-ops", &["max_txn_ops", "peers.*.max_txn_ops"]),
+        (
+            "max-request-bytes",
+            &["max_request_bytes", "peers.*.max_request_bytes"],
+        ),
+    ];
+    /// Variables that are not a flag's.
+    const NOT_FLAGS: &[(&str, &str)] = &[
+        ("AETHER_REPLICATOR_LOG", "the log filter (main.rs)"),
+        (
+            "AETHER_REPLICATOR_REVISION",
+            "the build's revision, read at build time",
+        ),
+    ];
+    let listed = |list: &[(&str, &str)], long: &str| list.iter().any(|(l, _)| *l == long);
+
+    // Every flag of every command has its variable, or is an exception.
+    let cli = Cli::command();
+    let mut commands = vec![&cli];
+    commands.extend(cli.get_subcommands());
+    let mut flags = std::collections::BTreeSet::new();
+    let mut variables = std::collections::BTreeSet::new();
+    for cmd in commands {
+        for arg in cmd.get_arguments() {
+            let long = arg.get_long().expect("every argument is a long flag");
+            let flag = match cmd.get_name() {
+                "aether-replicator" => format!("--{long}"),
+                sub => format!("{sub} --{long}"),
+            };
+            let env = arg.get_env().map(|e| e.to_str().unwrap().to_string());
+            if listed(NO_VARIABLE, &flag) {
+                assert_eq!(env, None, "{flag}");
+            } else {
+                assert_eq!(env, Some(env_of(long)), "{flag}");
+                variables.insert(env_of(long));
+            }
+            flags.insert(flag);
+        }
+    }
+    for (flag, _) in NO_VARIABLE {
+        assert!(flags.contains(*flag), "an exception for no flag: {flag}");
+    }
+    for (long, _) in NO_FILE_KEY {
+        assert!(flags.contains(&format!("--{long}")), "--{long}");
+    }
+
+    // The keys the file accepts, with the tables' as `local.ca`.
+    let mut accepted = std::collections::BTreeSet::new();
+    let mut tables = Vec::new();
+    for key in file_keys::<Settings>() {
+        match key {
+            "local" => accepted.extend(
+                file_keys::<super::file::EtcdTable>()
+                    .iter()
+                    .map(|k| format!("local.{k}")),
+            ),
+            "peers" => accepted.extend(
+                file_keys::<super::file::PeerTable>()
+                    .iter()
+                    .map(|k| format!("peers.*.{k}")),
+            ),
+            _ => {
+                accepted.insert(key.to_string());
+                continue;
+            }
+        }
+        tables.push(key);
+    }
+    assert_eq!(
+        tables,
+        ["local", "peers"],
+        "a new table needs its flags here"
+    );
+
+    // Every flag of a run has its keys, and every key is some flag's. The
+    // subcommands' own flags have none: endpoints and migrate are one-shot
+    // and read no config file (nor do status's --output and
+    // --max-staleness); check and status flatten a run's `RunArgs`.
+    let mut owned = std::collections::BTreeSet::new();
+    for arg in cli.get_arguments() {
+        let long = arg.get_long().unwrap();
+        if listed(NO_FILE_KEY, long) {
+            continue;
+        }
+        let keys = match GROUPED.iter().find(|(l, _)| *l == long) {
+            Some((_, keys)) => keys.iter().map(|k| k.to_string()).collect(),
+            None => vec![long.replace('-', "_")],
+        };
+        for key in keys {
+            assert!(accepted.contains(&key), "--{long}: no file key {key}");
+            owned.insert(key);
+        }
+    }
+    for (long, _) in GROUPED {
+        assert!(
+            cli.get_arguments().any(|a| a.get_long() == Some(*long)),
+            "--{long}"
+        );
+    }
+    let orphans: Vec<_> = accepted.difference(&owned).collect();
+    assert!(orphans.is_empty(), "file keys of no flag: {orphans:?}");
+
+    // Every variable the sources, manifests and docs name is a flag's.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut dirs: Vec<_> = ["src", "deploy", "docs", "e2e", "tests"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut named = 0;
+    for path in files {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for (at, _) in text.match_indices(ENV_PREFIX) {
+            let rest = &text[at + ENV_PREFIX.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(rest.len());
+            if end == 0 {
+                continue; // the prefix itself: `AETHER_REPLICATOR_<FLAG>`
+            }
+            let variable = format!("{ENV_PREFIX}{}", &rest[..end]);
+            assert!(
+                variables.contains(&variable) || listed(NOT_FLAGS, &variable),
+                "{}: {variable} is no flag's variable",
+                path.display()
+            );
+            named += 1;
+        }
+    }
+    assert!(named > 20, "the scan found the variables ({named})");
 }
