@@ -1,9 +1,10 @@
 //! The cluster service: member listing.
 
-use super::client::{Client, Transport};
+use super::client::Client;
 use super::error::Result;
 use super::kv::Header;
-use super::pb::{ClusterClient, PbMemberListRequest};
+use super::pb::{PbClusterClient, PbMemberListRequest};
+use super::transport::Transport;
 
 /// One member of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +61,7 @@ pub(crate) async fn member_list(t: &Transport) -> Result<MemberList> {
                 linearizable: false,
             },
             |svc, r| {
-                let mut c = ClusterClient::new(svc);
+                let mut c = PbClusterClient::new(svc);
                 async move { c.member_list(r).await }
             },
         )

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
-use super::client::Transport;
 use super::cluster::{MemberList, member_list};
+use super::transport::Transport;
 
 /// Starts the task; it stops when the guard is dropped.
 pub(crate) fn spawn(transport: Transport, every: Duration) -> DropGuard {

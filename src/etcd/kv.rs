@@ -9,8 +9,8 @@ use bytes::Bytes;
 use super::client::Client;
 use super::error::Result;
 use super::pb::{
-    KvClient, PbCompactionRequest, PbCompare, PbDeleteRangeRequest, PbDeleteRangeResponse,
-    PbKeyValue, PbOp, PbOpResponse, PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse,
+    PbCompactionRequest, PbCompare, PbDeleteRangeRequest, PbDeleteRangeResponse, PbKeyValue,
+    PbKvClient, PbOp, PbOpResponse, PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse,
     PbRequestOp, PbResponseHeader, PbTxnRequest, PbTxnResponse, pb_compare,
 };
 
@@ -547,8 +547,8 @@ impl From<PbTxnResponse> for TxnResponse {
 }
 
 impl Client {
-    fn kv(&self, svc: super::client::Svc) -> KvClient<super::client::Svc> {
-        KvClient::new(svc)
+    fn kv(&self, svc: super::transport::Svc) -> PbKvClient<super::transport::Svc> {
+        PbKvClient::new(svc)
             .max_decoding_message_size(self.max_decoding())
             .max_encoding_message_size(self.max_encoding())
     }

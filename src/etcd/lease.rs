@@ -52,12 +52,13 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::backoff::Backoff;
-use super::client::{Client, Transport};
+use super::client::Client;
 use super::error::{Error, Result};
 use super::pb::{
-    LeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
+    PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
     PbLeaseTimeToLiveRequest,
 };
+use super::transport::Transport;
 
 /// Longest wait between attempts to reopen the keep-alive stream.
 pub const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
@@ -89,8 +90,8 @@ pub struct LeaseTtl {
 }
 
 impl Client {
-    fn lease(&self, svc: super::client::Svc) -> LeaseClient<super::client::Svc> {
-        LeaseClient::new(svc)
+    fn lease(&self, svc: super::transport::Svc) -> PbLeaseClient<super::transport::Svc> {
+        PbLeaseClient::new(svc)
     }
 
     /// Grants a lease of `ttl` seconds. With `id` 0 the server picks the id.
@@ -298,7 +299,7 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
         // Its own connection: a keep-alive must not queue behind the
         // client's bulk traffic (see `Endpoints::lease_channels`).
         let (idx, svc) = client.lease_svc();
-        let mut lc = LeaseClient::new(svc);
+        let mut lc = PbLeaseClient::new(svc);
         let open = lc.lease_keep_alive(UnboundedReceiverStream::new(out_rx));
         // etcd sends the response headers with the first answer, so a
         // black-holed path shows here first: bound it like any answer.

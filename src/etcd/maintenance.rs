@@ -2,7 +2,7 @@
 
 use super::client::Client;
 use super::error::Result;
-use super::pb::{MaintenanceClient, PbStatusRequest};
+use super::pb::{PbMaintenanceClient, PbStatusRequest};
 
 /// A member's status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,7 +28,7 @@ impl Client {
     pub async fn status(&self) -> Result<Status> {
         let r = self
             .unary(PbStatusRequest {}, |svc, req| {
-                let mut c = MaintenanceClient::new(svc);
+                let mut c = PbMaintenanceClient::new(svc);
                 async move { c.status(req).await }
             })
             .await?;

@@ -8,8 +8,8 @@ use super::client::Client;
 use super::error::Result;
 use super::kv::Header;
 use super::pb::{
-    MaintenanceClient, PbAlarmAction, PbAlarmRequest, PbAlarmType, PbDefragmentRequest,
-    PbHashKvRequest,
+    PbAlarmAction, PbAlarmRequest, PbAlarmType, PbDefragmentRequest, PbHashKvRequest,
+    PbMaintenanceClient,
 };
 
 /// The kinds of alarm etcd raises.
@@ -57,7 +57,7 @@ impl Client {
     async fn alarm(&self, req: PbAlarmRequest) -> Result<Vec<Alarm>> {
         let resp = self
             .unary(req, |svc, r| {
-                let mut c = MaintenanceClient::new(svc);
+                let mut c = PbMaintenanceClient::new(svc);
                 async move { c.alarm(r).await }
             })
             .await?;
@@ -126,7 +126,7 @@ impl Client {
     pub async fn defragment(&self) -> Result<Header> {
         let resp = self
             .unary(PbDefragmentRequest {}, |svc, r| {
-                let mut c = MaintenanceClient::new(svc);
+                let mut c = PbMaintenanceClient::new(svc);
                 async move { c.defragment(r).await }
             })
             .await?;
@@ -140,7 +140,7 @@ impl Client {
     pub async fn hash_kv(&self, revision: i64) -> Result<HashKv> {
         let resp = self
             .unary(PbHashKvRequest { revision }, |svc, r| {
-                let mut c = MaintenanceClient::new(svc);
+                let mut c = PbMaintenanceClient::new(svc);
                 async move { c.hash_kv(r).await }
             })
             .await?;

@@ -39,18 +39,14 @@ mod maintenance_ops;
 mod namespace;
 mod pb;
 mod range_opts;
+mod transport;
 mod watch;
 
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 pub use batch::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,
 };
-pub use client::{
-    Client, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
-    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
-    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCHER_BUFFER_BYTES,
-    TlsConfig,
-};
+pub use client::Client;
 pub use cluster::{Member, MemberList};
 pub use error::{Error, Result};
 pub use kv::{
@@ -62,4 +58,10 @@ pub use maintenance::Status;
 pub use maintenance_ops::{Alarm, AlarmKind, HashKv};
 pub use namespace::{Namespace, NamespaceWatcher};
 pub use range_opts::{SortOrder, SortTarget};
+pub use transport::{
+    ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
+    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
+    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCHER_BUFFER_BYTES,
+    TlsConfig,
+};
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};

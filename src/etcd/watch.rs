@@ -75,13 +75,14 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
 use super::backoff::Backoff;
-use super::client::{Client, Transport};
+use super::client::Client;
 use super::error::{Error, Result};
 use super::kv::{KeyValue, prefix_end};
 use super::pb::{
-    PbEvent, PbEventType, PbWatchCancelRequest, PbWatchCreateRequest, PbWatchProgressRequest,
-    PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, WatchClient,
+    PbEvent, PbEventType, PbWatchCancelRequest, PbWatchClient, PbWatchCreateRequest,
+    PbWatchProgressRequest, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
 };
+use super::transport::Transport;
 
 /// Longest wait between attempts to reopen a broken watch stream.
 pub const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
@@ -541,7 +542,7 @@ async fn run(
             let _ = out_tx.send(create_msg(*id, st));
         }
         let (idx, svc) = client.svc();
-        let mut wc = WatchClient::new(svc)
+        let mut wc = PbWatchClient::new(svc)
             .max_decoding_message_size(client.max_decoding())
             .max_encoding_message_size(client.max_encoding());
         let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx);
