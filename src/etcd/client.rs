@@ -1,11 +1,24 @@
 //! The `Client` facade: one value that owns the transport and hands each
-//! call to its service, so callers see one type and one set of methods.
+//! call to its service, so callers see one type and one set of methods,
+//! and the services never see each other.
 
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
+
+use super::auth::AuthClient;
+use super::cluster::{ClusterClient, MemberList};
+use super::endpoint_sync;
 use super::error::Result;
-use super::lease::LeaseKeeper;
-use super::transport::{ClientConfig, Credentials, Svc, Transport};
+use super::header::Header;
+use super::kv::{
+    Delete, DeleteResponse, KvClient, Put, PutResponse, Range, RangeResponse, Scan, Txn,
+    TxnResponse, prefix_range,
+};
+use super::lease::{LeaseClient, LeaseGrant, LeaseKeeper, LeaseTtl};
+use super::maintenance::{Alarm, HashKv, MaintenanceClient, Status};
+use super::transport::{ClientConfig, Credentials, Transport};
+use super::watch::{WatchClient, WatchOptions, WatchStream, Watcher};
 
 /// An etcd v3 client. Cheap to clone; clones share connections, the auth
 /// token and the lease keep-alive stream.
@@ -31,10 +44,16 @@ pub struct Client {
     inner: Arc<Handle>,
 }
 
-/// What the `Client` clones share: the transport, and the tasks that only
-/// live as long as some clone does.
+/// What the `Client` clones share: the transport, a client per service on
+/// it, and the tasks that only live as long as some clone does.
 struct Handle {
     transport: Transport,
+    kv: KvClient,
+    watch: WatchClient,
+    lease: LeaseClient,
+    cluster: ClusterClient,
+    maintenance: MaintenanceClient,
+    auth: AuthClient,
     keeper: OnceLock<LeaseKeeper>,
     /// Stops the endpoint auto-sync task when the last clone goes.
     _auto_sync: Option<tokio_util::sync::DropGuard>,
@@ -47,10 +66,15 @@ impl Client {
     pub fn connect(config: ClientConfig) -> Result<Client> {
         let auto_sync = config.auto_sync_interval;
         let transport = Transport::new(config)?;
-        let _auto_sync =
-            auto_sync.map(|every| super::endpoint_sync::spawn(transport.clone(), every));
+        let _auto_sync = auto_sync.map(|every| endpoint_sync::spawn(transport.clone(), every));
         Ok(Client {
             inner: Arc::new(Handle {
+                kv: KvClient::new(transport.clone()),
+                watch: WatchClient::new(transport.clone()),
+                lease: LeaseClient::new(transport.clone()),
+                cluster: ClusterClient::new(transport.clone()),
+                maintenance: MaintenanceClient::new(transport.clone()),
+                auth: AuthClient::new(transport.clone()),
                 transport,
                 keeper: OnceLock::new(),
                 _auto_sync,
@@ -92,7 +116,7 @@ impl Client {
 
     /// Fetches a fresh token with the configured credentials.
     pub async fn authenticate(&self) -> Result<()> {
-        self.inner.transport.authenticate().await
+        self.inner.auth.authenticate().await
     }
 
     /// How many tokens this client has fetched (for tests of renewal).
@@ -101,30 +125,151 @@ impl Client {
         self.inner.transport.authentications()
     }
 
-    /// The transport, for a background task that must not own the client.
-    pub(crate) fn transport(&self) -> &Transport {
-        &self.inner.transport
+    /// Reads a key, a range or a prefix.
+    pub async fn range(&self, req: Range) -> Result<RangeResponse> {
+        self.inner.kv.range(req).await
+    }
+
+    /// Writes a key.
+    pub async fn put(&self, req: Put) -> Result<PutResponse> {
+        self.inner.kv.put(req).await
+    }
+
+    /// Deletes a key, a range or a prefix.
+    pub async fn delete(&self, req: Delete) -> Result<DeleteResponse> {
+        self.inner.kv.delete(req).await
+    }
+
+    /// Runs a transaction.
+    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.inner.kv.txn(txn).await
+    }
+
+    /// Compacts the history up to `revision`. With `physical`, waits until
+    /// the compaction has been applied to the backend.
+    pub async fn compact(&self, revision: i64, physical: bool) -> Result<Header> {
+        self.inner.kv.compact(revision, physical).await
+    }
+
+    /// Scans `[from, to)` in pages of `page_size` keys, all at one revision.
+    ///
+    /// With `revision` 0 the scan pins the revision of its first page, so
+    /// every page is part of the same snapshot however the keys change
+    /// meanwhile. Only one page is held at a time.
+    pub fn scan(
+        &self,
+        from: impl Into<Bytes>,
+        to: impl Into<Bytes>,
+        page_size: usize,
+        revision: i64,
+    ) -> Scan {
+        let kv = self.inner.kv.clone();
+        Scan::new(kv, from.into(), to.into(), page_size, revision)
+    }
+
+    /// Scans every key under `prefix`; see [`Client::scan`].
+    pub fn scan_prefix(&self, prefix: impl Into<Bytes>, page_size: usize, revision: i64) -> Scan {
+        let (from, to) = prefix_range(prefix);
+        self.scan(from, to, page_size, revision)
+    }
+
+    /// Opens a new watch stream (its own gRPC stream and task).
+    pub fn watch_stream(&self) -> WatchStream {
+        self.inner.watch.stream()
+    }
+
+    /// Watches on a new stream of its own; see [`WatchStream::watch`].
+    pub fn watch(&self, opts: WatchOptions) -> Result<(WatchStream, Watcher)> {
+        self.inner.watch.watch(opts)
+    }
+
+    /// Grants a lease of `ttl` seconds. With `id` 0 the server picks the id.
+    pub async fn lease_grant(&self, ttl: i64, id: i64) -> Result<LeaseGrant> {
+        self.inner.lease.grant(ttl, id).await
+    }
+
+    /// Revokes a lease, deleting every key attached to it.
+    pub async fn lease_revoke(&self, id: i64) -> Result<()> {
+        self.inner.lease.revoke(id).await
+    }
+
+    /// Reads a lease's remaining TTL. A lease that does not exist has TTL -1.
+    pub async fn lease_time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTtl> {
+        self.inner.lease.time_to_live(id, keys).await
     }
 
     /// The client's shared keep-alive actor, started on first use.
-    pub(crate) fn keeper_or_init(&self, init: impl FnOnce() -> LeaseKeeper) -> LeaseKeeper {
-        self.inner.keeper.get_or_init(init).clone()
+    pub fn lease_keeper(&self) -> LeaseKeeper {
+        let inner = &self.inner;
+        inner.keeper.get_or_init(|| inner.lease.keeper()).clone()
     }
 
-    pub(crate) async fn unary<Req, Resp, F, Fut>(&self, req: Req, call: F) -> Result<Resp>
-    where
-        Req: Clone,
-        F: Fn(Svc, tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        self.inner.transport.unary(req, call).await
+    /// Lists the cluster's members. With
+    /// [`ClientConfig::auto_sync_interval`] set, a task does this
+    /// periodically and makes the client's endpoints the started voting
+    /// members' client URLs.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_replicator::etcd::Client)
+    /// # -> aether_replicator::etcd::Result<()> {
+    /// let list = client.member_list().await?;
+    /// for m in &list.members {
+    ///     println!("{:x} {} {:?}", m.id, m.name, m.client_urls);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn member_list(&self) -> Result<MemberList> {
+        self.inner.cluster.member_list().await
     }
 
-    pub(crate) fn max_decoding(&self) -> usize {
-        self.config().max_decoding_message_size
+    /// The status of the member this client is talking to.
+    pub async fn status(&self) -> Result<Status> {
+        self.inner.maintenance.status().await
     }
 
-    pub(crate) fn max_encoding(&self) -> usize {
-        self.config().max_encoding_message_size
+    /// The alarms raised anywhere in the cluster.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_replicator::etcd::Client)
+    /// # -> aether_replicator::etcd::Result<()> {
+    /// use aether_replicator::etcd::AlarmKind;
+    /// for alarm in client.alarm_list().await? {
+    ///     if alarm.kind == AlarmKind::NoSpace {
+    ///         // Free space first, or the alarm is raised again at once.
+    ///         let rev = client.status().await?.revision;
+    ///         client.compact(rev, true).await?;
+    ///         client.defragment().await?;
+    ///         client.alarm_disarm(alarm).await?;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn alarm_list(&self) -> Result<Vec<Alarm>> {
+        self.inner.maintenance.alarm_list().await
+    }
+
+    /// Disarms `alarm` (a `member_id` of 0 disarms it on every member) and
+    /// returns the alarms that were disarmed. A NOSPACE alarm disarmed
+    /// while the backend is still over quota is raised again by the next
+    /// write.
+    pub async fn alarm_disarm(&self, alarm: Alarm) -> Result<Vec<Alarm>> {
+        self.inner.maintenance.alarm_disarm(alarm).await
+    }
+
+    /// Defragments the backend of the member this client talks to,
+    /// returning the space freed by compaction to the file system. The
+    /// member blocks reads and writes meanwhile, and a large backend can
+    /// take longer than the default request timeout: raise
+    /// [`ClientConfig::request_timeout`] for it.
+    pub async fn defragment(&self) -> Result<Header> {
+        self.inner.maintenance.defragment().await
+    }
+
+    /// The hash of the member's KV history up to `revision` (0: the
+    /// latest). Two members that agree on the history give the same hash
+    /// for the same revision and compact revision; it is etcd's own
+    /// corruption check.
+    pub async fn hash_kv(&self, revision: i64) -> Result<HashKv> {
+        self.inner.maintenance.hash_kv(revision).await
     }
 }

@@ -25,6 +25,7 @@
 //!
 //! Works against etcd 3.4 and later.
 
+mod auth;
 mod backoff;
 mod batch;
 mod client;
@@ -32,13 +33,13 @@ mod cluster;
 pub mod concurrency;
 mod endpoint_sync;
 mod error;
+mod header;
 mod kv;
 mod lease;
 mod maintenance;
-mod maintenance_ops;
 mod namespace;
 mod pb;
-mod range_opts;
+mod task;
 mod transport;
 mod watch;
 
@@ -49,15 +50,14 @@ pub use batch::{
 pub use client::Client;
 pub use cluster::{Member, MemberList};
 pub use error::{Error, Result};
+pub use header::Header;
 pub use kv::{
-    Compare, CompareOp, Delete, DeleteResponse, Header, KeyValue, Op, OpResponse, Page, Put,
-    PutResponse, Range, RangeResponse, Scan, Txn, TxnResponse, prefix_end,
+    Compare, CompareOp, Delete, DeleteResponse, KeyValue, Op, OpResponse, Page, Put, PutResponse,
+    Range, RangeResponse, Scan, SortOrder, SortTarget, Txn, TxnResponse, prefix_end,
 };
 pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL};
-pub use maintenance::Status;
-pub use maintenance_ops::{Alarm, AlarmKind, HashKv};
+pub use maintenance::{Alarm, AlarmKind, HashKv, Status};
 pub use namespace::{Namespace, NamespaceWatcher};
-pub use range_opts::{SortOrder, SortTarget};
 pub use transport::{
     ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
     DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
