@@ -41,7 +41,7 @@ pub(crate) use etcdserverpb::{
     watch_request::RequestUnion as PbWatchRequestUnion,
 };
 // Cluster, maintenance and sorted-range types used by the client APIs in
-// `cluster.rs`, `maintenance_ops.rs` and `concurrency/`.
+// `cluster.rs`, `maintenance.rs` and `kv/range_opts.rs`.
 pub(crate) use etcdserverpb::{
     AlarmRequest as PbAlarmRequest, AlarmType as PbAlarmType,
     DefragmentRequest as PbDefragmentRequest, HashKvRequest as PbHashKvRequest,
