@@ -1,26 +1,27 @@
 //! Endpoint auto-sync: keep the client's endpoints equal to the cluster's
 //! member client URLs, like Go's `AutoSyncInterval`.
 //!
-//! The task holds the transport (connections, config), never a `Client`, so
-//! it cannot keep alive the handle whose drop stops it: the client keeps
-//! the task's drop guard, and the last clone going cancels it.
+//! It sits on the cluster service and sets the transport's endpoints, so
+//! the transport never depends on a service. The task holds the transport
+//! (connections, config), never a `Client`, so it cannot keep alive the
+//! handle whose drop stops it: the client keeps the task's drop guard, and
+//! the last clone going cancels it.
 
 use std::time::Duration;
 
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::Instrument;
 
-use super::client::Transport;
-use super::cluster::{MemberList, member_list};
+use super::cluster::{ClusterClient, MemberList};
+use super::task::spawn_until_dropped;
+use super::transport::Transport;
 
 /// Starts the task; it stops when the guard is dropped.
 pub(crate) fn spawn(transport: Transport, every: Duration) -> DropGuard {
-    let cancel = CancellationToken::new();
-    tokio::spawn(run(transport, every, cancel.clone()).instrument(tracing::Span::current()));
-    cancel.drop_guard()
+    spawn_until_dropped(|cancel| run(transport, every, cancel))
 }
 
 async fn run(t: Transport, every: Duration, cancel: CancellationToken) {
+    let cluster = ClusterClient::new(t.clone());
     loop {
         // First sync after one interval, as Go's client does: the
         // configured endpoints are the caller's choice until then.
@@ -30,7 +31,7 @@ async fn run(t: Transport, every: Duration, cancel: CancellationToken) {
         }
         let list = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = member_list(&t) => r,
+            r = cluster.member_list() => r,
         };
         match list {
             Ok(list) => {

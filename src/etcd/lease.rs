@@ -45,19 +45,19 @@
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use tracing::Instrument;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::backoff::Backoff;
-use super::client::{Client, Transport};
 use super::error::{Error, Result};
 use super::pb::{
-    LeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
+    PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
     PbLeaseTimeToLiveRequest,
 };
+use super::task::spawn_until_dropped;
+use super::transport::Transport;
 
 /// Longest wait between attempts to reopen the keep-alive stream.
 pub const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
@@ -88,18 +88,23 @@ pub struct LeaseTtl {
     pub keys: Vec<bytes::Bytes>,
 }
 
-impl Client {
-    fn lease(&self, svc: super::client::Svc) -> LeaseClient<super::client::Svc> {
-        LeaseClient::new(svc)
+/// The lease service on a transport.
+#[derive(Clone)]
+pub(crate) struct LeaseClient {
+    transport: Transport,
+}
+
+impl LeaseClient {
+    pub(crate) fn new(transport: Transport) -> LeaseClient {
+        LeaseClient { transport }
     }
 
-    /// Grants a lease of `ttl` seconds. With `id` 0 the server picks the id.
-    pub async fn lease_grant(&self, ttl: i64, id: i64) -> Result<LeaseGrant> {
+    pub(crate) async fn grant(&self, ttl: i64, id: i64) -> Result<LeaseGrant> {
         let req = PbLeaseGrantRequest { ttl, id };
         let resp = self
-            .unary(req, |svc, r| {
-                let mut c = self.lease(svc);
-                async move { c.lease_grant(r).await }
+            .transport
+            .unary(req, |svc, r| async move {
+                PbLeaseClient::new(svc).lease_grant(r).await
             })
             .await?;
         if !resp.error.is_empty() {
@@ -111,22 +116,20 @@ impl Client {
         })
     }
 
-    /// Revokes a lease, deleting every key attached to it.
-    pub async fn lease_revoke(&self, id: i64) -> Result<()> {
-        self.unary(PbLeaseRevokeRequest { id }, |svc, r| {
-            let mut c = self.lease(svc);
-            async move { c.lease_revoke(r).await }
-        })
-        .await?;
+    pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
+        self.transport
+            .unary(PbLeaseRevokeRequest { id }, |svc, r| async move {
+                PbLeaseClient::new(svc).lease_revoke(r).await
+            })
+            .await?;
         Ok(())
     }
 
-    /// Reads a lease's remaining TTL. A lease that does not exist has TTL -1.
-    pub async fn lease_time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTtl> {
+    pub(crate) async fn time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTtl> {
         let resp = self
-            .unary(PbLeaseTimeToLiveRequest { id, keys }, |svc, r| {
-                let mut c = self.lease(svc);
-                async move { c.lease_time_to_live(r).await }
+            .transport
+            .unary(PbLeaseTimeToLiveRequest { id, keys }, |svc, r| async move {
+                PbLeaseClient::new(svc).lease_time_to_live(r).await
             })
             .await;
         match resp {
@@ -146,9 +149,9 @@ impl Client {
         }
     }
 
-    /// The client's shared keep-alive actor, started on first use.
-    pub fn lease_keeper(&self) -> LeaseKeeper {
-        self.keeper_or_init(|| LeaseKeeper::spawn(self.transport().clone()))
+    /// A new keep-alive actor on this transport.
+    pub(crate) fn keeper(&self) -> LeaseKeeper {
+        LeaseKeeper::spawn(self.transport.clone())
     }
 }
 
@@ -242,13 +245,11 @@ struct Kept {
 impl LeaseKeeper {
     fn spawn(client: Transport) -> LeaseKeeper {
         let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = CancellationToken::new();
-        // The task logs under the span of whoever first needed it (the
-        // engine's per-peer span, for a peer's client).
-        tokio::spawn(run(client, rx, cancel.clone()).instrument(tracing::Span::current()));
+        // The task logs under the span of whoever first needed it.
+        let guard = spawn_until_dropped(|cancel| run(client, rx, cancel));
         LeaseKeeper {
             cmds: tx,
-            _guard: std::sync::Arc::new(cancel.drop_guard()),
+            _guard: std::sync::Arc::new(guard),
         }
     }
 
@@ -298,7 +299,7 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
         // Its own connection: a keep-alive must not queue behind the
         // client's bulk traffic (see `Endpoints::lease_channels`).
         let (idx, svc) = client.lease_svc();
-        let mut lc = LeaseClient::new(svc);
+        let mut lc = PbLeaseClient::new(svc);
         let open = lc.lease_keep_alive(UnboundedReceiverStream::new(out_rx));
         // etcd sends the response headers with the first answer, so a
         // black-holed path shows here first: bound it like any answer.

@@ -33,18 +33,20 @@ pub(crate) use etcdserverpb::{
     TxnRequest as PbTxnRequest, TxnResponse as PbTxnResponse,
     WatchCancelRequest as PbWatchCancelRequest, WatchCreateRequest as PbWatchCreateRequest,
     WatchProgressRequest as PbWatchProgressRequest, WatchRequest as PbWatchRequest,
-    WatchResponse as PbWatchResponse, auth_client::AuthClient, compare as pb_compare,
-    kv_client::KvClient, lease_client::LeaseClient, maintenance_client::MaintenanceClient,
-    request_op::Request as PbOp, response_op::Response as PbOpResponse, watch_client::WatchClient,
+    WatchResponse as PbWatchResponse, auth_client::AuthClient as PbAuthClient,
+    compare as pb_compare, kv_client::KvClient as PbKvClient,
+    lease_client::LeaseClient as PbLeaseClient,
+    maintenance_client::MaintenanceClient as PbMaintenanceClient, request_op::Request as PbOp,
+    response_op::Response as PbOpResponse, watch_client::WatchClient as PbWatchClient,
     watch_request::RequestUnion as PbWatchRequestUnion,
 };
 // Cluster, maintenance and sorted-range types used by the client APIs in
-// `cluster.rs`, `maintenance_ops.rs` and `concurrency/`.
+// `cluster.rs`, `maintenance.rs` and `kv/range_opts.rs`.
 pub(crate) use etcdserverpb::{
     AlarmRequest as PbAlarmRequest, AlarmType as PbAlarmType,
     DefragmentRequest as PbDefragmentRequest, HashKvRequest as PbHashKvRequest,
     MemberListRequest as PbMemberListRequest, alarm_request::AlarmAction as PbAlarmAction,
-    cluster_client::ClusterClient, range_request::SortOrder as PbSortOrder,
+    cluster_client::ClusterClient as PbClusterClient, range_request::SortOrder as PbSortOrder,
     range_request::SortTarget as PbSortTarget,
 };
 pub(crate) use mvccpb::{

@@ -59,6 +59,7 @@
 //! for the revision *before* its start (below), so a watcher started just
 //! after an oversized revision on its keys hits that revision as well.
 //!
+//! [`Client::watch_stream`]: super::Client::watch_stream
 //! [`ClientConfig::watcher_buffer_bytes`]: super::ClientConfig::watcher_buffer_bytes
 //! [`ClientConfig::max_decoding_message_size`]: super::ClientConfig::max_decoding_message_size
 //! [`DEFAULT_WATCHER_BUFFER_BYTES`]: super::DEFAULT_WATCHER_BUFFER_BYTES
@@ -72,16 +73,16 @@ use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::Instrument;
 
 use super::backoff::Backoff;
-use super::client::{Client, Transport};
 use super::error::{Error, Result};
-use super::kv::{KeyValue, prefix_end};
+use super::kv::{KeyValue, prefix_range};
 use super::pb::{
-    PbEvent, PbEventType, PbWatchCancelRequest, PbWatchCreateRequest, PbWatchProgressRequest,
-    PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, WatchClient,
+    PbEvent, PbEventType, PbWatchCancelRequest, PbWatchClient, PbWatchCreateRequest,
+    PbWatchProgressRequest, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
 };
+use super::task::spawn_until_dropped;
+use super::transport::Transport;
 
 /// Longest wait between attempts to reopen a broken watch stream.
 pub const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
@@ -165,15 +166,14 @@ pub struct WatchOptions(pub(crate) PbWatchCreateRequest);
 impl WatchOptions {
     /// Watch exactly `key`.
     pub fn key(key: impl Into<Bytes>) -> Self {
-        WatchOptions(PbWatchCreateRequest {
-            key: key.into(),
-            ..Default::default()
-        })
+        Self::between(key.into(), Bytes::new())
     }
     /// Watch every key starting with `prefix`.
     pub fn prefix(prefix: impl Into<Bytes>) -> Self {
-        let key = prefix.into();
-        let range_end = prefix_end(&key);
+        let (key, range_end) = prefix_range(prefix);
+        Self::between(key, range_end)
+    }
+    fn between(key: Bytes, range_end: Bytes) -> Self {
         WatchOptions(PbWatchCreateRequest {
             key,
             range_end,
@@ -385,37 +385,41 @@ pub struct WatchStream {
     _guard: Arc<DropGuard>,
 }
 
-impl Client {
-    /// Opens a new watch stream (its own gRPC stream and task).
-    pub fn watch_stream(&self) -> WatchStream {
+/// The watch service on a transport.
+#[derive(Clone)]
+pub(crate) struct WatchClient {
+    transport: Transport,
+}
+
+impl WatchClient {
+    pub(crate) fn new(transport: Transport) -> WatchClient {
+        WatchClient { transport }
+    }
+
+    /// A new watch stream: its own gRPC stream and task.
+    pub(crate) fn stream(&self) -> WatchStream {
         let (tx, rx) = mpsc::unbounded_channel();
-        let cancel = CancellationToken::new();
         let connected = Arc::new(AtomicBool::new(false));
         let reconnects = Arc::new(AtomicU64::new(0));
-        // Logs under the caller's span (the engine's per-peer span).
-        tokio::spawn(
-            run(
-                self.transport().clone(),
-                rx,
-                cancel.clone(),
-                connected.clone(),
-                reconnects.clone(),
-            )
-            .instrument(tracing::Span::current()),
+        let (t, c, r) = (
+            self.transport.clone(),
+            connected.clone(),
+            reconnects.clone(),
         );
+        let guard = spawn_until_dropped(|cancel| run(t, rx, cancel, c, r));
         WatchStream {
             next_id: Arc::new(AtomicI64::new(1)),
             cmds: tx,
             connected,
             reconnects,
-            buffer_bytes: self.config().watcher_buffer_bytes,
-            _guard: Arc::new(cancel.drop_guard()),
+            buffer_bytes: self.transport.config().watcher_buffer_bytes,
+            _guard: Arc::new(guard),
         }
     }
 
-    /// Watches on a new stream of its own; see [`WatchStream::watch`].
-    pub fn watch(&self, opts: WatchOptions) -> Result<(WatchStream, Watcher)> {
-        let stream = self.watch_stream();
+    /// One watcher on a new stream of its own.
+    pub(crate) fn watch(&self, opts: WatchOptions) -> Result<(WatchStream, Watcher)> {
+        let stream = self.stream();
         let watcher = stream.watch(opts)?;
         Ok((stream, watcher))
     }
@@ -541,7 +545,7 @@ async fn run(
             let _ = out_tx.send(create_msg(*id, st));
         }
         let (idx, svc) = client.svc();
-        let mut wc = WatchClient::new(svc)
+        let mut wc = PbWatchClient::new(svc)
             .max_decoding_message_size(client.max_decoding())
             .max_encoding_message_size(client.max_encoding());
         let outbound = tokio_stream::wrappers::UnboundedReceiverStream::new(out_rx);

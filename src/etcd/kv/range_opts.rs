@@ -5,8 +5,8 @@
 //! are ranges sorted by create revision with a limit of one, which etcd
 //! answers without returning the rest of the prefix.
 
-use super::kv::Range;
-use super::pb::{PbSortOrder, PbSortTarget};
+use super::types::Range;
+use crate::etcd::pb::{PbSortOrder, PbSortTarget};
 
 /// The field a [`Range`] is sorted by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

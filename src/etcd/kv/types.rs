@@ -1,4 +1,4 @@
-//! The KV service: range, put, delete, txn, compact, and paginated scans.
+//! The KV requests and their answers.
 //!
 //! Request types are thin wrappers over the generated messages, so building
 //! one costs nothing extra and a key or value taken from a watch event goes
@@ -6,12 +6,11 @@
 
 use bytes::Bytes;
 
-use super::client::Client;
-use super::error::Result;
-use super::pb::{
-    KvClient, PbCompactionRequest, PbCompare, PbDeleteRangeRequest, PbDeleteRangeResponse,
-    PbKeyValue, PbOp, PbOpResponse, PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse,
-    PbRequestOp, PbResponseHeader, PbTxnRequest, PbTxnResponse, pb_compare,
+use crate::etcd::header::Header;
+use crate::etcd::pb::{
+    PbCompare, PbDeleteRangeRequest, PbDeleteRangeResponse, PbKeyValue, PbOp, PbOpResponse,
+    PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRequestOp, PbTxnRequest,
+    PbTxnResponse, pb_compare,
 };
 
 /// The end of the range holding every key that starts with `prefix`.
@@ -29,31 +28,12 @@ pub fn prefix_end(prefix: &[u8]) -> Bytes {
     Bytes::from_static(&[0])
 }
 
-/// The header etcd puts on every response.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Header {
-    /// The cluster that served it. A store restored from a snapshot, or
-    /// wiped and restarted with the same name, peer URLs and token, keeps
-    /// its cluster id: only its revision goes back.
-    pub cluster_id: u64,
-    /// The store revision when the request was served.
-    pub revision: i64,
-    /// The member that served it.
-    pub member_id: u64,
-    /// The raft term.
-    pub raft_term: u64,
-}
-
-impl From<Option<PbResponseHeader>> for Header {
-    fn from(h: Option<PbResponseHeader>) -> Self {
-        let h = h.unwrap_or_default();
-        Header {
-            cluster_id: h.cluster_id,
-            revision: h.revision,
-            member_id: h.member_id,
-            raft_term: h.raft_term,
-        }
-    }
+/// `prefix` and its [`prefix_end`]: the bounds of a prefix request, for
+/// every request type that takes one.
+pub(crate) fn prefix_range(prefix: impl Into<Bytes>) -> (Bytes, Bytes) {
+    let key = prefix.into();
+    let end = prefix_end(&key);
+    (key, end)
 }
 
 /// A key and its value with etcd's metadata.
@@ -109,20 +89,12 @@ pub struct Range(pub(crate) PbRangeRequest);
 impl Range {
     /// Exactly `key`.
     pub fn key(key: impl Into<Bytes>) -> Range {
-        Range(PbRangeRequest {
-            key: key.into(),
-            ..Default::default()
-        })
+        Range::between(key, Bytes::new())
     }
     /// Every key starting with `prefix`.
     pub fn prefix(prefix: impl Into<Bytes>) -> Range {
-        let key = prefix.into();
-        let range_end = prefix_end(&key);
-        Range(PbRangeRequest {
-            key,
-            range_end,
-            ..Default::default()
-        })
+        let (key, range_end) = prefix_range(prefix);
+        Range::between(key, range_end)
     }
     /// Keys in `[from, to)`.
     pub fn between(from: impl Into<Bytes>, to: impl Into<Bytes>) -> Range {
@@ -171,8 +143,8 @@ pub struct RangeResponse {
     pub count: i64,
 }
 
-impl RangeResponse {
-    fn from_pb(r: PbRangeResponse) -> Self {
+impl From<PbRangeResponse> for RangeResponse {
+    fn from(r: PbRangeResponse) -> Self {
         RangeResponse {
             header: r.header.into(),
             kvs: r.kvs.into_iter().map(KeyValue).collect(),
@@ -180,6 +152,9 @@ impl RangeResponse {
             count: r.count,
         }
     }
+}
+
+impl RangeResponse {
     /// The keys returned.
     pub fn kvs(&self) -> &[KeyValue] {
         &self.kvs
@@ -252,20 +227,12 @@ pub struct Delete(pub(crate) PbDeleteRangeRequest);
 impl Delete {
     /// Exactly `key`.
     pub fn key(key: impl Into<Bytes>) -> Delete {
-        Delete(PbDeleteRangeRequest {
-            key: key.into(),
-            ..Default::default()
-        })
+        Delete::between(key, Bytes::new())
     }
     /// Every key starting with `prefix`.
     pub fn prefix(prefix: impl Into<Bytes>) -> Delete {
-        let key = prefix.into();
-        let range_end = prefix_end(&key);
-        Delete(PbDeleteRangeRequest {
-            key,
-            range_end,
-            ..Default::default()
-        })
+        let (key, range_end) = prefix_range(prefix);
+        Delete::between(key, range_end)
     }
     /// Keys in `[from, to)`.
     pub fn between(from: impl Into<Bytes>, to: impl Into<Bytes>) -> Delete {
@@ -536,274 +503,13 @@ impl From<PbTxnResponse> for TxnResponse {
                 .into_iter()
                 .filter_map(|o| o.response)
                 .map(|o| match o {
-                    PbOpResponse::ResponseRange(r) => OpResponse::Range(RangeResponse::from_pb(r)),
+                    PbOpResponse::ResponseRange(r) => OpResponse::Range(r.into()),
                     PbOpResponse::ResponsePut(p) => OpResponse::Put(p.into()),
                     PbOpResponse::ResponseDeleteRange(d) => OpResponse::Delete(d.into()),
                     PbOpResponse::ResponseTxn(t) => OpResponse::Txn(Box::new((t).into())),
                 })
                 .collect(),
         }
-    }
-}
-
-impl Client {
-    fn kv(&self, svc: super::client::Svc) -> KvClient<super::client::Svc> {
-        KvClient::new(svc)
-            .max_decoding_message_size(self.max_decoding())
-            .max_encoding_message_size(self.max_encoding())
-    }
-
-    /// Reads a key, a range or a prefix.
-    pub async fn range(&self, req: Range) -> Result<RangeResponse> {
-        let resp = self
-            .unary(req.0, |svc, r| {
-                let mut kv = self.kv(svc);
-                async move { kv.range(r).await }
-            })
-            .await?;
-        Ok(RangeResponse::from_pb(resp))
-    }
-
-    /// Writes a key.
-    pub async fn put(&self, req: Put) -> Result<PutResponse> {
-        let resp = self
-            .unary(req.0, |svc, r| {
-                let mut kv = self.kv(svc);
-                async move { kv.put(r).await }
-            })
-            .await?;
-        Ok(resp.into())
-    }
-
-    /// Deletes a key, a range or a prefix.
-    pub async fn delete(&self, req: Delete) -> Result<DeleteResponse> {
-        let resp = self
-            .unary(req.0, |svc, r| {
-                let mut kv = self.kv(svc);
-                async move { kv.delete_range(r).await }
-            })
-            .await?;
-        Ok(resp.into())
-    }
-
-    /// Runs a transaction.
-    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        let resp = self
-            .unary(txn.0, |svc, r| {
-                let mut kv = self.kv(svc);
-                async move { kv.txn(r).await }
-            })
-            .await?;
-        Ok(resp.into())
-    }
-
-    /// Compacts the history up to `revision`. With `physical`, waits until
-    /// the compaction has been applied to the backend.
-    pub async fn compact(&self, revision: i64, physical: bool) -> Result<Header> {
-        let req = PbCompactionRequest { revision, physical };
-        let resp = self
-            .unary(req, |svc, r| {
-                let mut kv = self.kv(svc);
-                async move { kv.compact(r).await }
-            })
-            .await?;
-        Ok(resp.header.into())
-    }
-
-    /// Scans `[from, to)` in pages of `page_size` keys, all at one revision.
-    ///
-    /// With `revision` 0 the scan pins the revision of its first page, so
-    /// every page is part of the same snapshot however the keys change
-    /// meanwhile. Only one page is held at a time.
-    pub fn scan(
-        &self,
-        from: impl Into<Bytes>,
-        to: impl Into<Bytes>,
-        page_size: usize,
-        revision: i64,
-    ) -> Scan {
-        Scan {
-            client: self.clone(),
-            next: Some(from.into()),
-            end: to.into(),
-            page_size: page_size.max(1) as i64,
-            limit: page_size.max(1) as i64,
-            revision,
-            hint: None,
-            started: false,
-        }
-    }
-
-    /// Scans every key under `prefix`; see [`Client::scan`].
-    pub fn scan_prefix(&self, prefix: impl Into<Bytes>, page_size: usize, revision: i64) -> Scan {
-        let prefix = prefix.into();
-        let end = prefix_end(&prefix);
-        self.scan(prefix, end, page_size, revision)
-    }
-}
-
-/// A paginated scan at a fixed revision; see [`Client::scan`].
-///
-/// etcd 3.4 answers a range with a limit only after walking the index over
-/// the whole rest of the range, so plain pagination costs O(n²/page): a
-/// million keys in pages of 2000 take minutes. The scan therefore bounds each
-/// request to a *window* whose end it extrapolates from the density of the
-/// keys it has seen, aiming at one page per window, and widens the window
-/// when it comes back short. Each request then costs about one page, and the
-/// pages still tile the range in key order at one revision.
-pub struct Scan {
-    client: Client,
-    next: Option<Bytes>,
-    end: Bytes,
-    page_size: i64,
-    /// The limit of the next request: ramps up to `page_size`.
-    limit: i64,
-    revision: i64,
-    /// Where the next window ends: extrapolated from `(a, b)` by `factor`
-    /// times their distance beyond `b`. None: to the end of the range.
-    hint: Option<(Bytes, Bytes, f64)>,
-    started: bool,
-}
-
-/// One page of a [`Scan`].
-#[derive(Debug)]
-pub struct Page {
-    /// The revision the whole scan reads at.
-    pub revision: i64,
-    /// The keys of this page, in key order.
-    pub kvs: Vec<KeyValue>,
-}
-
-impl Scan {
-    /// The revision the scan reads at; 0 until the first page is read.
-    pub fn revision(&self) -> i64 {
-        self.revision
-    }
-
-    /// Starts with pages of `first` keys and doubles them up to the page
-    /// size, so a consumer that works page by page starts sooner.
-    pub fn ramp_up(mut self, first: usize) -> Self {
-        self.limit = (first.max(1) as i64).min(self.page_size);
-        self
-    }
-
-    /// The next page, or `None` when the range is exhausted. The first call
-    /// always returns a page (maybe empty), which pins the revision; later
-    /// pages are never empty and hold at most `page_size` keys.
-    ///
-    /// A scan whose revision has been compacted away fails with
-    /// [`Error::Compacted`](super::Error::Compacted).
-    pub async fn next_page(&mut self) -> Result<Option<Page>> {
-        loop {
-            let Some(from) = self.next.take() else {
-                return Ok(None);
-            };
-            let window_end = match &self.hint {
-                Some((a, b, f)) => clamp_window(extrapolate(a, b, *f), &from, &self.end),
-                None => self.end.clone(),
-            };
-            let bounded = window_end != self.end;
-            let req = Range::between(from.clone(), window_end.clone())
-                .limit(self.limit)
-                .revision(self.revision);
-            let resp = match self.client.range(req).await {
-                Ok(r) => r,
-                Err(e) => {
-                    self.next = Some(from);
-                    return Err(e);
-                }
-            };
-            if self.revision == 0 {
-                self.revision = resp.header.revision;
-            }
-            let more = resp.more;
-            let kvs = resp.into_kvs();
-            if more {
-                let (first, last) = match (kvs.first(), kvs.last()) {
-                    (Some(f), Some(l)) => (f.key().clone(), l.key().clone()),
-                    _ => return Ok(None),
-                };
-                let mut next = Vec::with_capacity(last.len() + 1);
-                next.extend_from_slice(&last);
-                next.push(0);
-                self.next = Some(Bytes::from(next));
-                // The next page likely spans as much key space as this one.
-                self.hint = (kvs.len() >= 2).then_some((first, last, 1.0));
-            } else if bounded {
-                // The window is exhausted: the next one starts where it
-                // ended, scaled to hold about a page.
-                let n = kvs.len().max(1) as f64;
-                let grow = ((self.limit * 2).min(self.page_size) as f64 / n).clamp(1.0, 8.0);
-                self.hint = Some((from, window_end.clone(), grow));
-                self.next = Some(window_end);
-            }
-            let first_call = !self.started;
-            self.started = true;
-            if !kvs.is_empty() {
-                self.limit = (self.limit * 2).min(self.page_size);
-            }
-            if !kvs.is_empty() || first_call {
-                return Ok(Some(Page {
-                    revision: self.revision,
-                    kvs,
-                }));
-            }
-        }
-    }
-}
-
-impl Scan {
-    /// The pages as a `Stream`, ending after the last page or the first
-    /// error. Still one page at a time in memory.
-    pub fn into_stream(self) -> impl futures_util::Stream<Item = Result<Page>> + Send {
-        futures_util::stream::unfold(Some(self), |scan| async move {
-            let mut scan = scan?;
-            match scan.next_page().await {
-                Ok(Some(page)) => Some((Ok(page), Some(scan))),
-                Ok(None) => None,
-                Err(e) => Some((Err(e), None)),
-            }
-        })
-    }
-}
-
-/// The key `f` times the distance from `a` to `b` beyond `b`, measured in
-/// the eight bytes after their common prefix. `None` when that cannot be
-/// told (no distance), or past the end of the keyspace.
-fn extrapolate(a: &[u8], b: &[u8], f: f64) -> Option<Bytes> {
-    let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    let word = |s: &[u8]| {
-        let mut buf = [0u8; 8];
-        for (d, x) in buf.iter_mut().zip(&s[common..]) {
-            *d = *x;
-        }
-        u64::from_be_bytes(buf)
-    };
-    let (va, vb) = (word(a), word(b));
-    if vb <= va {
-        return None;
-    }
-    let step = (((vb - va) as f64) * f).max(1.0) as u128;
-    let v = u128::from(vb) + step;
-    if v > u128::from(u64::MAX) {
-        // Past everything under the common prefix.
-        return (common > 0).then(|| prefix_end(&b[..common]));
-    }
-    let mut out = b[..common].to_vec();
-    out.extend_from_slice(&(v as u64).to_be_bytes());
-    while out.len() > common + 1 && out.last() == Some(&0) {
-        out.pop();
-    }
-    Some(Bytes::from(out))
-}
-
-/// A window end strictly after `from` and no further than `end` (where
-/// `[0]` means the end of the keyspace).
-fn clamp_window(w: Option<Bytes>, from: &[u8], end: &Bytes) -> Bytes {
-    let unbounded = |k: &[u8]| k == [0];
-    match w {
-        Some(w) if !unbounded(&w) && w.as_ref() > from && (unbounded(end) || w < *end) => w,
-        _ => end.clone(),
     }
 }
 
@@ -823,40 +529,6 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff"), Bytes::from_static(b"b"));
         assert_eq!(prefix_end(b"\xff\xff"), Bytes::from_static(&[0]));
         assert_eq!(prefix_end(b""), Bytes::from_static(&[0]));
-    }
-
-    #[test]
-    fn windows_extrapolate_past_the_last_key() {
-        // Twice the distance from a to b, beyond b.
-        let w = extrapolate(b"/k/0100", b"/k/0200", 1.0).unwrap();
-        assert!(
-            w.as_ref() > b"/k/0200".as_slice() && w.as_ref() < b"/k/9".as_slice(),
-            "{w:?}"
-        );
-        // No distance: no hint.
-        assert_eq!(extrapolate(b"/k/1", b"/k/1", 1.0), None);
-        assert_eq!(extrapolate(b"/k/2", b"/k/1", 1.0), None);
-        // Overflowing the common prefix's space ends at its prefix end.
-        let w = extrapolate(b"/k/\x00", b"/k/\xff\xff\xff\xff\xff\xff\xff\xff", 4.0).unwrap();
-        assert_eq!(w, Bytes::from_static(b"/k0"));
-        // Windows stay inside (from, end].
-        let end = Bytes::from_static(b"/k0");
-        assert_eq!(
-            clamp_window(Some(Bytes::from_static(b"/z")), b"/k/1", &end),
-            end
-        );
-        assert_eq!(
-            clamp_window(Some(Bytes::from_static(b"/k/0")), b"/k/1", &end),
-            end
-        );
-        assert_eq!(clamp_window(None, b"/k/1", &end), end);
-        let inside = Bytes::from_static(b"/k/5");
-        assert_eq!(clamp_window(Some(inside.clone()), b"/k/1", &end), inside);
-        let to_the_end = Bytes::from_static(&[0]);
-        assert_eq!(
-            clamp_window(Some(inside.clone()), b"/k/1", &to_the_end),
-            inside
-        );
     }
 
     #[test]
