@@ -25,8 +25,9 @@
 //!
 //! # Layout
 //! One peer's task, top to bottom:
-//! - `peer`: the session lifecycle: claim, sync or resume, live; retry with
-//!   backoff, re-sync, or let a stale copy lapse.
+//! - `peer`: what one peer's task holds across sessions.
+//! - `session`: the session lifecycle: claim, sync or resume, live; retry
+//!   with backoff, re-sync, or let a stale copy lapse.
 //! - `claim`: how a session takes the peer: identity checks, the lease
 //!   (adopt or grant), the compare-and-swap on the state key, and whether
 //!   to resume or re-sync.
@@ -68,6 +69,7 @@ mod live;
 mod peer;
 mod pipeline;
 mod sequence;
+mod session;
 pub mod state;
 pub mod stats;
 mod sync;

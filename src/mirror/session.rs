@@ -1,0 +1,249 @@
+//! One peer's session lifecycle: claim, sync or resume, then mirror the
+//! watch; retry, re-sync or let the copy lapse when a session ends.
+//!
+//! A *session* runs from claiming the peer to the first error:
+//! 1. the claim ([`super::claim`]): identity checks, the lease, the
+//!    compare-and-swap on the state key, and whether to resume or re-sync;
+//! 2. the range-diff sync ([`super::sync`]) when the copy can't be resumed,
+//!    with the live watch opened first;
+//! 3. the live loop ([`super::live`]) until an error; a watch that can't
+//!    resume (compaction) re-syncs within the session.
+//!
+//! Errors end the session; the loop retries with capped, jittered backoff.
+//! A copy that stays stale past `lapse_after` even through a re-sync is let
+//! lapse: the keep-alive stops and the peer drops it within a TTL. Only a
+//! fence held by another engine of this region ends the loop for good.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use super::claim::Start;
+use super::live::Opened;
+use super::peer::Peer;
+use super::stats::{ErrorKind, ResyncReason, unix_ms};
+use crate::error::{Error, Result};
+use crate::etcd::{self, Backoff, Range};
+
+impl Peer {
+    /// Replicates until cancelled, or until another engine of this region
+    /// fences this one.
+    pub(crate) async fn run(mut self) -> Result<()> {
+        let result = self.replicate().await;
+        self.stats().set_synced(false);
+        if result.is_ok() && self.pause.is_cancelled() && self.writer.lease.is_some() {
+            // Stepped down: no more writes, but the peer keeps this
+            // region's copy while a successor is elected and adopts the
+            // lease. Bounded by one TTL, so a region that is really gone
+            // still lapses.
+            tracing::info!(peer = %self.region(), "stepped down; keeping the lease alive for one TTL");
+            Backoff::sleep_unless(self.cfg.lease_ttl, self.cancel.cancelled()).await;
+        }
+        result
+    }
+
+    async fn replicate(&mut self) -> Result<()> {
+        let mut backoff = Backoff::new(Duration::from_millis(100), self.cfg.max_backoff);
+        loop {
+            let started = Instant::now();
+            let pause = self.pause.clone();
+            let session = tokio::select! {
+                biased;
+                _ = pause.cancelled() => return Ok(()),
+                r = self.session() => r,
+            };
+            let err = match session {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            self.stats().set_synced(false);
+            let kind = classify(&err);
+            self.stats().error(kind);
+            if kind == ErrorKind::Unavailable {
+                self.stats().up.store(false, Relaxed);
+            }
+            let mut wait = None;
+            match &err {
+                Error::Fenced { .. } => {
+                    tracing::error!(peer = %self.region(), "fenced: another replicator of this region holds the mirror; stopping");
+                    self.writer.drop_lease();
+                    return Err(err);
+                }
+                Error::Conflict { other, .. } => {
+                    if !self.stats().conflicted.swap(true, Relaxed) {
+                        self.stats().conflicts.fetch_add(1, Relaxed);
+                    }
+                    tracing::error!(
+                        peer = %self.region(),
+                        other_source = format!("{other:016x}"),
+                        "another source mirrors this region into the peer (is the same region name configured at two sites?); writing nothing there until its lease lapses"
+                    );
+                    // Ours would be a second writer: give any lease up and
+                    // look again once the incumbent's lease could have
+                    // lapsed.
+                    self.writer.drop_lease();
+                    wait = Some(self.cfg.lease_ttl);
+                }
+                Error::LeaseLost { .. } => self.writer.drop_lease(),
+                Error::SourceChanged { .. } => {
+                    tracing::warn!(peer = %self.region(), error = %err, "re-syncing in full");
+                    self.force_sync = Some(ResyncReason::SourceChanged);
+                }
+                Error::PeerChanged { .. } => {
+                    tracing::warn!(peer = %self.region(), error = %err, "re-syncing in full");
+                    self.writer.forget_peer();
+                    self.force_sync = Some(ResyncReason::PeerChanged);
+                }
+                _ => {}
+            }
+            if self.lapse_if_stale() {
+                wait = Some(self.cfg.lease_ttl.max(self.cfg.max_backoff));
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                // A session that ran a while was a success: start over.
+                backoff.reset();
+            }
+            let wait = wait.unwrap_or_else(|| backoff.next_delay());
+            tracing::warn!(peer = %self.region(), error = %err, retry_in = ?wait, "peer session ended");
+            let stop = async {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => {}
+                    _ = self.pause.cancelled() => {}
+                }
+            };
+            if !Backoff::sleep_unless(wait, stop).await {
+                return Ok(());
+            }
+        }
+    }
+
+    /// After a failed session: if the copy has been stale past the bound
+    /// and a re-sync since it went stale did not help (or none could start
+    /// for twice the bound), let it lapse (stop the keep-alive; never
+    /// revoke). If no re-sync was tried yet, the next session makes one.
+    /// Returns whether it lapsed now.
+    fn lapse_if_stale(&mut self) -> bool {
+        let Some(bound) = self.cfg.lapse_after else {
+            return false;
+        };
+        let stale = self.stats().staleness();
+        if stale <= bound || self.writer.lease.is_none() {
+            return false;
+        }
+        let current_ms = self.stats().current_unix_ms.load(Relaxed);
+        // A re-sync gets its chance first; when not even that can start
+        // (the claim itself fails), twice the bound decides.
+        if self.sync_started_ms <= current_ms && stale <= bound * 2 {
+            self.force_sync.get_or_insert(ResyncReason::Stale);
+            return false;
+        }
+        tracing::error!(
+            peer = %self.region(),
+            stale_secs = stale.as_secs(),
+            "the copy on this peer could not be made current, even by a re-sync: letting it lapse (the keep-alive stops; the peer drops the copy within one lease TTL)"
+        );
+        self.writer.drop_lease();
+        self.prev_lease = None;
+        self.stats().lapsed.store(true, Relaxed);
+        self.stats().lapses.fetch_add(1, Relaxed);
+        true
+    }
+
+    async fn session(&mut self) -> Result<()> {
+        let cancel = self.cancel.clone();
+        let start = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            r = self.claim() => r?,
+        };
+        let start = match start {
+            (Some(lease), start) => {
+                self.stats().set_lease(lease.id(), Some(lease.subscribe()));
+                self.writer.lease = Some(lease);
+                start
+            }
+            (None, start) => start,
+        };
+        self.fresh = false;
+        self.stats().conflicted.store(false, Relaxed);
+        let mut live = match start {
+            Start::Resume(rev) => Opened::later(rev + 1),
+            Start::Sync(reason) => match self.sync(reason).await? {
+                Some(live) => live,
+                None => return Ok(()),
+            },
+        };
+        loop {
+            let from = live.from;
+            match self.stream(live).await {
+                Err(Error::Etcd(
+                    etcd::Error::Compacted { .. } | etcd::Error::ResponseTooLarge { .. },
+                )) => {
+                    self.stats().error(ErrorKind::Compacted);
+                    tracing::info!(peer = %self.region(), from, "watch cannot resume (compacted, or a response over the decode limit); re-syncing");
+                    match self.sync(ResyncReason::Compacted).await? {
+                        Some(next) => live = next,
+                        None => return Ok(()),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Syncs the peer at a revision S pinned first, with the live watch
+    /// from S + 1 opened before the sync starts. etcd serves a watch that
+    /// starts in the past from its *unsynced* group, at most 1,000
+    /// revisions per 100 ms; a watch opened only after the sync, while the
+    /// source is busy, started behind and stayed there through a whole
+    /// burst (up to a second of lag after the WAN bench's bursts). Opened
+    /// first, it
+    /// starts caught up and its events wait in the watcher's byte-bounded
+    /// buffer (then in HTTP/2 flow control) until the sync is done.
+    async fn sync(&mut self, reason: ResyncReason) -> Result<Option<Opened>> {
+        self.stats().resync(reason);
+        self.stats().set_synced(false);
+        self.sync_started_ms = unix_ms();
+        tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
+        let pin = self
+            .local
+            .range(Range::key(self.prefix.clone()).count_only());
+        let at = tokio::select! {
+            _ = self.cancel.cancelled() => return Ok(None),
+            r = pin => r?.header.revision,
+        };
+        let live = Opened::now(&self.local, &self.prefix, at + 1)?;
+        let fut = super::sync::run(
+            &self.writer,
+            &mut self.link,
+            &self.local,
+            self.prefix.clone(),
+            at,
+            &self.cfg,
+        );
+        tokio::select! {
+            _ = self.cancel.cancelled() => return Ok(None),
+            r = fut => r?,
+        }
+        // Every key is under our lease now: a predecessor's is no longer
+        // needed.
+        self.prev_lease = None;
+        self.stats().lapsed.store(false, Relaxed);
+        Ok(Some(live))
+    }
+}
+
+/// The metric class of a session-ending error.
+pub(crate) fn classify(err: &Error) -> ErrorKind {
+    match err {
+        Error::Fenced { .. } => ErrorKind::Fenced,
+        Error::LeaseLost { .. } => ErrorKind::LeaseLost,
+        Error::StateGone { .. } | Error::ClaimRaced { .. } => ErrorKind::Other,
+        Error::Etcd(e) if e.is_transient() => ErrorKind::Unavailable,
+        Error::Etcd(etcd::Error::Compacted { .. }) => ErrorKind::Compacted,
+        Error::Etcd(etcd::Error::RequestTooLarge) => ErrorKind::TooLarge,
+        Error::Etcd(etcd::Error::NoSpace) => ErrorKind::NoSpace,
+        Error::Etcd(etcd::Error::TooManyOps) => ErrorKind::TooManyOps,
+        Error::Conflict { .. } => ErrorKind::Conflict,
+        Error::SourceChanged { .. } | Error::PeerChanged { .. } => ErrorKind::Identity,
+        _ => ErrorKind::Other,
+    }
+}
