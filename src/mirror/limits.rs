@@ -192,7 +192,7 @@ where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = etcd::Result<bool>>,
 {
-    while hi - lo > precision.max(1) {
+    while hi > lo + precision.max(1) {
         let mid = lo + (hi - lo) / 2;
         if takes(mid).await? {
             lo = mid;
