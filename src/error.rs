@@ -40,16 +40,18 @@ pub enum Error {
         peer: String,
     },
     /// Another source claims this region on a peer: its state key names
-    /// another source cluster, under a lease that is still alive. Two sites
-    /// were given the same region name. The incumbent keeps the peer; this
-    /// engine writes nothing there until that lease lapses.
+    /// another source (by the id kept in each source etcd, or by cluster id
+    /// for a claim written before source ids), under a lease that is still
+    /// alive. Two sites were given the same region name. The incumbent
+    /// keeps the peer; this engine writes nothing there until that lease
+    /// lapses.
     #[error(
-        "conflict on peer {peer}: source cluster {other:016x} already mirrors this region there (same region name at two sites?)"
+        "conflict on peer {peer}: source {other:016x} already mirrors this region there (same region name at two sites?)"
     )]
     Conflict {
         /// The peer region.
         peer: String,
-        /// The other source's cluster id.
+        /// The other source's id (or its cluster id, for an older claim).
         other: u64,
     },
     /// The source etcd is not the store the copy came from any more: its
@@ -65,6 +67,17 @@ pub enum Error {
     /// cluster id changed or its revision went back (restore, data loss).
     #[error("peer {peer} changed under the mirror: {why}")]
     PeerChanged {
+        /// The peer region.
+        peer: String,
+        /// What was seen.
+        why: String,
+    },
+    /// The peer's copy was changed by someone else: the freshness probe
+    /// found more or fewer keys than the source held, beyond what the txns
+    /// in flight explain (a `del --prefix`, a revoked lease, keys written
+    /// out of band).
+    #[error("peer {peer}'s copy changed out of band: {why}")]
+    CopyChanged {
         /// The peer region.
         peer: String,
         /// What was seen.

@@ -9,36 +9,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use aether_replicator::etcd::{Client, Put, Range};
-use aether_replicator::mirror::state::State;
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::Etcd;
 use common::mirror::{
-    CONVERGE, Lcg, PREFIX, Scene, client, config, contents, converged, eventually, key,
-    start_synced,
+    CONVERGE, Lcg, PREFIX, Scene, client, config, contents, converged, eventually, fast, key,
+    put_each, start_synced, state_on,
 };
-
-/// A config whose freshness probe runs every 300 ms, so identity changes
-/// are noticed quickly; no lapse and no verification unless a test asks.
-fn fast(ttl_secs: u64) -> MirrorConfig {
-    config(ttl_secs)
-        .with_heartbeat_interval(Duration::from_millis(300))
-        .with_lapse_after(None)
-        .with_verify_interval(None)
-}
-
-/// One put per revision, so the source's history is as long as `n`.
-async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
-    for i in range {
-        c.put(Put::new(key(i), format!("{value}{i}")))
-            .await
-            .unwrap();
-    }
-}
-
-async fn state_on(peer: &Client, cfg: &MirrorConfig) -> Option<State> {
-    let resp = peer.range(Range::key(cfg.state_key())).await.unwrap();
-    resp.kvs().first().and_then(|kv| State::decode(kv.value()))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_lost_its_data_is_mirrored_exactly() {

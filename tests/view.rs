@@ -91,6 +91,7 @@ fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
         lease: 0,
         holder: 1,
         source_cluster: 1,
+        source_id: 0,
         heartbeat_unix_ms,
         synced,
     }

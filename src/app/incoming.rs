@@ -298,6 +298,7 @@ mod tests {
             lease: 7,
             holder: 1,
             source_cluster: 1,
+            source_id: 0,
             heartbeat_unix_ms: unix_ms() - 3_000,
             synced: true,
         });

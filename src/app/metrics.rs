@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::incoming::Origins;
 use super::process::ProcessCollector;
-use crate::mirror::stats::{ErrorKind, LATENCY_BUCKETS, PeerStats, ResyncReason};
+use crate::mirror::stats::{ErrorKind, LATENCY_BUCKETS, PeerStats, ResyncReason, VerifySkip};
 
 /// The prefix of every replicator metric (not of the `process_*` ones).
 pub const PREFIX: &str = "aether_replicator_";
@@ -387,6 +387,19 @@ impl Collector for AppCollector {
             "verify_repairs",
             "Keys the verification passes repaired on the peer.",
             per_peer_count(|p| p.verify_repairs.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "verify_skipped",
+            "Verification passes that could not finish, by reason; after several in a row the copy is reported not synced.",
+            per_peer_by(
+                &peers,
+                origin,
+                "reason",
+                &VerifySkip::ALL,
+                VerifySkip::as_str,
+                PeerStats::verify_skips,
+            ),
         )?;
         gauges(
             e,

@@ -371,6 +371,7 @@ mod tests {
                 lease: 7,
                 holder: 1,
                 source_cluster: 0,
+                source_id: 0,
                 heartbeat_unix_ms: 0,
                 synced: true,
             }),

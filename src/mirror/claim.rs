@@ -15,9 +15,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::peer::Peer;
 use super::state::{self, State};
-use super::stats::{ErrorKind, ResyncReason};
+use super::stats::{ErrorKind, ResyncReason, unix_ms};
 use crate::error::{Error, Result};
-use crate::etcd::{Header, LeaseHandle, Range};
+use crate::etcd::{Header, LeaseHandle};
 
 /// Where a session starts from.
 pub(super) enum Start {
@@ -37,33 +37,39 @@ impl Peer {
         // The two reads are independent: one round trip to the peer, not
         // two in a row (on a long link every round trip of the session
         // start is paid again by each new session).
+        // The source's own id is read (or created) in the same txn that
+        // gives its header.
         let floor = self.writer.peer_revision();
         let (source, peer) = tokio::join!(
-            self.local
-                .range(Range::key(self.prefix.clone()).count_only()),
+            state::source_id(&self.local, &self.source_id_key),
             state::read(&self.writer.client, &self.writer.state_key),
         );
-        let source = source?.header;
+        let (source_id, source) = source?;
         let (stored, peer_header) = peer?;
         self.writer.check_peer_read(&peer_header, floor)?;
         self.stats().up.store(true, Relaxed);
-        self.writer
-            .marks
-            .source_cluster
-            .store(source.cluster_id, Relaxed);
+        let marks = &self.writer.marks;
+        marks.source_cluster.store(source.cluster_id, Relaxed);
+        marks.source_id.store(source_id, Relaxed);
 
         if let Some(st) = stored.state
             && st.holder != self.writer.holder
         {
             // Another site with this region's name, still alive: it keeps
-            // the peer.
-            if st.source_cluster != 0
-                && st.source_cluster != source.cluster_id
+            // the peer. Sources are told apart by their own ids; a claim
+            // written before those existed, by cluster id.
+            let other = if st.source_id != 0 {
+                (st.source_id != source_id).then_some(st.source_id)
+            } else {
+                (st.source_cluster != 0 && st.source_cluster != source.cluster_id)
+                    .then_some(st.source_cluster)
+            };
+            if let Some(other) = other
                 && self.live_lease(st.lease).await?.is_some()
             {
                 return Err(Error::Conflict {
                     peer: self.region().to_owned(),
-                    other: st.source_cluster,
+                    other,
                 });
             }
             if !self.fresh {
@@ -72,7 +78,9 @@ impl Peer {
                 });
             }
         }
-        let source_changed = stored.state.and_then(|st| source_mismatch(&st, &source));
+        let source_changed = stored
+            .state
+            .and_then(|st| source_mismatch(&st, &source, source_id));
         if let Some(why) = &source_changed {
             self.stats().error(ErrorKind::Identity);
             tracing::warn!(peer = %self.region(), why, "the source is not the store the copy came from; re-syncing in full");
@@ -134,15 +142,25 @@ impl Peer {
             }
             _ => None,
         };
+        // A resumed copy may hold more than its state revision says (the
+        // predecessor's txns in flight), at most what the source held now;
+        // the live loop compares key counts only past this horizon.
+        self.replay_horizon = resume.map_or(0, |_| source.revision);
         let start = match resume {
             Some(st) => self.check_lag(st.revision, source.revision),
             None => Start::Sync(match self.force_sync.take() {
                 Some(reason) => reason,
                 None if source_changed.is_some() => ResyncReason::SourceChanged,
                 None if ttl_changed => ResyncReason::LeaseTtl,
+                // A sync of this engine's, or of a predecessor's, that never
+                // completed (its claim still records no revision).
+                None if self.sync_pending || stored.state.is_some_and(|st| st.revision == 0) => {
+                    ResyncReason::Interrupted
+                }
                 None if !adopted && !self.fresh => ResyncReason::LeaseLost,
-                None if !self.fresh => ResyncReason::Fenced,
-                None => ResyncReason::Initial,
+                None if self.fresh => ResyncReason::Initial,
+                // The state key was removed or replaced under this engine.
+                None => ResyncReason::Fenced,
             }),
         };
         // What the copy is, as of this claim: a resumed copy keeps its
@@ -150,13 +168,15 @@ impl Peer {
         let marks = &self.writer.marks;
         marks
             .heartbeat_unix_ms
-            .store(resume.map_or(0, |st| st.heartbeat_unix_ms), Relaxed);
+            // A heartbeat from a clock ahead is taken as now, no later: the
+            // state key must not carry a future the consumers read as fresh.
+            .store(
+                resume.map_or(0, |st| st.heartbeat_unix_ms.min(unix_ms())),
+                Relaxed,
+            );
         if let Some(st) = resume.filter(|st| st.heartbeat_unix_ms > 0) {
             // The store's word on when this copy was last current.
-            self.writer
-                .stats
-                .current_unix_ms
-                .store(st.heartbeat_unix_ms, Relaxed);
+            self.writer.stats.adopt_heartbeat(st.heartbeat_unix_ms);
         }
         marks
             .synced
@@ -205,7 +225,13 @@ impl Peer {
 
 /// Why a copy stamped `st` cannot have come from the source `now`: another
 /// cluster, or a revision the source has not reached (it went back).
-fn source_mismatch(st: &State, now: &Header) -> Option<String> {
+fn source_mismatch(st: &State, now: &Header, source_id: u64) -> Option<String> {
+    if st.source_id != 0 && source_id != 0 && st.source_id != source_id {
+        return Some(format!(
+            "source id is {source_id:016x}, the copy came from {:016x}",
+            st.source_id
+        ));
+    }
     if st.source_cluster != 0 && st.source_cluster != now.cluster_id {
         return Some(format!(
             "source cluster id is {:016x}, the copy came from {:016x}",

@@ -29,6 +29,11 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 16 << 20;
 pub const DEFAULT_PAGE_SIZE: usize = 10_000;
 /// Default cap on the backoff between attempts to reach a failing peer.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The shortest lease TTL the engine asks for: etcd grants at least
+/// `ceil(1.5 × election timeout)` (2 s at its default 1 s election timeout)
+/// whatever is asked, and a lease granted with another TTL than the
+/// configured one reads as a changed TTL to the next session.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 /// Default prefix, outside the registry root, of the per-origin state keys
 /// the engine keeps on each peer.
 pub const DEFAULT_STATE_ROOT: &str = "/aether/v1/replication/";
@@ -167,6 +172,12 @@ impl MirrorConfig {
     /// The source prefix: `<root><region>/`.
     pub fn prefix(&self) -> String {
         format!("{}{}/", self.root, self.region)
+    }
+
+    /// The source id key in the local etcd: `<state_root><region>/source-id`
+    /// (see [`super::state`]).
+    pub fn source_id_key(&self) -> String {
+        format!("{}{}/source-id", self.state_root, self.region)
     }
 
     /// The state key on each peer: `<state_root><region>/state`.

@@ -78,7 +78,6 @@ mod window;
 mod writer;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -88,9 +87,9 @@ pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LAPSE_AFTER, DEFAULT_LEASE_TTL, DEFAULT_LIMIT_REPROBE,
     DEFAULT_MAX_BACKOFF, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
     DEFAULT_PEER_CONNECTIONS, DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT, DEFAULT_VERIFY_INTERVAL,
-    DEFAULT_VERIFY_RATE, MirrorConfig, PeerConfig,
+    DEFAULT_VERIFY_RATE, MIN_LEASE_TTL, MirrorConfig, PeerConfig,
 };
-pub use stats::{ErrorKind, PeerStats, ResyncReason};
+pub use stats::{ErrorKind, PeerStats, ResyncReason, VerifySkip};
 
 use crate::error::{Error, Result};
 use crate::etcd::Client;
@@ -277,9 +276,9 @@ fn validate<'a>(cfg: &MirrorConfig, peers: impl Iterator<Item = &'a str>) -> Res
     let bad = |m: String| Err(Error::Config(m));
     validate_segment("region", &cfg.region).map_err(|e| Error::Config(e.to_string()))?;
     Schema::new(cfg.root.clone()).map_err(|e| Error::Config(e.to_string()))?;
-    if cfg.lease_ttl < Duration::from_secs(1) {
+    if cfg.lease_ttl < MIN_LEASE_TTL {
         return bad(format!(
-            "lease TTL {:?} is below etcd's 1 s granularity",
+            "lease TTL {:?} is below etcd's shortest lease, {MIN_LEASE_TTL:?} (at its default election timeout, etcd grants 2 s when asked for less)",
             cfg.lease_ttl
         ));
     }
@@ -328,8 +327,8 @@ mod tests {
         c.region = String::new();
         assert!(err(&c, &[]).contains("empty"));
         let mut c = cfg.clone();
-        c.lease_ttl = Duration::from_millis(500);
-        assert!(err(&c, &[]).contains("granularity"));
+        c.lease_ttl = std::time::Duration::from_secs(1);
+        assert!(err(&c, &[]).contains("shortest lease"));
         let mut c = cfg.clone();
         c.state_root = "/aether/v1/regions/x/".into();
         assert!(err(&c, &[]).contains("outside"));

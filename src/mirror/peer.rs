@@ -7,7 +7,6 @@
 //! discovered txn limits: [`super::pipeline::Link`]) outlives sessions.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -16,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::config::MirrorConfig;
 use super::limits::Limits;
 use super::pipeline::Link;
-use super::stats::{PeerStats, ResyncReason, unix_ms};
+use super::stats::{PeerStats, ResyncReason};
+use super::verify::VerifySchedule;
 use super::window::Pacer;
 use super::writer::FencedWriter;
 use crate::etcd::{Client, LeaseHandle};
@@ -41,6 +41,20 @@ pub(crate) struct Peer {
     pub(super) prev_lease: Option<LeaseHandle>,
     /// When the last range-diff sync started, Unix ms.
     pub(super) sync_started_ms: i64,
+    /// A sync of this engine's started and has not completed: the next
+    /// one is counted as `interrupted`.
+    pub(super) sync_pending: bool,
+    /// The source's revision when the session resumed a copy: until the
+    /// watermark passes it, the peer may hold a predecessor's writes beyond
+    /// the watermark, and key counts can't be compared (0: no such span).
+    pub(super) replay_horizon: i64,
+    /// `<state_root><region>/source-id` in the local etcd: the source's
+    /// own id ([`super::state::source_id`]).
+    pub(super) source_id_key: Bytes,
+    /// The verification schedule: it belongs to the peer, not to a
+    /// session, so a session that restarts more often than the interval
+    /// still gets verified.
+    pub(super) verify: VerifySchedule,
     /// The adaptive window and the discovered limits: they outlive
     /// sessions, so what was learnt about the link in the sync carries into
     /// the live phase and across retries.
@@ -61,11 +75,13 @@ impl Peer {
         // better (a resumed state key's heartbeat, or a probe): counters
         // kept across leadership terms must not make a new leader's copy
         // look as old as the process.
-        stats.current_unix_ms.store(unix_ms(), Relaxed);
+        stats.reset_current();
         let link = Link {
             pacer: Pacer::new(cfg.max_inflight, cfg.max_inflight_bytes, Instant::now()),
             limits: Limits::new(cfg.limits, cfg.limit_reprobe),
         };
+        let source_id_key = Bytes::from(cfg.source_id_key());
+        let verify = VerifySchedule::new(cfg.verify_interval, Instant::now());
         link.pacer.publish(&stats);
         link.limits.publish(&stats);
         Peer {
@@ -80,6 +96,10 @@ impl Peer {
             force_sync: None,
             prev_lease: None,
             sync_started_ms: 0,
+            sync_pending: false,
+            replay_horizon: 0,
+            source_id_key,
+            verify,
         }
     }
 

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
@@ -147,6 +148,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         match done.result {
             Ok(resp) => {
                 self.accepted(&resp, done.branch, done.size)?;
+                self.writer.took(&done.ops);
                 let (ops, bytes) = (done.ops.len() as u64, done.bytes as u64);
                 if self.link.pacer.on_ack(now, now - done.sent, ops, bytes) {
                     self.link.pacer.publish(&self.writer.stats);
@@ -190,13 +192,15 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         size: usize,
     ) -> Result<()> {
         let w = self.writer;
-        let mut queue: VecDeque<Vec<Op>> = VecDeque::new();
+        // Pieces to send, each with the key it stands in for when it is
+        // the delete that replaces a value too large for the peer.
+        let mut queue: VecDeque<(Vec<Op>, Option<Bytes>)> = VecDeque::new();
         let mut failed = Some((ops, err, branch, size));
         loop {
             let (ops, err, branch, size) = match failed.take() {
                 Some(f) => f,
                 None => {
-                    let Some(ops) = queue.pop_front() else {
+                    let Some((ops, replaces)) = queue.pop_front() else {
                         return Ok(());
                     };
                     let txn = w.txn(ops.clone(), None);
@@ -204,6 +208,10 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                     match w.client.txn(txn).await {
                         Ok(resp) => {
                             self.accepted(&resp, branch, size)?;
+                            w.took(&ops);
+                            if let Some(key) = replaces {
+                                w.mark_oversized(key);
+                            }
                             continue;
                         }
                         Err(e) => (ops, e, branch, size),
@@ -225,7 +233,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                                 key = %String::from_utf8_lossy(&key),
                                 "value exceeds the peer's request size limit; deleted on the peer instead of leaving an older value"
                             );
-                            queue.push_front(vec![Delete::key(key).into()]);
+                            queue.push_front((vec![Delete::key(key.clone()).into()], Some(key)));
                         }
                         None => {
                             tracing::error!(peer = %w.region, "op exceeds the peer's request size limit; skipped")
@@ -246,7 +254,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                 tracing::warn!(peer = %w.region, ?refusal, max_txn_ops = limits.max_ops, max_request_bytes = limits.max_bytes, "the peer refused a txn for its size; found its limits");
             }
             for piece in split(ops, self.link.limits.current()).into_iter().rev() {
-                queue.push_front(piece);
+                queue.push_front((piece, None));
             }
         }
     }

@@ -48,6 +48,11 @@ impl Sequencer {
         self.in_flight == 0
     }
 
+    /// Every txn numbered below this one is acknowledged.
+    pub(crate) fn floor_seq(&self) -> u64 {
+        self.floor_seq
+    }
+
     /// Every source revision through this one is acknowledged by the peer.
     pub(crate) fn watermark(&self) -> i64 {
         self.watermark

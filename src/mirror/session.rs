@@ -93,6 +93,10 @@ impl Peer {
                     self.writer.forget_peer();
                     self.force_sync = Some(ResyncReason::PeerChanged);
                 }
+                Error::CopyChanged { .. } => {
+                    tracing::warn!(peer = %self.region(), error = %err, "re-syncing in full");
+                    self.force_sync = Some(ResyncReason::CopyChanged);
+                }
                 _ => {}
             }
             if self.lapse_if_stale() {
@@ -202,6 +206,10 @@ impl Peer {
         self.stats().resync(reason);
         self.stats().set_synced(false);
         self.sync_started_ms = unix_ms();
+        self.sync_pending = true;
+        self.replay_horizon = 0;
+        // The sync finds every value too large for the peer again.
+        self.writer.forget_oversized();
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
         let pin = self
             .local
@@ -223,6 +231,7 @@ impl Peer {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
         }
+        self.sync_pending = false;
         // Every key is under our lease now: a predecessor's is no longer
         // needed.
         self.prev_lease = None;
@@ -243,7 +252,9 @@ pub(crate) fn classify(err: &Error) -> ErrorKind {
         Error::Etcd(etcd::Error::NoSpace) => ErrorKind::NoSpace,
         Error::Etcd(etcd::Error::TooManyOps) => ErrorKind::TooManyOps,
         Error::Conflict { .. } => ErrorKind::Conflict,
-        Error::SourceChanged { .. } | Error::PeerChanged { .. } => ErrorKind::Identity,
+        Error::SourceChanged { .. } | Error::PeerChanged { .. } | Error::CopyChanged { .. } => {
+            ErrorKind::Identity
+        }
         _ => ErrorKind::Other,
     }
 }

@@ -14,14 +14,20 @@
 //!   source whose cluster id changed forces a full re-sync; a *different*
 //!   source holding a live claim is another site with the same region
 //!   name, and the claim is not taken from it.
+//! - `origin`: the source's own id, a random number the engine keeps in the
+//!   source etcd itself (`<state_root><region>/source-id`, created once).
+//!   Two sites given one region name differ here even when their etcds
+//!   share a cluster id (one manifest deployed twice: same member name,
+//!   peer URL and token); the cluster id alone could not tell them apart.
 //! - `heartbeat`: Unix time in milliseconds when the peer was last known to
 //!   hold everything through the source's revision of that moment. A
 //!   consumer's staleness is its clock minus this (clock skew included).
 //! - `synced`: a complete copy was made under this lease: a consumer never
 //!   mistakes a half-done first sync for the region's registry.
 //!
-//! The last three were added later; a value without them decodes with
-//! `source=0` (unknown), `heartbeat=0` (never) and `synced=0`.
+//! The last four were added later; a value without them decodes with
+//! `source=0` and `origin=0` (unknown), `heartbeat=0` (never) and
+//! `synced=0`.
 //!
 //! **Fencing.** An engine claims a peer by deleting the state key and
 //! creating it anew; the creation revision is its fence. Every mirror txn
@@ -32,7 +38,7 @@
 
 use bytes::Bytes;
 
-use crate::etcd::{Client, Compare, CompareOp, Delete, Header, KeyValue, Put, Range, Txn};
+use crate::etcd::{Client, Compare, CompareOp, Delete, Header, KeyValue, Op, Put, Range, Txn};
 
 /// The parsed value of a state key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +51,8 @@ pub struct State {
     pub holder: u64,
     /// The source etcd's cluster id; 0: unknown.
     pub source_cluster: u64,
+    /// The source's own id (kept in the source etcd); 0: unknown.
+    pub source_id: u64,
     /// When the peer was last known current, Unix ms; 0: never.
     pub heartbeat_unix_ms: i64,
     /// A complete copy was made under this lease.
@@ -55,11 +63,12 @@ impl State {
     /// The encoded value.
     pub fn encode(&self) -> Bytes {
         Bytes::from(format!(
-            "v1 revision={} lease={} holder={:016x} source={:016x} heartbeat={} synced={}",
+            "v1 revision={} lease={} holder={:016x} source={:016x} origin={:016x} heartbeat={} synced={}",
             self.revision,
             self.lease,
             self.holder,
             self.source_cluster,
+            self.source_id,
             self.heartbeat_unix_ms,
             u8::from(self.synced)
         ))
@@ -73,7 +82,8 @@ impl State {
             return None;
         }
         let (mut revision, mut lease, mut holder) = (None, None, None);
-        let (mut source_cluster, mut heartbeat_unix_ms, mut synced) = (0, 0, false);
+        let (mut source_cluster, mut source_id, mut heartbeat_unix_ms, mut synced) =
+            (0, 0, 0, false);
         for part in parts {
             let (k, v) = part.split_once('=')?;
             match k {
@@ -81,6 +91,7 @@ impl State {
                 "lease" => lease = v.parse().ok(),
                 "holder" => holder = u64::from_str_radix(v, 16).ok(),
                 "source" => source_cluster = u64::from_str_radix(v, 16).ok()?,
+                "origin" => source_id = u64::from_str_radix(v, 16).ok()?,
                 "heartbeat" => heartbeat_unix_ms = v.parse().ok()?,
                 "synced" => synced = v == "1",
                 _ => {}
@@ -91,6 +102,7 @@ impl State {
             lease: lease?,
             holder: holder?,
             source_cluster,
+            source_id,
             heartbeat_unix_ms,
             synced,
         })
@@ -127,6 +139,32 @@ pub(crate) async fn read(peer: &Client, key: &Bytes) -> crate::etcd::Result<(Sto
     Ok((Stored::from_kv(resp.kvs().first()), resp.header))
 }
 
+/// The state key and the key count under `prefix`, read in one txn (one
+/// round trip, one revision): what the freshness probe compares.
+pub(crate) async fn read_with_count(
+    peer: &Client,
+    key: &Bytes,
+    prefix: &Bytes,
+) -> crate::etcd::Result<(Stored, Header, i64)> {
+    let txn = Txn::new().and_then([
+        Op::from(Range::key(key.clone())),
+        Op::from(Range::prefix(prefix.clone()).count_only()),
+    ]);
+    let resp = peer.txn(txn).await?;
+    let mut stored = Stored::from_kv(None);
+    let mut count = 0;
+    for (i, r) in resp.responses.iter().enumerate() {
+        if let crate::etcd::OpResponse::Range(r) = r {
+            if i == 0 {
+                stored = Stored::from_kv(r.kvs().first());
+            } else {
+                count = r.count;
+            }
+        }
+    }
+    Ok((stored, resp.header, count))
+}
+
 /// The guard every mirror txn carries.
 pub(crate) fn fence(key: &Bytes, create_revision: i64) -> Compare {
     Compare::create_revision(key.clone(), CompareOp::Equal, create_revision)
@@ -160,6 +198,35 @@ pub(crate) async fn claim(
     Ok(resp.succeeded.then_some(resp.header.revision))
 }
 
+/// The source's own id, kept in the source etcd at `key`: read, or created
+/// (with a random value) if absent, in one txn. Whoever creates it first
+/// wins; every engine of the region then reads the same id. Also returns
+/// the source's header (cluster id, revision) as of that txn.
+pub(crate) async fn source_id(local: &Client, key: &Bytes) -> crate::etcd::Result<(u64, Header)> {
+    let fresh = new_holder();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([Put::new(key.clone(), format!("{fresh:016x}"))])
+        .or_else([Range::key(key.clone())]);
+    let resp = local.txn(txn).await?;
+    if resp.succeeded {
+        return Ok((fresh, resp.header));
+    }
+    let stored = resp.responses.iter().find_map(|r| match r {
+        crate::etcd::OpResponse::Range(r) => r.kvs().first().map(|kv| parse_id(kv.value())),
+        _ => None,
+    });
+    Ok((stored.flatten().unwrap_or(0), resp.header))
+}
+
+/// The source id as stored (16 hex digits); `None` if unreadable.
+pub(crate) fn parse_id(value: &[u8]) -> Option<u64> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
+        .filter(|id| *id != 0)
+}
+
 /// A fresh identity for an engine incarnation.
 pub(crate) fn new_holder() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -185,6 +252,7 @@ mod tests {
             lease: 7_587_869_230_000_000_123,
             holder: 0xdead_beef,
             source_cluster: 0xcdf8_18194e3a8c32,
+            source_id: 0x1234_5678_9abc_def1,
             heartbeat_unix_ms: 1_796_000_000_123,
             synced: true,
         };
@@ -195,10 +263,11 @@ mod tests {
             (
                 old.revision,
                 old.source_cluster,
+                old.source_id,
                 old.heartbeat_unix_ms,
                 old.synced
             ),
-            (9, 0, 0, false)
+            (9, 0, 0, 0, false)
         );
         assert_eq!(State::decode(b"v2 revision=1 lease=1 holder=1"), None);
         assert_eq!(State::decode(b"v1 revision=x lease=1 holder=1"), None);

@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -35,11 +35,17 @@ pub enum ResyncReason {
     LeaseTtl,
     /// The copy stayed stale past the bound; a re-sync before lapsing.
     Stale,
+    /// A sync was interrupted before it completed (the link or the source
+    /// failed mid-way); the next session syncs again.
+    Interrupted,
+    /// The freshness probe found the copy changed out of band (emptied,
+    /// grown, or its keys removed with a revoked lease).
+    CopyChanged,
 }
 
 impl ResyncReason {
     /// Every reason, in metric order.
-    pub const ALL: [ResyncReason; 9] = [
+    pub const ALL: [ResyncReason; 11] = [
         ResyncReason::Initial,
         ResyncReason::Compacted,
         ResyncReason::LeaseLost,
@@ -49,6 +55,8 @@ impl ResyncReason {
         ResyncReason::PeerChanged,
         ResyncReason::LeaseTtl,
         ResyncReason::Stale,
+        ResyncReason::Interrupted,
+        ResyncReason::CopyChanged,
     ];
     /// The metric label.
     pub fn as_str(self) -> &'static str {
@@ -62,6 +70,29 @@ impl ResyncReason {
             ResyncReason::PeerChanged => "peer_changed",
             ResyncReason::LeaseTtl => "lease_ttl",
             ResyncReason::Stale => "stale",
+            ResyncReason::Interrupted => "interrupted",
+            ResyncReason::CopyChanged => "copy_changed",
+        }
+    }
+}
+
+/// Why a verification pass could not finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifySkip {
+    /// The revision it compared at was compacted before it finished.
+    Compacted,
+    /// The session ended while it ran (the link, the source, a handoff).
+    Interrupted,
+}
+
+impl VerifySkip {
+    /// Every reason, in metric order.
+    pub const ALL: [VerifySkip; 2] = [VerifySkip::Compacted, VerifySkip::Interrupted];
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerifySkip::Compacted => "compacted",
+            VerifySkip::Interrupted => "interrupted",
         }
     }
 }
@@ -128,6 +159,16 @@ pub fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `at` in microseconds since a process-wide origin on the monotonic clock,
+/// offset by a day so that a predecessor's heartbeat up to a day old can
+/// be placed before the process started.
+fn mono_us(at: Instant) -> u64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    const DAY_US: u64 = 86_400_000_000;
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    DAY_US + at.saturating_duration_since(origin).as_micros() as u64
 }
 
 /// Upper bounds of the apply-latency histogram buckets, in seconds.
@@ -205,7 +246,11 @@ pub struct PeerStats {
     pub lease_id: AtomicI64,
     /// When the peer was last known to hold everything through the
     /// source's revision of that moment, Unix ms (engine start until then).
+    /// For the state key's heartbeat; staleness is measured on the
+    /// monotonic clock instead (`current_mono_us`), so a wall clock set
+    /// ahead, here or at a predecessor, can't freeze it.
     pub current_unix_ms: AtomicI64,
+    current_mono_us: AtomicU64,
     /// The engine let this copy lapse on purpose (it could not be made
     /// current); cleared by the next complete sync.
     pub lapsed: AtomicBool,
@@ -219,6 +264,9 @@ pub struct PeerStats {
     pub verify_runs: AtomicU64,
     /// Keys the verification passes repaired.
     pub verify_repairs: AtomicU64,
+    /// Verification is overdue: several passes in a row could not finish,
+    /// so the copy is reported not synced until one does.
+    pub verify_overdue: AtomicBool,
     /// The peer's txn op limit as discovered (starts at the configured one).
     pub txn_ops_limit: AtomicU64,
     /// The peer's request size limit as discovered.
@@ -233,6 +281,7 @@ pub struct PeerStats {
     pub rtt_micros: AtomicU64,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     resyncs: [AtomicU64; ResyncReason::ALL.len()],
+    verify_skips: [AtomicU64; VerifySkip::ALL.len()],
     keepalive_base: [AtomicU64; 2],
     lease: Mutex<Option<watch::Receiver<LeaseStatus>>>,
 }
@@ -255,12 +304,14 @@ impl PeerStats {
             synced: watch::Sender::new(false),
             lease_id: AtomicI64::new(0),
             current_unix_ms: AtomicI64::new(unix_ms()),
+            current_mono_us: AtomicU64::new(mono_us(Instant::now())),
             lapsed: AtomicBool::new(false),
             lapses: AtomicU64::new(0),
             conflicted: AtomicBool::new(false),
             conflicts: AtomicU64::new(0),
             verify_runs: AtomicU64::new(0),
             verify_repairs: AtomicU64::new(0),
+            verify_overdue: AtomicBool::new(false),
             txn_ops_limit: AtomicU64::new(0),
             request_bytes_limit: AtomicU64::new(0),
             window_txns: AtomicU64::new(0),
@@ -268,6 +319,7 @@ impl PeerStats {
             rtt_micros: AtomicU64::new(0),
             errors: Default::default(),
             resyncs: Default::default(),
+            verify_skips: Default::default(),
             keepalive_base: Default::default(),
             lease: Mutex::new(None),
         }
@@ -302,14 +354,42 @@ impl PeerStats {
     pub fn resyncs(&self, reason: ResyncReason) -> u64 {
         self.resyncs[reason as usize].load(Relaxed)
     }
-    /// Seconds since the peer was last known current: 0 while it keeps up,
-    /// also when the subtree is idle.
-    pub fn staleness(&self) -> Duration {
-        let ms = unix_ms().saturating_sub(self.current_unix_ms.load(Relaxed));
-        Duration::from_millis(ms.max(0) as u64)
+    /// Counts a verification pass that could not finish.
+    pub fn verify_skip(&self, reason: VerifySkip) {
+        self.verify_skips[reason as usize].fetch_add(1, Relaxed);
     }
-    pub(crate) fn mark_current(&self, at_unix_ms: i64) {
-        self.current_unix_ms.fetch_max(at_unix_ms, Relaxed);
+    /// Verification passes skipped for one reason so far.
+    pub fn verify_skips(&self, reason: VerifySkip) -> u64 {
+        self.verify_skips[reason as usize].load(Relaxed)
+    }
+    /// Time since the peer was last known current: 0 while it keeps up,
+    /// also when the subtree is idle. On the monotonic clock.
+    pub fn staleness(&self) -> Duration {
+        let now = mono_us(Instant::now());
+        Duration::from_micros(now.saturating_sub(self.current_mono_us.load(Relaxed)))
+    }
+    /// The peer held everything the source did at `at` (Unix ms `at_unix_ms`).
+    pub(crate) fn mark_current(&self, at: Instant, at_unix_ms: i64) {
+        self.current_mono_us.fetch_max(mono_us(at), Relaxed);
+        self.current_unix_ms
+            .fetch_max(at_unix_ms.min(unix_ms()), Relaxed);
+    }
+    /// Starts the staleness count now (a new engine, or a new leader).
+    pub(crate) fn reset_current(&self) {
+        self.current_mono_us.store(mono_us(Instant::now()), Relaxed);
+        self.current_unix_ms.store(unix_ms(), Relaxed);
+    }
+    /// Takes a predecessor's heartbeat (Unix ms, by its clock): the copy
+    /// is as old as that says, but never younger than now — a heartbeat
+    /// from a clock ahead counts as now, and ages from here.
+    pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64) {
+        let now_ms = unix_ms();
+        let age_ms = now_ms.saturating_sub(heartbeat_unix_ms).max(0) as u64;
+        let now = mono_us(Instant::now());
+        self.current_mono_us
+            .store(now.saturating_sub(age_ms * 1000), Relaxed);
+        self.current_unix_ms
+            .store(heartbeat_unix_ms.min(now_ms), Relaxed);
     }
 
     /// The measured round trip to the peer, in seconds (0 before the first

@@ -35,6 +35,7 @@ pub(crate) async fn run(
 ) -> Result<()> {
     // The copy will hold everything the source held when the scan began.
     let started_ms = unix_ms();
+    let started = std::time::Instant::now();
     let rtt = link.pacer.min_rtt();
     let mut merge = Merge::start_over(local, &writer.client, prefix, cfg.page_size, at, rtt);
     let lease = writer.lease_id();
@@ -84,7 +85,7 @@ pub(crate) async fn run(
         .heartbeat_unix_ms
         .fetch_max(started_ms, Relaxed);
     writer.write(Vec::new(), Some(at)).await?;
-    writer.stats.mark_current(started_ms);
+    writer.stats.mark_current(started, started_ms);
     writer.stats.sync_puts.fetch_add(puts, Relaxed);
     writer.stats.sync_deletes.fetch_add(deletes, Relaxed);
     tracing::info!(peer = %writer.region, revision = at, puts, deletes, "sync complete");

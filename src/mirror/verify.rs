@@ -16,17 +16,86 @@
 //!
 //! It reads at most `verify_rate` keys per second, so it never starves the
 //! peer's own writers, and counts its runs and repairs.
+//!
+//! A value too large for the peer is skipped, as the live stream does: the
+//! key is (or is made) absent there and counted as `too_large` once.
+//!
+//! **The schedule belongs to the peer** ([`VerifySchedule`]), not to a
+//! session: a session that ends more often than the interval (a flapping
+//! link, a load balancer's idle timeout) still gets its pass, started at
+//! the next session's first chance. A pass that can't finish is counted
+//! (`verify_skipped_total{reason}`), retried soon, and after
+//! [`MAX_SKIPS`] in a row the copy is reported not synced until a pass
+//! completes: a copy nobody has been able to check is not vouched for.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
+use super::stats::{ErrorKind, PeerStats, VerifySkip};
 use super::writer::FencedWriter;
 use crate::error::Result;
-use crate::etcd::{Client, Compare, CompareOp, Delete, KeyValue, Op, Range};
+use crate::etcd::{self, Client, Compare, CompareOp, Delete, KeyValue, Op, Range};
+
+/// Passes in a row that could not finish before the copy is reported not
+/// synced.
+pub(crate) const MAX_SKIPS: u32 = 3;
+
+/// When the next pass is due, and how many in a row could not finish.
+#[derive(Debug)]
+pub(crate) struct VerifySchedule {
+    every: Option<Duration>,
+    next: Instant,
+    skips: u32,
+}
+
+impl VerifySchedule {
+    /// The first pass is due one interval after `now`.
+    pub(crate) fn new(every: Option<Duration>, now: Instant) -> VerifySchedule {
+        VerifySchedule {
+            every,
+            next: now + every.unwrap_or_default(),
+            skips: 0,
+        }
+    }
+
+    /// When the next pass is due; `None` when verification is off.
+    pub(crate) fn due(&self) -> Option<Instant> {
+        self.every.map(|_| self.next)
+    }
+
+    /// Several passes in a row could not finish.
+    pub(crate) fn overdue(&self) -> bool {
+        self.skips >= MAX_SKIPS
+    }
+
+    /// A pass finished at `now`: the next is due one interval later.
+    pub(crate) fn done(&mut self, now: Instant, stats: &PeerStats) {
+        self.skips = 0;
+        self.next = now + self.every.unwrap_or_default();
+        stats.verify_overdue.store(false, Relaxed);
+    }
+
+    /// A pass could not finish at `now`: it is counted, and tried again
+    /// after `retry` (at most an interval).
+    pub(crate) fn skipped(
+        &mut self,
+        now: Instant,
+        reason: VerifySkip,
+        retry: Duration,
+        stats: &PeerStats,
+    ) {
+        self.skips = self.skips.saturating_add(1);
+        self.next = now + retry.min(self.every.unwrap_or_default());
+        stats.verify_skip(reason);
+        if self.overdue() {
+            stats.verify_overdue.store(true, Relaxed);
+        }
+    }
+}
 
 /// What one pass found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -86,6 +155,11 @@ pub(crate) async fn pass(
             report.skipped += 1;
             continue;
         }
+        if peer_kv.is_none() && writer.is_oversized(&key) {
+            // Too large for the peer, found so before: absent by design.
+            report.skipped += 1;
+            continue;
+        }
         let guard = match &peer_kv {
             Some(p) => Compare::mod_revision(key.clone(), CompareOp::Equal, p.mod_revision()),
             None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
@@ -97,11 +171,34 @@ pub(crate) async fn pass(
             }
             None => Delete::key(key.clone()).into(),
         };
-        let resp = writer
+        let sent = writer
             .client
-            .txn(writer.txn(vec![op], None).when([guard]))
-            .await
-            .map_err(|e| writer.txn_error(e))?;
+            .txn(writer.txn(vec![op], None).when([guard.clone()]))
+            .await;
+        let resp = match sent {
+            Err(etcd::Error::RequestTooLarge) => {
+                // The value can't be held by the peer: as the live stream
+                // does, the key is deleted there (if present) rather than
+                // left at another value, counted once, and the pass goes
+                // on.
+                writer.stats.error(ErrorKind::TooLarge);
+                writer.mark_oversized(key.clone());
+                tracing::error!(peer = %writer.region, key = %String::from_utf8_lossy(&key), "value exceeds the peer's request size limit; absent on the peer");
+                if peer_kv.is_none() {
+                    report.skipped += 1;
+                    continue;
+                }
+                let del = writer
+                    .txn(vec![Delete::key(key.clone()).into()], None)
+                    .when([guard]);
+                writer
+                    .client
+                    .txn(del)
+                    .await
+                    .map_err(|e| writer.txn_error(e))?
+            }
+            other => other.map_err(|e| writer.txn_error(e))?,
+        };
         if resp.succeeded {
             report.repaired += 1;
             tracing::warn!(

@@ -7,8 +7,9 @@
 //! fenced txn, checks the peer's identity in every answer, and tells a
 //! fence failure from a lost lease.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
@@ -40,6 +41,10 @@ pub(crate) struct FencedWriter {
     /// highest revision a txn of ours committed at.
     peer_cluster: AtomicU64,
     peer_revision: AtomicI64,
+    /// Keys whose source value is too large for the peer, so absent there
+    /// by design: the freshness probe's key count allows for them, and the
+    /// verification pass does not try them again. Rare, so a locked set.
+    oversized: Mutex<HashSet<Bytes>>,
 }
 
 /// The state key's identity and freshness fields, shared by every txn of
@@ -48,6 +53,8 @@ pub(crate) struct FencedWriter {
 pub(crate) struct Marks {
     /// The source etcd's cluster id.
     pub(crate) source_cluster: AtomicU64,
+    /// The source's own id (kept in the source etcd).
+    pub(crate) source_id: AtomicU64,
     /// When the peer was last known current, Unix ms.
     pub(crate) heartbeat_unix_ms: AtomicI64,
     /// A complete copy is on the peer under this lease.
@@ -73,7 +80,46 @@ impl FencedWriter {
             marks: Marks::default(),
             peer_cluster: AtomicU64::new(0),
             peer_revision: AtomicI64::new(0),
+            oversized: Mutex::new(HashSet::new()),
         }
+    }
+
+    fn oversized(&self) -> MutexGuard<'_, HashSet<Bytes>> {
+        self.oversized.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `key`'s source value is too large for the peer.
+    pub(crate) fn mark_oversized(&self, key: Bytes) {
+        self.oversized().insert(key);
+    }
+
+    /// Whether `key`'s source value was found too large for the peer.
+    pub(crate) fn is_oversized(&self, key: &[u8]) -> bool {
+        self.oversized().contains(key)
+    }
+
+    /// Keys too large for the peer, as known now.
+    pub(crate) fn oversized_count(&self) -> usize {
+        self.oversized().len()
+    }
+
+    /// The peer took these ops: their keys hold the source's value (or
+    /// its absence) there now, whatever they held before.
+    pub(crate) fn took(&self, ops: &[Op]) {
+        let mut set = self.oversized();
+        if set.is_empty() {
+            return;
+        }
+        for op in ops {
+            if let Some(k) = op.key() {
+                set.remove(k.as_ref());
+            }
+        }
+    }
+
+    /// Forgets every oversized key (a sync finds them again).
+    pub(crate) fn forget_oversized(&self) {
+        self.oversized().clear();
     }
 
     /// The mirror lease id, 0 when none is held.
@@ -107,6 +153,7 @@ impl FencedWriter {
             lease: self.lease_id(),
             holder: self.holder,
             source_cluster: self.marks.source_cluster.load(Relaxed),
+            source_id: self.marks.source_id.load(Relaxed),
             heartbeat_unix_ms: self.marks.heartbeat_unix_ms.load(Relaxed),
             synced: self.marks.synced.load(Relaxed),
         }
@@ -209,8 +256,28 @@ impl FencedWriter {
             _ => None,
         });
         let stored = Stored::from_kv(kv.as_ref());
+        self.lost_claim(&stored)
+    }
+
+    /// Why the state key no longer carries this engine's claim: another
+    /// source holds the peer (a conflict: wait, never give up), another
+    /// engine of this source fenced this one (stop), the lease was lost,
+    /// or the key is gone.
+    pub(crate) fn lost_claim(&self, stored: &Stored) -> Error {
         let peer = self.region.clone();
+        let ours = self.marks.source_id.load(Relaxed);
         match stored.state {
+            Some(st)
+                if st.holder != self.holder
+                    && st.source_id != 0
+                    && ours != 0
+                    && st.source_id != ours =>
+            {
+                Error::Conflict {
+                    peer,
+                    other: st.source_id,
+                }
+            }
             Some(st) if st.holder != self.holder => Error::Fenced { peer },
             _ if self.lease.as_ref().is_some_and(|l| l.status().lost) => Error::LeaseLost { peer },
             _ => Error::StateGone { peer },

@@ -368,6 +368,7 @@ mod tests {
             lease: 7,
             holder: 1,
             source_cluster: 2,
+            source_id: 0,
             heartbeat_unix_ms,
             synced,
         }

@@ -43,9 +43,18 @@ pub struct EtcdBuilder {
     tls: Option<TlsFiles>,
     extra_args: Vec<String>,
     data_dir: Option<PathBuf>,
+    name: Option<String>,
 }
 
 impl EtcdBuilder {
+    /// The member name (`--name`), instead of a unique one: two etcds given
+    /// the same name, advertised peer URL and cluster token share a member
+    /// id and a cluster id, as one manifest deployed at two sites does.
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
     /// Serve clients over TLS (`--cert-file/--key-file`), and with
     /// `tls.client_cert_auth` also require client certificates
     /// (`--client-cert-auth --trusted-ca-file`). The endpoint becomes https://.
@@ -76,7 +85,9 @@ impl EtcdBuilder {
         crate::common::init_logging();
         let bin = etcd_bin();
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let name = format!("etcd-{}-{id}", std::process::id());
+        let name = self
+            .name
+            .unwrap_or_else(|| format!("etcd-{}-{id}", std::process::id()));
         let dir = tempfile::Builder::new()
             .prefix("aether-etcd-")
             .tempdir()

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use aether_replicator::etcd::{Client, ClientConfig, Range, TxnBatcher, TxnLimits};
+use aether_replicator::etcd::{Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::MirrorConfig;
 use aether_replicator::mirror::check::{self, Report};
+use aether_replicator::mirror::state::State;
 
 /// Bound on every wait for convergence.
 pub const CONVERGE: Duration = Duration::from_secs(30);
@@ -33,6 +34,29 @@ pub fn config_for(region: &str, ttl_secs: u64) -> MirrorConfig {
     cfg.max_backoff = Duration::from_millis(500);
     cfg.page_size = 100;
     cfg
+}
+
+/// A config whose freshness probe runs every 300 ms, so identity changes
+/// are noticed quickly; no lapse and no verification unless a test asks.
+pub fn fast(ttl_secs: u64) -> MirrorConfig {
+    config(ttl_secs)
+        .with_heartbeat_interval(Duration::from_millis(300))
+        .with_lapse_after(None)
+        .with_verify_interval(None)
+}
+
+/// One put per revision, so the source's history is as long as `n`.
+pub async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
+    for i in range {
+        c.put(Put::new(key(i), format!("{value}{i}")))
+            .await
+            .unwrap();
+    }
+}
+
+pub async fn state_on(peer: &Client, cfg: &MirrorConfig) -> Option<State> {
+    let resp = peer.range(Range::key(cfg.state_key())).await.unwrap();
+    resp.kvs().first().and_then(|kv| State::decode(kv.value()))
 }
 
 /// The i-th endpoint key of region a.

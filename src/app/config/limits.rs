@@ -19,6 +19,9 @@ pub const MIN_MAX_REQUEST_BYTES: usize = 4096;
 pub const MAX_MAX_REQUEST_BYTES: usize = DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
 /// Largest lease TTL etcd grants, in seconds (etcd's `MaxLeaseTTL`).
 pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
+/// etcd's shortest lease at its default election timeout (see
+/// [`crate::mirror::MIN_LEASE_TTL`]).
+pub const MIN_LEASE_TTL_SECS: u64 = crate::mirror::MIN_LEASE_TTL.as_secs();
 
 impl RootArg {
     /// `--root` as a schema root (see [`prefix_flag`]).
@@ -118,6 +121,11 @@ pub(super) fn lease_ttl(origin: &Origin, raw: &str) -> Result<Duration, ConfigEr
         return Err(refuse(
             &"must be a whole number of seconds (etcd lease TTLs are whole seconds)",
         ));
+    }
+    if ttl.as_secs() < MIN_LEASE_TTL_SECS {
+        return Err(refuse(&format_args!(
+            "must be at least {MIN_LEASE_TTL_SECS}s: etcd grants no shorter lease (at its default election timeout), and a lease granted longer than asked would look like another TTL to every new session"
+        )));
     }
     if ttl.as_secs() > MAX_LEASE_TTL_SECS {
         return Err(refuse(&format_args!(

@@ -12,7 +12,8 @@ use super::connection::PasswordFile;
 use super::error::{ConfigError, Origin};
 use super::file::EtcdTable;
 use super::limits::{
-    at_least, at_least_one, duration_or_off, lease_ttl, prefix, segment, txn_limits,
+    MIN_LEASE_TTL_SECS, at_least, at_least_one, duration_or_off, lease_ttl, prefix, segment,
+    txn_limits,
 };
 use super::settings::{
     DEFAULT_LEASE_TTL_FLAG, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, Layers, LogFormat,
@@ -206,7 +207,7 @@ fn validate_ttls(layers: &Layers<'_>) -> Result<(Duration, Duration), ConfigErro
     let (election, default) = match raw {
         Some(raw) => (lease_ttl(&origin, &raw)?, String::new()),
         None => (
-            Duration::from_secs(lease.as_secs().div_ceil(3).max(1)),
+            Duration::from_secs(lease.as_secs().div_ceil(3).max(MIN_LEASE_TTL_SECS)),
             format!(
                 " (the default, a third of {} rounded up)",
                 lease_origin.name()

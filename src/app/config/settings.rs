@@ -48,7 +48,9 @@ pub struct Settings {
     pub region: Option<String>,
 
     /// TTL of the lease under which each peer holds this region's copy: if
-    /// the replicator is gone that long, the copy disappears. Whole seconds.
+    /// the replicator is gone that long, the copy disappears. Whole seconds,
+    /// at least 4s (etcd grants no lease under 2s, and the election TTL is
+    /// at most half of this).
     ///
     /// Durations are a number and a unit, units from largest to smallest:
     /// 30s, 500ms, 2m, 1h, 1m30s, 1.5h (units h, m, s, ms, us, ns).
@@ -62,9 +64,10 @@ pub struct Settings {
     pub lease_ttl: Option<String>,
 
     /// TTL of the leader-election session in the local etcd: how long a dead
-    /// leader blocks a successor. Whole seconds, at most half of --lease-ttl
-    /// so a successor takes over before the peers' copies expire. [default:
-    /// a third of --lease-ttl, rounded up]
+    /// leader blocks a successor. Whole seconds, at least 2s (etcd's shortest
+    /// lease), at most half of --lease-ttl so a successor takes over before
+    /// the peers' copies expire. [default: a third of --lease-ttl, rounded
+    /// up, at least 2s]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_ELECTION_TTL",

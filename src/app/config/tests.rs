@@ -534,12 +534,26 @@ fn election_ttl_at_most_half_the_lease_ttl() {
     );
     let c = config(&["--region=a", "--lease-ttl=30s", "--election-ttl=15s"]).unwrap();
     assert_eq!(c.election_ttl, Duration::from_secs(15));
-    refused_in_a(&["--lease-ttl=1s"], "--election-ttl", "the default");
+    // etcd grants 2 s for anything shorter, also for the election: the
+    // default election TTL of a 3 s lease is 2 s, over half of it.
+    refused_in_a(&["--lease-ttl=3s"], "--election-ttl", "the default");
+}
+
+#[test]
+fn ttls_below_etcds_shortest_lease_are_refused() {
+    refused_in_a(&["--lease-ttl=1s"], "--lease-ttl", "must be at least 2s");
+    refused_in_a(
+        &["--lease-ttl=30s", "--election-ttl=1s"],
+        "--election-ttl",
+        "must be at least 2s",
+    );
+    let c = config(&["--region=a", "--lease-ttl=4s"]).unwrap();
+    assert_eq!(c.election_ttl, Duration::from_secs(2));
 }
 
 #[test]
 fn default_election_ttl_is_a_third_rounded_up() {
-    for (lease, election) in [(30, 10), (31, 11), (2, 1), (3, 1), (4, 2), (90, 30)] {
+    for (lease, election) in [(30, 10), (31, 11), (4, 2), (5, 2), (90, 30)] {
         let lease_ttl = format!("--lease-ttl={lease}s");
         let c = config(&["--region=a", &lease_ttl]).unwrap();
         assert_eq!(c.election_ttl, Duration::from_secs(election), "{lease}s");

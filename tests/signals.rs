@@ -1,0 +1,255 @@
+//! Signals that must not lie, and the holes a chaos soak found: a copy
+//! changed out of band is not reported fresh, verification can't be
+//! starved or stopped, two sites with one region name never mix, resync
+//! reasons say what happened, and a clock can't freeze staleness. Real
+//! etcd processes throughout.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use aether_replicator::etcd::{Delete, Put, Range};
+use aether_replicator::mirror::{Engine, ErrorKind, ResyncReason, VerifySkip};
+use common::mirror::{
+    CONVERGE, Scene, client, converged, eventually, fast, key, put_each, put_many, start_synced,
+};
+use common::{Etcd, FaultProxy};
+
+/// Two etcds that share one cluster id and member id, as one manifest
+/// deployed at two sites makes them: same member name, advertised peer URL
+/// and cluster token (each listens on its own ports).
+fn twin_etcds() -> (Etcd, Etcd) {
+    let twin = [
+        "--initial-advertise-peer-urls=http://127.0.0.1:1",
+        "--initial-cluster=twin=http://127.0.0.1:1",
+        "--initial-cluster-token=one-manifest",
+    ];
+    (
+        Etcd::builder().name("twin").extra_args(&twin).start(),
+        Etcd::builder().name("twin").extra_args(&twin).start(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sites_whose_etcds_share_a_cluster_id_never_mix_their_copies() {
+    let (one_etcd, two_etcd) = twin_etcds();
+    let peer_etcd = Etcd::start();
+    let one = client(&one_etcd.endpoint());
+    let two = client(&two_etcd.endpoint());
+    let peer = client(&peer_etcd.endpoint());
+    let h1 = one.range(Range::key("x")).await.unwrap().header;
+    let h2 = two.range(Range::key("x")).await.unwrap().header;
+    assert_eq!(h1.cluster_id, h2.cluster_id, "the twins share a cluster id");
+    put_each(&one, 0..20, "one").await;
+    put_each(&two, 10..30, "two").await;
+    let cfg = fast(3);
+    let first = start_synced(&one, peer.clone(), &peer, &cfg).await;
+    let second = Engine::start(two.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    let s2 = second.stats()[0].clone();
+    // The loser keeps retrying (once per lease TTL); each attempt must end
+    // in the conflict, never in a takeover.
+    eventually("the second site retried and conflicted again", async || {
+        s2.errors(ErrorKind::Conflict) >= 2
+    })
+    .await;
+    assert!(s2.conflicted.load(Relaxed));
+    assert_eq!(s2.conflicts.load(Relaxed), 1, "one episode, counted once");
+    assert!(!second.is_synced());
+    assert_eq!(s2.txns.load(Relaxed), 0, "the loser wrote nothing");
+    assert!(first.is_synced());
+    // The incumbent's copy is exactly site one's subtree.
+    converged(&one, &peer, &cfg).await;
+    first.shutdown().await;
+    // Site one is gone for good: its lease lapses, and site two takes over
+    // with a full sync of its own subtree.
+    converged(&two, &peer, &cfg).await;
+    assert!(second.stats()[0].resyncs(ResyncReason::SourceChanged) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_emptied_or_grown_on_the_peer_is_not_reported_fresh() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..30, "v").await;
+    // No verification: only the freshness probe can see it.
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    // Emptied by hand, as `etcdctl del --prefix` does.
+    peer.delete(Delete::prefix(common::mirror::PREFIX))
+        .await
+        .unwrap();
+    eventually("the emptied copy is re-synced", async || {
+        s.resyncs(ResyncReason::CopyChanged) >= 1
+    })
+    .await;
+    converged(&src, &peer, &cfg).await;
+    // Grown by hand: keys the source never had.
+    for i in 100..110 {
+        peer.put(Put::new(key(i), "stray")).await.unwrap();
+    }
+    eventually("the grown copy is re-synced", async || {
+        s.resyncs(ResyncReason::CopyChanged) >= 2
+    })
+    .await;
+    converged(&src, &peer, &cfg).await;
+    assert!(s.errors(ErrorKind::Identity) >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verification_skips_a_value_too_large_for_the_peer_and_repairs_the_rest() {
+    let src_etcd = Etcd::start();
+    let peer_etcd = Etcd::builder()
+        .extra_args(&["--max-request-bytes=65536"])
+        .start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    put_each(&src, 0..10, "v").await;
+    src.put(Put::new(key(1), vec![b'x'; 100 * 1024]))
+        .await
+        .unwrap();
+    let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(300)));
+    let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    tokio::time::timeout(CONVERGE, engine.wait_synced())
+        .await
+        .expect("synced");
+    let s = engine.stats()[0].clone();
+    assert_eq!(peer.range(Range::key(key(1))).await.unwrap().count, 0);
+    // An operator's edit of another key: the pass must reach it.
+    let runs = s.verify_runs.load(Relaxed);
+    peer.put(Put::new(key(5), "edited")).await.unwrap();
+    eventually("verification repaired the edit", async || {
+        let v = peer.range(Range::key(key(5))).await.unwrap();
+        v.kvs().first().is_some_and(|kv| kv.value() == "v5")
+    })
+    .await;
+    eventually("passes keep completing", async || {
+        s.verify_runs.load(Relaxed) >= runs + 2
+    })
+    .await;
+    assert!(s.verify_repairs.load(Relaxed) >= 1);
+    assert!(engine.is_synced());
+    assert_eq!(
+        peer.range(Range::key(key(1))).await.unwrap().count,
+        0,
+        "the oversized key stays absent"
+    );
+    // Counted once, by the sync; the passes skip it quietly.
+    assert_eq!(s.errors(ErrorKind::TooLarge), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verification_runs_even_when_sessions_end_sooner_than_its_interval() {
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    put_each(&src, 0..20, "v").await;
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    let every = Duration::from_secs(2);
+    let cfg = fast(10).with_verify_interval(Some(every));
+    let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
+    let s = engine.stats()[0].clone();
+    dst.put(Put::new(key(3), "edited")).await.unwrap();
+    // Every session ends after about half the interval: a timer made per
+    // session would never fire.
+    let mut cuts = 0;
+    while s.verify_runs.load(Relaxed) == 0 && cuts < 12 {
+        let mut synced = s.synced_signal();
+        tokio::time::timeout(CONVERGE, synced.wait_for(|v| *v))
+            .await
+            .expect("the session came back")
+            .unwrap();
+        tokio::time::sleep(every / 2).await;
+        proxy.cut();
+        tokio::time::timeout(CONVERGE, synced.wait_for(|v| !*v))
+            .await
+            .expect("the cut ended the session")
+            .unwrap();
+        proxy.heal();
+        cuts += 1;
+    }
+    assert!(
+        s.verify_runs.load(Relaxed) >= 1,
+        "no pass completed in {cuts} sessions of half the interval each (skips: {} interrupted)",
+        s.verify_skips(VerifySkip::Interrupted)
+    );
+    converged(&src, &dst, &cfg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verification_that_cannot_finish_is_counted_and_the_copy_reported_not_synced() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
+    // Small pages read slowly: a compaction lands between two of them.
+    let mut cfg = fast(10).with_verify_interval(Some(Duration::from_millis(200)));
+    cfg.page_size = 10;
+    cfg.verify_rate = 100;
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    let compact = async {
+        for _ in 0..600 {
+            let rev = src
+                .put(Put::new("/elsewhere/tick", "x"))
+                .await
+                .unwrap()
+                .header
+                .revision;
+            src.compact(rev, false).await.unwrap();
+            if s.verify_skips(VerifySkip::Compacted) >= 3 && !s.is_synced() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    assert!(
+        compact.await,
+        "after {} compacted passes in a row the copy still reads synced={}",
+        s.verify_skips(VerifySkip::Compacted),
+        s.is_synced()
+    );
+    // Compactions stop: a pass completes and the copy is vouched for again.
+    let mut synced = s.synced_signal();
+    tokio::time::timeout(CONVERGE, synced.wait_for(|v| *v))
+        .await
+        .expect("a pass completed and the copy reads synced again")
+        .unwrap();
+    assert!(s.verify_runs.load(Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_sync_is_counted_as_interrupted() {
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    put_many(&src, (0..3000).map(|i| (key(i), format!("{i:0>200}")))).await;
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    proxy.set_bandwidth(Some(64 * 1024));
+    let cfg = fast(10);
+    let engine = Engine::start(
+        src.clone(),
+        vec![("b".into(), client(&proxy.endpoint()))],
+        cfg.clone(),
+    )
+    .unwrap();
+    let s = engine.stats()[0].clone();
+    // The claim is made (the lease is on the stats) just before the sync
+    // starts; at this bandwidth the sync then takes seconds.
+    eventually("the peer is claimed", async || {
+        s.lease_id.load(Relaxed) != 0
+    })
+    .await;
+    proxy.cut();
+    eventually("the cut ended the session", async || {
+        s.errors(ErrorKind::Unavailable) >= 1
+    })
+    .await;
+    proxy.set_bandwidth(None);
+    proxy.heal();
+    tokio::time::timeout(CONVERGE, engine.wait_synced())
+        .await
+        .expect("synced after the cut");
+    converged(&src, &dst, &cfg).await;
+    assert_eq!(s.resyncs(ResyncReason::Initial), 1);
+    assert!(s.resyncs(ResyncReason::Interrupted) >= 1);
+    assert_eq!(s.resyncs(ResyncReason::Fenced), 0);
+}
