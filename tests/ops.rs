@@ -109,6 +109,8 @@ fn metrics_page_passes_promtool_and_names_origin_build_and_process() {
         "aether_replicator_conflicts_total",
         "aether_replicator_verify_runs_total",
         "aether_replicator_verify_repairs_total",
+        "aether_replicator_verify_skipped_total",
+        "aether_replicator_peer_conflicted",
         "aether_replicator_peer_txn_ops_limit",
         "aether_replicator_peer_request_bytes_limit",
         "aether_replicator_origin_copy_present",

@@ -25,6 +25,7 @@ KNOWN = {
     "keepalive_success_total", "keepalive_failure_total", "keepalive_age_seconds", "lease_ttl_seconds",
     "resyncs_total", "split_revisions_total", "sync_keys_put_total", "sync_keys_deleted_total",
     "peer_up", "peer_synced", "peer_staleness_seconds", "peer_lapsed", "lapses_total", "conflicts_total",
+    "peer_conflicted", "verify_skipped_total",
     "verify_runs_total", "verify_repairs_total", "peer_txn_ops_limit", "peer_request_bytes_limit",
     "window_txns", "window_bytes", "rtt_seconds",
     # per replica

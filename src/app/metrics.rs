@@ -370,6 +370,12 @@ impl Collector for AppCollector {
             "Times the engine let this peer's copy lapse on purpose.",
             per_peer_count(|p| p.lapses.load(Relaxed)),
         )?;
+        gauges(
+            e,
+            "peer_conflicted",
+            "1 while another source holds this region on the peer (two sites with one region name): this engine writes nothing there and retries once per lease TTL.",
+            per_peer(|p| i64::from(p.conflicted.load(Relaxed))),
+        )?;
         counters(
             e,
             "conflicts",
