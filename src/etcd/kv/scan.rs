@@ -58,8 +58,20 @@ pub struct Scan {
     /// Where the next window ends: extrapolated from `(a, b)` by `factor`
     /// times their distance beyond `b`. None: to the end of the range.
     hint: Option<(Bytes, Bytes, f64)>,
+    /// Windows in a row that came back empty: each grows the next one by
+    /// another factor of [`EMPTY_GROWTH`].
+    empty_windows: u32,
     started: bool,
 }
+
+/// How much more an empty window grows the next one than the last empty
+/// window did: a byte's worth, so the k-th empty window in a row reaches
+/// about k bytes further up the key than the one before. A window
+/// extrapolated from a small page spans little key space; growing by 8
+/// each time, crossing a sparse stretch (from one service's keys to the
+/// next, tens of bytes up the key) took a request per ~3 bits of key:
+/// ~1,000 requests to scan 300 keys of a registry in pages of 12.
+const EMPTY_GROWTH: f64 = 256.0;
 
 /// Default byte budget of a scan's page (see [`Scan`]), in encoded bytes of
 /// the response. 16 MiB leaves the usual page (10,000 registry entries of a
@@ -109,6 +121,7 @@ impl Scan {
             kv,
             revision,
             hint: None,
+            empty_windows: 0,
             started: false,
         }
     }
@@ -168,7 +181,8 @@ impl Scan {
 
     /// The next page, or `None` when the range is exhausted. The first call
     /// always returns a page (maybe empty), which pins the revision; later
-    /// pages are never empty and hold at most `page_size` keys.
+    /// pages are never empty and hold at most `page_size` keys, and about
+    /// the byte budget's worth of them (see [`Scan`]).
     ///
     /// A scan whose revision has been compacted away fails with
     /// [`Error::Compacted`](crate::etcd::Error::Compacted).
@@ -227,12 +241,21 @@ impl Scan {
                 // one. The window aims at the count page, not at the byte
                 // budget's: one cut short by bytes is widened by as much.
                 let f = (self.limit as f64 / kvs.len() as f64).max(1.0);
+                self.empty_windows = 0;
                 self.hint = (kvs.len() >= 2).then_some((first, last, f));
             } else if bounded {
                 // The window is exhausted: the next one starts where it
-                // ended, scaled to hold about a page.
+                // ended, scaled to hold about a page; faster after empty
+                // windows in a row.
                 let n = kvs.len().max(1) as f64;
                 let grow = ((self.limit * 2).min(self.page_size) as f64 / n).clamp(1.0, 8.0);
+                self.empty_windows = if kvs.is_empty() {
+                    self.empty_windows + 1
+                } else {
+                    0
+                };
+                let grow =
+                    grow * EMPTY_GROWTH.powi(self.empty_windows.saturating_sub(1).min(16) as i32);
                 self.hint = Some((from, window_end.clone(), grow));
                 self.next = Some(window_end);
             }
@@ -304,10 +327,14 @@ fn extrapolate(a: &[u8], b: &[u8], f: f64) -> Option<Bytes> {
         return None;
     }
     let step = (((vb - va) as f64) * f).max(1.0) as u128;
-    let v = u128::from(vb) + step;
+    let v = u128::from(vb).saturating_add(step);
     if v > u128::from(u64::MAX) {
-        // Past everything under the common prefix.
-        return (common > 0).then(|| prefix_end(&b[..common]));
+        // Past everything under the common prefix; a carry of more than a
+        // byte past everything under a shorter one (one level up per byte).
+        let carry = (v >> 64) as u64;
+        let levels = (64 - carry.leading_zeros()).div_ceil(8) as usize;
+        let keep = (common + 1).saturating_sub(levels.max(1));
+        return (keep > 0).then(|| prefix_end(&b[..keep]));
     }
     let mut out = b[..common].to_vec();
     out.extend_from_slice(&(v as u64).to_be_bytes());
@@ -363,6 +390,10 @@ mod tests {
         // Overflowing the common prefix's space ends at its prefix end.
         let w = extrapolate(b"/k/\x00", b"/k/\xff\xff\xff\xff\xff\xff\xff\xff", 4.0).unwrap();
         assert_eq!(w, Bytes::from_static(b"/k0"));
+        // Overflowing it by more than a byte's worth climbs as many levels.
+        let w = extrapolate(b"/a/k/\x00", b"/a/k/\x01", 1e8).unwrap();
+        assert_eq!(w, Bytes::from_static(b"/a0"));
+        assert_eq!(extrapolate(b"/k/\x00", b"/k/\x01", 1e30), None);
         // Windows stay inside (from, end].
         let end = Bytes::from_static(b"/k0");
         assert_eq!(
