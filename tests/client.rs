@@ -712,6 +712,82 @@ async fn scan_windows_cover_uneven_and_binary_key_spaces() {
     );
 }
 
+/// A page of `page_size` keys can be far over the client's decode limit
+/// when the values are large. The scan bounds its pages by bytes as well,
+/// and a response refused as too large anyway is asked again for fewer
+/// keys: every key comes back, in order, at one revision. Only a single key
+/// over the limit is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_pages_fit_the_decode_limit_whatever_the_page_size() {
+    let etcd = Etcd::start();
+    let writer = client(&etcd);
+    let limit = 1024 * 1024;
+    let small = Client::connect(ClientConfig {
+        max_decoding_message_size: limit,
+        ..ClientConfig::new(etcd.endpoints())
+    })
+    .unwrap();
+    // Small values first (the scan's estimate of bytes per key starts
+    // low), then 300 of ~20 KiB: 6 MiB, six times the limit, in a range
+    // one page of 10,000 keys would cover.
+    let mut want = Vec::new();
+    let mut b = TxnBatcher::new(TxnLimits::default());
+    for i in 0..400 {
+        let k = format!("/fat/{i:04}");
+        let v = if i < 100 {
+            vec![b's'; 100]
+        } else {
+            vec![b'v'; 20 * 1024 + i]
+        };
+        b.put(k.clone(), v.clone(), 0);
+        want.push((k.into_bytes(), v));
+    }
+    for t in b.finish() {
+        writer.txn(t).await.unwrap();
+    }
+    for ramp in [None, Some(16)] {
+        let at = put_rev(&writer, Put::new("/other", "x")).await;
+        let mut scan = small.scan_prefix("/fat/", 10_000, 0);
+        if let Some(first) = ramp {
+            scan = scan.ramp_up(first);
+        }
+        let mut got = Vec::new();
+        while let Some(page) = scan.next_page().await.unwrap() {
+            assert_eq!(page.revision, at, "one revision");
+            // Writes between pages are not seen.
+            writer.put(Put::new("/fat/0200", "changed")).await.unwrap();
+            got.extend(page.kvs.into_iter().map(|kv| {
+                let (k, v) = kv.into_key_value();
+                (k.to_vec(), v.to_vec())
+            }));
+        }
+        if ramp.is_none() {
+            // The first page, 10,000 keys before any estimate, was refused
+            // and asked again for fewer.
+            assert!(scan.refusals() >= 1);
+        }
+        assert_eq!(got.len(), want.len(), "ramp {ramp:?}");
+        assert!(
+            got == want,
+            "ramp {ramp:?}: every key, in order, as of {at}"
+        );
+        writer
+            .put(Put::new("/fat/0200", want[200].1.clone()))
+            .await
+            .unwrap();
+    }
+    // One value over the limit: no page can hold it.
+    writer
+        .put(Put::new("/huge/1", vec![b'h'; limit + 1024]))
+        .await
+        .unwrap();
+    let mut scan = small.scan_prefix("/huge/", 10_000, 0);
+    match scan.next_page().await {
+        Err(Error::ResponseTooLarge { limit: l }) => assert_eq!(l, limit),
+        other => panic!("expected ResponseTooLarge, got {other:?}"),
+    }
+}
+
 /// h2 closes a connection when too many small DATA frames sit unread (its
 /// budget is half the connection window). etcd answers every put and sends
 /// every watch response as one small frame: a watcher nobody reads while

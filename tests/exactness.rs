@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use aether_replicator::etcd::{Client, Put, Range};
+use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::Etcd;
 use common::mirror::{
@@ -260,6 +260,45 @@ async fn verification_repairs_edits_made_on_the_peer() {
         s.verify_repairs.load(Relaxed)
     );
     assert!(s.verify_runs.load(Relaxed) >= 1);
+}
+
+/// Values so large that a page of `page_size` keys is over the clients'
+/// decode limit: the sync's and the verification pass's scans page by bytes
+/// as well, and the copy is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_too_large_for_a_page_of_keys_are_synced_in_smaller_pages() {
+    common::init_logging();
+    let scene = Scene::start();
+    let limit = 1024 * 1024;
+    let small = |e: &Etcd| {
+        let mut c = ClientConfig::new([e.endpoint()]);
+        c.request_timeout = Duration::from_secs(3);
+        c.connect_timeout = Duration::from_secs(1);
+        c.max_decoding_message_size = limit;
+        Client::connect(c).unwrap()
+    };
+    let (src, peer) = (small(&scene.src_etcd), small(&scene.peer_etcd));
+    // 300 values of ~20 KiB: 6 MiB, one page of 10,000 keys.
+    let value = |i: usize, tag: &str| format!("{tag}{i}:{}", "x".repeat(20 * 1024 + i));
+    common::mirror::put_many(&src, (0..300).map(|i| (key(i), value(i, "v")))).await;
+    // The last revision small enough for the live watch's first response.
+    src.put(Put::new(key(300), "small")).await.unwrap();
+    let mut cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
+    cfg.page_size = 10_000;
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    assert_eq!(contents(&peer, PREFIX).await.len(), 301);
+    // Out-of-band edits on the peer, found by the verification pass.
+    peer.put(Put::new(key(7), value(7, "edited")))
+        .await
+        .unwrap();
+    peer.put(Put::new(key(999), value(999, "stray")))
+        .await
+        .unwrap();
+    eventually("verification repaired the peer", async || {
+        engine.stats()[0].verify_repairs.load(Relaxed) >= 2
+    })
+    .await;
+    converged(&src, &peer, &cfg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,8 +72,9 @@ pub use cluster::{Member, MemberList};
 pub use error::{Error, Result};
 pub use header::Header;
 pub use kv::{
-    Compare, CompareOp, Delete, DeleteResponse, KeyValue, Op, OpResponse, Page, Put, PutResponse,
-    Range, RangeResponse, Scan, SortOrder, SortTarget, Txn, TxnResponse, prefix_end,
+    Compare, CompareOp, DEFAULT_PAGE_BYTES, Delete, DeleteResponse, KeyValue, Op, OpResponse,
+    PAGE_DECODE_SHARE, Page, Put, PutResponse, Range, RangeResponse, Scan, SortOrder, SortTarget,
+    Txn, TxnResponse, prefix_end,
 };
 pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL};
 pub use maintenance::{Alarm, AlarmKind, HashKv, Status};

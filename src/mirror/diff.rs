@@ -262,11 +262,10 @@ async fn read_peer(
     let started = std::time::Instant::now();
     let first = scan.next_page().await;
     let long = rtt.unwrap_or_else(|| started.elapsed()) >= LONG_LINK;
-    // A first page shorter than its limit is the whole range.
+    // Whether the first page was the whole range only the scan can tell: a
+    // page shorter than its key limit may have met the byte budget.
     let rest = match &first {
-        Ok(Some(p)) if p.kvs.len() >= FIRST_PAGE.min(page_size) => {
-            p.kvs.last().map(|kv| key_after(kv.key()))
-        }
+        Ok(Some(p)) if !scan.is_done() => p.kvs.last().map(|kv| key_after(kv.key())),
         _ => None,
     };
     let failed = !matches!(first, Ok(Some(_)));

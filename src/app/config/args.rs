@@ -218,7 +218,8 @@ pub struct EndpointsArgs {
     #[command(flatten)]
     pub root: RootArg,
 
-    /// Keys per page when reading the registry (at least 1).
+    /// Keys per page when reading the registry (at least 1). Pages are also
+    /// held to 16 MiB, so large values make pages of fewer keys.
     #[arg(
         long,
         env = "AETHER_REPLICATOR_PAGE_SIZE",
@@ -297,7 +298,8 @@ pub struct MigrateArgs {
     )]
     pub max_request_bytes: String,
 
-    /// Keys per page when reading (at least 1).
+    /// Keys per page when reading (at least 1). Pages are also held to
+    /// 16 MiB, so large values make pages of fewer keys.
     #[arg(
         long,
         env = "AETHER_REPLICATOR_PAGE_SIZE",

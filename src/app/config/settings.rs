@@ -124,7 +124,8 @@ pub struct Settings {
     pub peer_connections: Option<usize>,
 
     /// Keys per page when scanning the local etcd and the peers (at least 1).
-    /// [default: 10000]
+    /// Pages are also held to 16 MiB (and a quarter of the decode limit), so
+    /// large values make pages of fewer keys. [default: 10000]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_PAGE_SIZE",

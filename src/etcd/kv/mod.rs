@@ -10,7 +10,7 @@ mod service;
 mod types;
 
 pub use range_opts::{SortOrder, SortTarget};
-pub use scan::{Page, Scan};
+pub use scan::{DEFAULT_PAGE_BYTES, PAGE_DECODE_SHARE, Page, Scan};
 pub(crate) use service::KvClient;
 pub(crate) use types::prefix_range;
 pub use types::{

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use crate::etcd::error::Result;
+use crate::etcd::error::{Error, Result};
 
 use super::service::KvClient;
 use super::types::{KeyValue, Range, prefix_end};
@@ -17,19 +17,77 @@ use super::types::{KeyValue, Range, prefix_end};
 /// keys it has seen, aiming at one page per window, and widens the window
 /// when it comes back short. Each request then costs about one page, and the
 /// pages still tile the range in key order at one revision.
+///
+/// **Pages are bounded by bytes as well as keys.** A page's response must
+/// fit the client's decode limit (`ClientConfig::max_decoding_message_size`):
+/// 10,000 values of 30 KiB are over the default 256 MiB. etcd limits a range
+/// by count only, so the scan turns its byte budget ([`DEFAULT_PAGE_BYTES`],
+/// [`Scan::with_page_bytes`]) into a key limit from the bytes per key it has
+/// read so far (the larger of the scan's average and the last page's), and
+/// asks for the lesser of that and the ramp's limit (at most `page_size`).
+/// The windows still aim at the ramp's count, as without a byte budget: a
+/// page cut short by bytes widens the next window by as much, so the
+/// windows keep spanning about a count page of key space (what etcd 3.4
+/// walks per request, as before) instead of shrinking to the byte-bounded
+/// page and crossing sparse stretches of the key space in many small
+/// windows. A window then holds more keys than the limit and is read in
+/// several requests. A response refused as too large anyway (the first
+/// page, before any estimate, or values much larger than those read so
+/// far) is asked again at half the limit, down to one key; only one key
+/// over the decode limit fails the scan, with
+/// [`Error::ResponseTooLarge`](crate::etcd::Error::ResponseTooLarge).
 pub struct Scan {
     kv: KvClient,
     next: Option<Bytes>,
     end: Bytes,
     page_size: i64,
-    /// The limit of the next request: ramps up to `page_size`.
+    /// The count limit of the next request: ramps up to `page_size`.
     limit: i64,
+    /// The byte budget of a page.
+    page_bytes: usize,
+    /// The key limit the byte budget allows, from the bytes per key seen so
+    /// far (`i64::MAX` until a page has been read); halved when a response
+    /// is refused as too large.
+    byte_limit: i64,
+    /// Keys and their encoded bytes read so far, for the estimate.
+    seen_keys: u64,
+    seen_bytes: u64,
+    /// Requests asked again with fewer keys after a "too large" refusal.
+    refusals: u64,
     revision: i64,
     /// Where the next window ends: extrapolated from `(a, b)` by `factor`
     /// times their distance beyond `b`. None: to the end of the range.
     hint: Option<(Bytes, Bytes, f64)>,
+    /// Windows in a row that came back empty: each grows the next one by
+    /// another factor of [`EMPTY_GROWTH`].
+    empty_windows: u32,
     started: bool,
 }
+
+/// How much more an empty window grows the next one than the last empty
+/// window did: a byte's worth, so the k-th empty window in a row reaches
+/// about k bytes further up the key than the one before. A window
+/// extrapolated from a small page spans little key space; growing by 8
+/// each time, crossing a sparse stretch (from one service's keys to the
+/// next, tens of bytes up the key) took a request per ~3 bits of key:
+/// ~1,000 requests to scan 300 keys of a registry in pages of 12.
+const EMPTY_GROWTH: f64 = 256.0;
+
+/// Default byte budget of a scan's page (see [`Scan`]), in encoded bytes of
+/// the response. 16 MiB leaves the usual page (10,000 registry entries of a
+/// few hundred bytes, 2–3 MiB) untouched, is two HTTP/2 stream windows
+/// (`DEFAULT_STREAM_WINDOW`) so a page still arrives at full speed, and
+/// bounds what a consumer holds: the mirror's sync keeps about four pages
+/// per peer, at most 64 MiB. The budget is also never more than a quarter
+/// of the client's decode limit ([`PAGE_DECODE_SHARE`]).
+pub const DEFAULT_PAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A page aims at no more than 1/`PAGE_DECODE_SHARE` of the client's decode
+/// limit. Its key limit comes from an average size per key, so the page
+/// read can be larger than its budget when its entries are larger than
+/// those read before; a factor of 4 absorbs that before a response is
+/// refused and asked again for fewer keys.
+pub const PAGE_DECODE_SHARE: usize = 4;
 
 /// One page of a [`Scan`].
 #[derive(Debug)]
@@ -51,13 +109,19 @@ impl Scan {
         revision: i64,
     ) -> Scan {
         Scan {
-            kv,
             next: Some(from),
             end,
             page_size: page_size.max(1) as i64,
             limit: page_size.max(1) as i64,
+            page_bytes: (kv.max_decoding() / PAGE_DECODE_SHARE).clamp(1, DEFAULT_PAGE_BYTES),
+            byte_limit: i64::MAX,
+            seen_keys: 0,
+            seen_bytes: 0,
+            refusals: 0,
+            kv,
             revision,
             hint: None,
+            empty_windows: 0,
             started: false,
         }
     }
@@ -74,9 +138,51 @@ impl Scan {
         self
     }
 
+    /// Pages of at most about `bytes` encoded bytes (at least one key each),
+    /// instead of [`DEFAULT_PAGE_BYTES`]; never more than a quarter of the
+    /// client's decode limit whatever `bytes` says. See [`Scan`].
+    #[must_use]
+    pub fn with_page_bytes(mut self, bytes: usize) -> Self {
+        self.page_bytes = bytes.min(self.kv.max_decoding() / PAGE_DECODE_SHARE).max(1);
+        self
+    }
+
+    /// Whether the range is exhausted: `next_page` has nothing more to
+    /// return. A page shorter than `page_size` does not say so: the byte
+    /// budget and the windows make short pages too.
+    pub fn is_done(&self) -> bool {
+        self.next.is_none()
+    }
+
+    /// How many requests were refused as larger than the decode limit and
+    /// asked again for fewer keys.
+    pub fn refusals(&self) -> u64 {
+        self.refusals
+    }
+
+    /// The key limit of the next request: the ramp's (at most `page_size`)
+    /// and the byte budget's.
+    fn request_limit(&self) -> i64 {
+        self.limit.min(self.byte_limit)
+    }
+
+    /// Takes in a page read: its bytes per key set the byte budget's key
+    /// limit.
+    fn account(&mut self, kvs: &[KeyValue]) {
+        if kvs.is_empty() {
+            return;
+        }
+        let bytes: u64 = kvs.iter().map(|kv| entry_bytes(kv) as u64).sum();
+        self.seen_keys += kvs.len() as u64;
+        self.seen_bytes += bytes;
+        let per_key = bytes_per_key((self.seen_bytes, self.seen_keys), (bytes, kvs.len() as u64));
+        self.byte_limit = keys_within(self.page_bytes, per_key);
+    }
+
     /// The next page, or `None` when the range is exhausted. The first call
     /// always returns a page (maybe empty), which pins the revision; later
-    /// pages are never empty and hold at most `page_size` keys.
+    /// pages are never empty and hold at most `page_size` keys, and about
+    /// the byte budget's worth of them (see [`Scan`]).
     ///
     /// A scan whose revision has been compacted away fails with
     /// [`Error::Compacted`](crate::etcd::Error::Compacted).
@@ -90,11 +196,27 @@ impl Scan {
                 None => self.end.clone(),
             };
             let bounded = window_end != self.end;
+            let limit = self.request_limit();
             let req = Range::between(from.clone(), window_end.clone())
-                .limit(self.limit)
+                .limit(limit)
                 .revision(self.revision);
             let resp = match self.kv.range(req).await {
                 Ok(r) => r,
+                Err(Error::ResponseTooLarge { limit: max }) if limit > 1 => {
+                    // Over the decode limit all the same: ask the same
+                    // window again for half the keys. The next page read
+                    // sets the byte budget's limit afresh from its bytes.
+                    self.refusals += 1;
+                    self.byte_limit = limit / 2;
+                    tracing::debug!(
+                        keys = limit,
+                        decode_limit = max,
+                        refusals = self.refusals,
+                        "scan: a page was over the decode limit; asking again for half the keys"
+                    );
+                    self.next = Some(from);
+                    continue;
+                }
                 Err(e) => {
                     self.next = Some(from);
                     return Err(e);
@@ -105,6 +227,7 @@ impl Scan {
             }
             let more = resp.more;
             let kvs = resp.into_kvs();
+            self.account(&kvs);
             if more {
                 let (first, last) = match (kvs.first(), kvs.last()) {
                     (Some(f), Some(l)) => (f.key().clone(), l.key().clone()),
@@ -114,13 +237,25 @@ impl Scan {
                 next.extend_from_slice(&last);
                 next.push(0);
                 self.next = Some(Bytes::from(next));
-                // The next page likely spans as much key space as this one.
-                self.hint = (kvs.len() >= 2).then_some((first, last, 1.0));
+                // The next page likely spans as much key space as this
+                // one. The window aims at the count page, not at the byte
+                // budget's: one cut short by bytes is widened by as much.
+                let f = (self.limit as f64 / kvs.len() as f64).max(1.0);
+                self.empty_windows = 0;
+                self.hint = (kvs.len() >= 2).then_some((first, last, f));
             } else if bounded {
                 // The window is exhausted: the next one starts where it
-                // ended, scaled to hold about a page.
+                // ended, scaled to hold about a page; faster after empty
+                // windows in a row.
                 let n = kvs.len().max(1) as f64;
                 let grow = ((self.limit * 2).min(self.page_size) as f64 / n).clamp(1.0, 8.0);
+                self.empty_windows = if kvs.is_empty() {
+                    self.empty_windows + 1
+                } else {
+                    0
+                };
+                let grow =
+                    grow * EMPTY_GROWTH.powi(self.empty_windows.saturating_sub(1).min(16) as i32);
                 self.hint = Some((from, window_end.clone(), grow));
                 self.next = Some(window_end);
             }
@@ -152,6 +287,29 @@ impl Scan {
     }
 }
 
+/// The bytes one entry adds to a range response: the encoded `KeyValue`
+/// with its field tag and length.
+fn entry_bytes(kv: &KeyValue) -> usize {
+    // `kvs` is field 2 of `RangeResponse`.
+    prost::encoding::message::encoded_len(2, &kv.0)
+}
+
+/// The bytes per key to plan the next page with, from `(bytes, keys)` read
+/// by the whole scan and by the last page: the larger of the two averages,
+/// so a run of larger values is planned for at once while one page of
+/// smaller ones does not undo a long average.
+fn bytes_per_key(total: (u64, u64), last: (u64, u64)) -> u64 {
+    let avg = |(bytes, keys): (u64, u64)| bytes.div_ceil(keys.max(1));
+    avg(total).max(avg(last)).max(1)
+}
+
+/// How many keys of `per_key` bytes fit in `budget` bytes: at least one,
+/// at most `i64::MAX`.
+fn keys_within(budget: usize, per_key: u64) -> i64 {
+    let n = (budget as u64) / per_key.max(1);
+    i64::try_from(n).unwrap_or(i64::MAX).max(1)
+}
+
 /// The key `f` times the distance from `a` to `b` beyond `b`, measured in
 /// the eight bytes after their common prefix. `None` when that cannot be
 /// told (no distance), or past the end of the keyspace.
@@ -169,10 +327,14 @@ fn extrapolate(a: &[u8], b: &[u8], f: f64) -> Option<Bytes> {
         return None;
     }
     let step = (((vb - va) as f64) * f).max(1.0) as u128;
-    let v = u128::from(vb) + step;
+    let v = u128::from(vb).saturating_add(step);
     if v > u128::from(u64::MAX) {
-        // Past everything under the common prefix.
-        return (common > 0).then(|| prefix_end(&b[..common]));
+        // Past everything under the common prefix; a carry of more than a
+        // byte past everything under a shorter one (one level up per byte).
+        let carry = (v >> 64) as u64;
+        let levels = (64 - carry.leading_zeros()).div_ceil(8) as usize;
+        let keep = (common + 1).saturating_sub(levels.max(1));
+        return (keep > 0).then(|| prefix_end(&b[..keep]));
     }
     let mut out = b[..common].to_vec();
     out.extend_from_slice(&(v as u64).to_be_bytes());
@@ -197,6 +359,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn byte_budgets_become_key_limits() {
+        // 16 MiB of 200-byte entries: more keys than any page size.
+        assert_eq!(keys_within(16 << 20, 200), 83_886);
+        // 20 KiB entries in a quarter of a 1 MiB decode limit.
+        assert_eq!(keys_within(256 << 10, 20 << 10), 12);
+        // One entry over the budget still makes a page of one key.
+        assert_eq!(keys_within(1 << 20, 4 << 20), 1);
+        assert_eq!(keys_within(0, 100), 1);
+        assert_eq!(keys_within(100, 0), 100);
+        assert_eq!(keys_within(usize::MAX, 1), i64::MAX);
+        // The larger average wins, rounded up.
+        assert_eq!(bytes_per_key((1000, 10), (300, 2)), 150);
+        assert_eq!(bytes_per_key((1000, 10), (100, 2)), 100);
+        assert_eq!(bytes_per_key((1001, 10), (0, 0)), 101);
+        assert_eq!(bytes_per_key((0, 0), (0, 0)), 1);
+    }
+
+    #[test]
     fn windows_extrapolate_past_the_last_key() {
         // Twice the distance from a to b, beyond b.
         let w = extrapolate(b"/k/0100", b"/k/0200", 1.0).unwrap();
@@ -210,6 +390,10 @@ mod tests {
         // Overflowing the common prefix's space ends at its prefix end.
         let w = extrapolate(b"/k/\x00", b"/k/\xff\xff\xff\xff\xff\xff\xff\xff", 4.0).unwrap();
         assert_eq!(w, Bytes::from_static(b"/k0"));
+        // Overflowing it by more than a byte's worth climbs as many levels.
+        let w = extrapolate(b"/a/k/\x00", b"/a/k/\x01", 1e8).unwrap();
+        assert_eq!(w, Bytes::from_static(b"/a0"));
+        assert_eq!(extrapolate(b"/k/\x00", b"/k/\x01", 1e30), None);
         // Windows stay inside (from, end].
         let end = Bytes::from_static(b"/k0");
         assert_eq!(

@@ -21,6 +21,11 @@ impl KvClient {
         KvClient { transport }
     }
 
+    /// The largest response the client accepts.
+    pub(crate) fn max_decoding(&self) -> usize {
+        self.transport.max_decoding()
+    }
+
     /// The generated client, with the transport's message size limits: a
     /// range page or a txn can be far over tonic's defaults.
     fn grpc(&self, svc: Svc) -> PbKvClient<Svc> {
