@@ -246,12 +246,17 @@ async fn verification_repairs_edits_made_on_the_peer() {
     put_each(&src, 0..20, "v").await;
     let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
-    // Out-of-band edits an identity check cannot see.
-    peer.put(Put::new(key(1), "edited")).await.unwrap();
-    peer.delete(aether_replicator::etcd::Delete::key(key(2)))
-        .await
-        .unwrap();
-    peer.put(Put::new(key(99), "stray")).await.unwrap();
+    // Out-of-band edits an identity check cannot see, in one txn so the
+    // key count (which the freshness probe compares) never moves: a value
+    // changed, a key deleted, a stray key.
+    use aether_replicator::etcd::{Delete, Op, Txn};
+    peer.txn(Txn::new().and_then([
+        Op::from(Put::new(key(1), "edited")),
+        Op::from(Delete::key(key(2))),
+        Op::from(Put::new(key(99), "stray")),
+    ]))
+    .await
+    .unwrap();
     converged(&src, &peer, &cfg).await;
     let s = &engine.stats()[0];
     assert!(
@@ -287,11 +292,12 @@ async fn values_too_large_for_a_page_of_keys_are_synced_in_smaller_pages() {
     cfg.page_size = 10_000;
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     assert_eq!(contents(&peer, PREFIX).await.len(), 301);
-    // Out-of-band edits on the peer, found by the verification pass.
+    // Out-of-band edits on the peer that keep its key count (which the
+    // freshness probe would catch first): found by the verification pass.
     peer.put(Put::new(key(7), value(7, "edited")))
         .await
         .unwrap();
-    peer.put(Put::new(key(999), value(999, "stray")))
+    peer.put(Put::new(key(8), value(8, "edited")))
         .await
         .unwrap();
     eventually("verification repaired the peer", async || {
