@@ -169,5 +169,8 @@ password_file = "{pw}"
     // The copy is under the file's lease TTL.
     let lease = rt.block_on(d.range(Range::key(KEY))).unwrap().kvs()[0].lease();
     assert_ne!(lease, 0);
-    assert!(replica.log_text().contains("replica_id"));
+    let log = replica.log_text();
+    assert!(log.contains("replica_id"));
+    // Text logs to a file carry no terminal colours.
+    assert!(!log.contains('\x1b'), "escape codes in a log file:\n{log}");
 }
