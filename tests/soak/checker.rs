@@ -378,7 +378,7 @@ impl Checker {
     /// Samples the copy of origin `o` on peer `p` until stopped.
     pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, o: usize, p: usize) {
         let mut run_start: Option<i64> = None;
-        let mut dedup: HashMap<(String, String, u64), usize> = HashMap::new();
+        let mut dedup: HashMap<(String, String, u64), (usize, i64)> = HashMap::new();
         while !self.stopped() {
             let started = tokio::time::Instant::now();
             self.sample_once(&mesh, o, p, &mut run_start, &mut dedup)
@@ -394,7 +394,7 @@ impl Checker {
         o: usize,
         p: usize,
         run_start: &mut Option<i64>,
-        dedup: &mut HashMap<(String, String, u64), usize>,
+        dedup: &mut HashMap<(String, String, u64), (usize, i64)>,
     ) {
         let f = &self.figures;
         let src = &mesh.regions[o];
@@ -607,11 +607,16 @@ impl Checker {
         for (key, kind, pv, allowed, hv) in problems {
             f.violations.fetch_add(1, Ordering::Relaxed);
             let id = (key.clone(), kind.clone(), hv);
-            if let Some(&i) = dedup.get(&id) {
-                list[i].count += 1;
+            // One entry per episode: the same problem in samples less
+            // than 3 s apart.
+            if let Some((i, last)) = dedup.get_mut(&id)
+                && t_r0 - *last < 3000
+            {
+                list[*i].count += 1;
+                *last = t_r0;
                 continue;
             }
-            dedup.insert(id, list.len());
+            dedup.insert(id, (list.len(), t_r0));
             list.push(Violation {
                 t_ms: t_r0,
                 origin: REGIONS[o],

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use aether_replicator::etcd::{Client, ClientConfig};
 
+use crate::common::peer_proxy::PeerProxy;
 use crate::common::replicator::{Replicator, http_get, metric};
 use crate::common::{Cluster, Etcd, FaultProxy};
 
@@ -84,6 +85,10 @@ pub struct Mesh {
     pub regions: Vec<Region>,
     /// links[origin][peer]: one proxy per member of the peer.
     pub links: Vec<Vec<Vec<FaultProxy>>>,
+    /// The proxy in front of each of a's members' peer port.
+    pub peer_proxies: Vec<Arc<PeerProxy>>,
+    /// a's member ids, by member index.
+    pub member_ids: Vec<u64>,
     pub dir: PathBuf,
     /// Where replicator logs are kept.
     pub log_dir: PathBuf,
@@ -91,8 +96,18 @@ pub struct Mesh {
 
 impl Mesh {
     pub async fn start(dir: PathBuf, log_dir: PathBuf) -> Mesh {
-        let (a, b, c) = tokio::task::spawn_blocking(|| {
-            let Cluster { members } = Cluster::start(3);
+        // a's members reach each other through proxies that can cut one
+        // of them from the quorum.
+        let mut peer_proxies = Vec::new();
+        for _ in 0..3 {
+            peer_proxies.push(Arc::new(PeerProxy::start().await));
+        }
+        let pp = peer_proxies.clone();
+        let (a, b, c) = tokio::task::spawn_blocking(move || {
+            let Cluster { members } = Cluster::start_advertising(3, |i, port| {
+                pp[i].set_upstream_port(port);
+                pp[i].url()
+            });
             let b = Etcd::start();
             let c = Etcd::builder()
                 .extra_args(&[&format!("--max-request-bytes={C_MAX_REQUEST}")])
@@ -151,9 +166,32 @@ impl Mesh {
             }
             links.push(row);
         }
+        let names: Vec<String> = regions[0]
+            .members
+            .iter()
+            .map(|m| {
+                m.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .name()
+                    .to_string()
+            })
+            .collect();
+        let list = regions[0].client.member_list().await.expect("member list");
+        let member_ids = names
+            .iter()
+            .map(|n| {
+                list.members
+                    .iter()
+                    .find(|m| &m.name == n)
+                    .expect("member id")
+                    .id
+            })
+            .collect();
         let mesh = Mesh {
             regions,
             links,
+            peer_proxies,
+            member_ids,
             dir,
             log_dir,
         };
@@ -268,4 +306,24 @@ pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+impl Mesh {
+    /// Cuts a's member `m` from its quorum: nothing reaches it, nothing
+    /// it sends reaches the others.
+    pub fn partition(&self, m: usize) {
+        for (j, p) in self.peer_proxies.iter().enumerate() {
+            if j == m {
+                p.isolate(true);
+            } else {
+                p.block_sender(self.member_ids[m]);
+            }
+        }
+    }
+
+    pub fn heal_partition(&self) {
+        for p in &self.peer_proxies {
+            p.heal();
+        }
+    }
 }

@@ -10,6 +10,7 @@ use aether_replicator::etcd::{Put, Range};
 
 use crate::checker::{now_ms, parse_state};
 use crate::common::mirror::{Lcg, key_in};
+use crate::common::replicator::http_get;
 use crate::load::value;
 use crate::mesh::{Mesh, REGIONS, prefix, signal, state_key};
 
@@ -20,6 +21,7 @@ pub enum Kind {
     KillLeader,
     StopLeader,
     KillEtcd,
+    Partition,
     LinkCut,
     LinkLatency,
     RestoreSnapshot,
@@ -32,10 +34,11 @@ pub enum Kind {
     Oversized,
 }
 
-const KINDS: [(Kind, u64); 13] = [
+const KINDS: [(Kind, u64); 14] = [
     (Kind::KillLeader, 10),
     (Kind::StopLeader, 8),
     (Kind::KillEtcd, 8),
+    (Kind::Partition, 6),
     (Kind::LinkCut, 10),
     (Kind::LinkLatency, 8),
     (Kind::RestoreSnapshot, 5),
@@ -54,6 +57,7 @@ enum Heal {
     Cont(usize, usize),
     RestartEtcd(usize, usize),
     Reconnect(usize, usize),
+    Unpartition,
     NoLatency(usize, usize),
 }
 
@@ -309,6 +313,52 @@ impl Nemesis {
                     record: rec,
                     heal_at,
                     heal: Heal::RestartEtcd(r, m),
+                    resources: res,
+                });
+            }
+            Kind::Partition => {
+                let m = self.rng.below(3) as usize;
+                let res = vec!["etcd:0".to_string()];
+                if !free(&res) {
+                    return;
+                }
+                let rec = self.record(
+                    kind,
+                    format!("etcd a member {m} cut from its quorum (peer proxies) for {dur:?}"),
+                );
+                mesh.partition(m);
+                // Evidence that the cut holds: the member loses its leader
+                // (election timeout 1s) while cut.
+                let port = mesh.regions[0].members[m]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .metrics_port();
+                let log = self.log.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(1800)).await;
+                    let page = blocking(move || {
+                        http_get(
+                            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+                            "/metrics",
+                        )
+                    })
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|(_, p)| p)
+                    .unwrap_or_default();
+                    let has = page
+                        .lines()
+                        .find(|l| l.starts_with("etcd_server_has_leader "))
+                        .unwrap_or("etcd_server_has_leader ?")
+                        .to_string();
+                    log.faults.lock().unwrap_or_else(PoisonError::into_inner)[rec].outcome =
+                        format!("after 1.8s: {has}");
+                });
+                self.active.push(Active {
+                    record: rec,
+                    heal_at,
+                    heal: Heal::Unpartition,
                     resources: res,
                 });
             }
@@ -571,6 +621,7 @@ async fn heal_one(mesh: &Arc<Mesh>, h: &Heal) {
                 x.heal();
             }
         }
+        Heal::Unpartition => mesh.heal_partition(),
         Heal::NoLatency(o, p) => {
             for x in &mesh.links[o][p] {
                 x.set_latency(Duration::ZERO);
@@ -582,6 +633,7 @@ async fn heal_one(mesh: &Arc<Mesh>, h: &Heal) {
 /// Everything back: every etcd running, every link healed without
 /// latency, every replicator running and continued.
 pub async fn heal_all(mesh: &Arc<Mesh>) {
+    mesh.heal_partition();
     for o in 0..3 {
         for p in 0..3 {
             for x in &mesh.links[o][p] {
