@@ -11,6 +11,7 @@ use aether_replicator::etcd::{Error, EventKind, OpResponse, Range, Txn, WatchOpt
 
 use crate::common::replicator::{http_get, metric};
 use crate::mesh::{Mesh, REGIONS, prefix, state_key};
+use crate::nemesis::{Log, Oob};
 
 /// Grace: a copy claiming to be fresh may lag the source by this much.
 pub const S_MS: i64 = 5000;
@@ -19,6 +20,10 @@ pub const SLACK_MS: i64 = 1000;
 /// A copy holding fewer than half the keys the source held throughout is
 /// "emptied" (only judged when the source held at least this many).
 const EMPTIED_MIN: usize = 20;
+/// A single key changed out of band on a peer must be repaired (or the
+/// copy signalled stale) within this much: twice the verification interval
+/// (10 s) plus S.
+pub const KEY_GRACE_MS: i64 = 25_000;
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -224,6 +229,8 @@ pub struct Figures {
     pub signalled_discrepancies: AtomicU64,
     pub violation_samples: AtomicU64,
     pub violations: AtomicU64,
+    /// Problems excused because out-of-band damage postdates the claims.
+    pub excused_oob: AtomicU64,
     /// Longest signalled-stale period per pair (ms).
     pub longest_signalled: Mutex<HashMap<(usize, usize), i64>>,
     pub list: Mutex<Vec<Violation>>,
@@ -376,12 +383,12 @@ impl Checker {
     }
 
     /// Samples the copy of origin `o` on peer `p` until stopped.
-    pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, o: usize, p: usize) {
+    pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, log: Arc<Log>, o: usize, p: usize) {
         let mut run_start: Option<i64> = None;
         let mut dedup: HashMap<(String, String, u64), (usize, i64)> = HashMap::new();
         while !self.stopped() {
             let started = tokio::time::Instant::now();
-            self.sample_once(&mesh, o, p, &mut run_start, &mut dedup)
+            self.sample_once(&mesh, &log, o, p, &mut run_start, &mut dedup)
                 .await;
             let next = started + Duration::from_millis(400);
             tokio::time::sleep_until(next).await;
@@ -391,6 +398,7 @@ impl Checker {
     async fn sample_once(
         &self,
         mesh: &Mesh,
+        log: &Log,
         o: usize,
         p: usize,
         run_start: &mut Option<i64>,
@@ -461,9 +469,11 @@ impl Checker {
             }
         }
         // The claims.
+        // Each fresh claim: the time the copy is claimed current as of.
         let mut claims = Vec::new();
         if let (Some(c1), Some(c2)) = (sender_claim(ts1, &sig1), sender_claim(ts2, &sig2)) {
-            claims.push(c1.min(c2));
+            claims.push(c1);
+            claims.push(c2);
         }
         let fields = state.as_deref().map(parse_state).unwrap_or_default();
         let hb: Option<i64> = fields.get("heartbeat").and_then(|v| v.parse().ok());
@@ -571,6 +581,39 @@ impl Checker {
                 vec![format!("{held} keys held throughout the window")],
                 0,
             ));
+        }
+        // Out-of-band damage to this copy that the claims predate is
+        // excused: the engine can only notice it after the fact. A whole-copy
+        // change (del --prefix, lease revoke, the peer restored) must be
+        // noticed by the next claim of currency; a single key is the
+        // verification pass's job (KEY_GRACE).
+        let latest_claim = claims.iter().copied().max();
+        if let Some(c) = latest_claim {
+            let oob = log.oob.lock().unwrap_or_else(PoisonError::into_inner);
+            let relevant: Vec<&Oob> = oob
+                .iter()
+                .filter(|x| x.peer == p && x.origin.is_none_or(|y| y == o) && x.t_start <= t_r1)
+                .collect();
+            let excused = |key: &str, margin: i64, x: &Oob| {
+                let covers = x
+                    .key
+                    .as_ref()
+                    .is_none_or(|k| k.as_slice() == key.as_bytes());
+                covers && x.t_done.is_none_or(|d| c <= d + margin)
+            };
+            let before = problems.len();
+            problems.retain(|(key, ..)| {
+                !relevant.iter().any(|x| {
+                    let margin = if x.key.is_some() {
+                        KEY_GRACE_MS
+                    } else {
+                        SLACK_MS
+                    };
+                    excused(key, margin, x)
+                })
+            });
+            let n = (before - problems.len()) as u64;
+            f.excused_oob.fetch_add(n, Ordering::Relaxed);
         }
         if problems.is_empty() {
             *run_start = None;

@@ -226,10 +226,16 @@ async fn soak() {
             loads[r].clone(),
         )));
     }
+    let log = Arc::new(nemesis::Log::default());
     for o in 0..3 {
         for p in 0..3 {
             if o != p {
-                tasks.push(tokio::spawn(checker.clone().sample(mesh.clone(), o, p)));
+                tasks.push(tokio::spawn(checker.clone().sample(
+                    mesh.clone(),
+                    log.clone(),
+                    o,
+                    p,
+                )));
             }
         }
     }
@@ -251,7 +257,6 @@ async fn soak() {
             }
         })
     };
-    let log = Arc::new(nemesis::Log::default());
     let stop_nemesis = Arc::new(AtomicBool::new(false));
     let nem = tokio::spawn(
         nemesis::Nemesis::new(mesh.clone(), seed, log.clone()).run(stop_nemesis.clone()),
@@ -265,6 +270,8 @@ async fn soak() {
         let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
     }
     let nem_ok = tokio::time::timeout(Duration::from_secs(120), nem).await;
+    // Again, in case the nemesis did not get there.
+    nemesis::heal_all(&mesh).await;
     let healed = Instant::now();
     checker.stop.store(true, Ordering::SeqCst);
     for t in tasks {

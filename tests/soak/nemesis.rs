@@ -77,12 +77,44 @@ pub struct FaultRecord {
     pub outcome: String,
 }
 
+/// An out-of-band change to a peer's copy (or to the whole peer store),
+/// which the engine can only notice after the fact: the checker excuses
+/// what it causes until the engine claims currency past it.
+#[derive(Clone, Debug)]
+pub struct Oob {
+    pub peer: usize,
+    /// The origin whose copy was touched; None: every copy on the peer.
+    pub origin: Option<usize>,
+    /// The one key touched; None: the whole copy.
+    pub key: Option<Vec<u8>>,
+    pub t_start: i64,
+    /// None while in progress.
+    pub t_done: Option<i64>,
+}
+
 #[derive(Default)]
 pub struct Log {
     pub faults: Mutex<Vec<FaultRecord>>,
+    pub oob: Mutex<Vec<Oob>>,
 }
 
 impl Log {
+    fn oob_start(&self, peer: usize, origin: Option<usize>, key: Option<Vec<u8>>) -> usize {
+        let mut o = self.oob.lock().unwrap_or_else(PoisonError::into_inner);
+        o.push(Oob {
+            peer,
+            origin,
+            key,
+            t_start: now_ms(),
+            t_done: None,
+        });
+        o.len() - 1
+    }
+
+    fn oob_done(&self, i: usize) {
+        self.oob.lock().unwrap_or_else(PoisonError::into_inner)[i].t_done = Some(now_ms());
+    }
+
     pub fn by_kind(&self) -> BTreeMap<String, usize> {
         let mut m = BTreeMap::new();
         for f in self
@@ -205,10 +237,14 @@ impl Nemesis {
             let member = self.mesh.regions[r].members[0].clone();
             let p = path.clone();
             let ok = blocking(move || {
-                let m = member.lock().unwrap_or_else(PoisonError::into_inner);
-                m.etcdctl(&["snapshot", "save", &p.display().to_string()])
-                    .status
-                    .success()
+                let mut m = member.lock().unwrap_or_else(PoisonError::into_inner);
+                // etcdctl snapshot save waits forever for a dead endpoint.
+                m.is_running()
+                    && etcdctl_bounded(
+                        &m.endpoint(),
+                        &["snapshot".into(), "save".into(), p.display().to_string()],
+                    )
+                    .0
             })
             .await
             .unwrap_or(false);
@@ -411,6 +447,7 @@ impl Nemesis {
                     s[self.rng.below(s.len() as u64) as usize].clone()
                 };
                 let rec = self.record(kind, format!("etcd {} from {}", REGIONS[r], snap.display()));
+                let oob = self.log.oob_start(r, None, None);
                 let reg_restoring = &mesh.regions[r].restoring;
                 reg_restoring.store(true, Ordering::SeqCst);
                 let member = mesh.regions[r].members[0].clone();
@@ -421,6 +458,7 @@ impl Nemesis {
                 .await;
                 mesh.regions[r].restores.fetch_add(1, Ordering::SeqCst);
                 reg_restoring.store(false, Ordering::SeqCst);
+                self.log.oob_done(oob);
                 if let Err(e) = res {
                     self.outcome(rec, e);
                 }
@@ -460,7 +498,7 @@ impl Nemesis {
                     })
                     .unwrap_or_default();
                 self.seq += 1;
-                let (desc, args): (String, Vec<String>) = match kind {
+                let (desc, args, one_key): (String, Vec<String>, Option<Vec<u8>>) = match kind {
                     Kind::OobPut => {
                         let key = if !copy.is_empty() && self.rng.below(2) == 0 {
                             copy[self.rng.below(copy.len() as u64) as usize].clone()
@@ -470,7 +508,8 @@ impl Nemesis {
                         let v = format!("GARBAGE-{}", self.seq);
                         (
                             format!("put {key}={v} on {}", REGIONS[p]),
-                            vec!["put".into(), key, v],
+                            vec!["put".into(), key.clone(), v],
+                            Some(key.into_bytes()),
                         )
                     }
                     Kind::OobDelete => {
@@ -480,16 +519,20 @@ impl Nemesis {
                         let key = copy[self.rng.below(copy.len() as u64) as usize].clone();
                         (
                             format!("del {key} on {}", REGIONS[p]),
-                            vec!["del".into(), key],
+                            vec!["del".into(), key.clone()],
+                            Some(key.into_bytes()),
                         )
                     }
                     _ => (
                         format!("del --prefix {} on {}", prefix(REGIONS[o]), REGIONS[p]),
                         vec!["del".into(), "--prefix".into(), prefix(REGIONS[o])],
+                        None,
                     ),
                 };
                 let rec = self.record(kind, desc);
+                let oob = self.log.oob_start(p, Some(o), one_key);
                 let out = self.etcdctl(p, args).await;
+                self.log.oob_done(oob);
                 self.outcome(rec, out);
             }
             Kind::RevokeLease => {
@@ -512,12 +555,14 @@ impl Nemesis {
                     kind,
                     format!("lease {lease:x} of {} on {}", REGIONS[o], REGIONS[p]),
                 );
+                let oob = self.log.oob_start(p, Some(o), None);
                 let out = self
                     .etcdctl(
                         p,
                         vec!["lease".into(), "revoke".into(), format!("{lease:x}")],
                     )
                     .await;
+                self.log.oob_done(oob);
                 self.outcome(rec, out);
             }
             Kind::TtlRestart => {
@@ -565,15 +610,9 @@ impl Nemesis {
         let member = reg.members[0].clone();
         let eps = reg.endpoints.join(",");
         blocking(move || {
-            let m = member.lock().unwrap_or_else(PoisonError::into_inner);
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = m.etcdctl_at(&eps, &a);
-            format!(
-                "{} {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )
+            // Not while the nemesis restarts or restores that member.
+            let _m = member.lock().unwrap_or_else(PoisonError::into_inner);
+            etcdctl_bounded(&eps, &args).1
         })
         .await
         .unwrap_or_else(|e| e)
@@ -661,4 +700,43 @@ pub async fn heal_all(mesh: &Arc<Mesh>) {
             }
         }
     }
+}
+
+/// Runs etcdctl against `endpoints` with `args`, killing it after 20 s
+/// (some commands wait forever for an endpoint that is down). Returns
+/// (success, "status stdout stderr").
+fn etcdctl_bounded(endpoints: &str, args: &[String]) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    let mut cmd = crate::common::etcdctl_command();
+    cmd.arg(format!("--endpoints={endpoints}"))
+        .arg("--dial-timeout=2s")
+        .arg("--command-timeout=10s")
+        .args(args)
+        .stdout(std::fs::File::create(&out).expect("out"))
+        .stderr(std::fs::File::create(&err).expect("err"));
+    let Ok(mut child) = cmd.spawn() else {
+        return (false, "etcdctl did not start".into());
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let text = format!(
+        "{} {}{}",
+        status.map_or("killed after 20s".to_string(), |s| s.to_string()),
+        std::fs::read_to_string(&out).unwrap_or_default().trim(),
+        std::fs::read_to_string(&err).unwrap_or_default().trim()
+    );
+    (status.is_some_and(|s| s.success()), text)
 }
