@@ -217,6 +217,10 @@ pub struct Violation {
     pub allowed: Vec<String>,
     pub signals: String,
     pub count: u64,
+    /// The last sample of the episode.
+    pub last_t_ms: i64,
+    pub last_peer_value: String,
+    pub last_signals: String,
 }
 
 #[derive(Default)]
@@ -655,7 +659,11 @@ impl Checker {
             if let Some((i, last)) = dedup.get_mut(&id)
                 && t_r0 - *last < 3000
             {
-                list[*i].count += 1;
+                let v = &mut list[*i];
+                v.count += 1;
+                v.last_t_ms = t_r0;
+                v.last_peer_value = pv;
+                v.last_signals = signals.clone();
                 *last = t_r0;
                 continue;
             }
@@ -670,6 +678,9 @@ impl Checker {
                 allowed,
                 signals: signals.clone(),
                 count: 1,
+                last_t_ms: t_r0,
+                last_peer_value: String::new(),
+                last_signals: String::new(),
             });
         }
     }

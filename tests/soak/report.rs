@@ -145,9 +145,25 @@ pub fn write(o: &Outcome, summary: &str, c: &Checker, log: &Log) {
     {
         let _ = writeln!(
             s,
-            "t={} {}->{} key={} kind={} x{}\n  peer value: {}\n  allowed: {:?}\n  signals: {}",
-            v.t_ms, v.origin, v.peer, v.key, v.kind, v.count, v.peer_value, v.allowed, v.signals
+            "t={} {}->{} key={} kind={} x{} (until t={})\n  peer value: {}\n  allowed: {:?}\n  signals: {}",
+            v.t_ms,
+            v.origin,
+            v.peer,
+            v.key,
+            v.kind,
+            v.count,
+            v.last_t_ms,
+            v.peer_value,
+            v.allowed,
+            v.signals
         );
+        if v.count > 1 {
+            let _ = writeln!(
+                s,
+                "  last sample: peer value: {}\n  last signals: {}",
+                v.last_peer_value, v.last_signals
+            );
+        }
     }
     std::fs::write(&o.report_path, s).expect("write report");
 }
