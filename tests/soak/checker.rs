@@ -235,6 +235,8 @@ pub struct Figures {
     pub violations: AtomicU64,
     /// Problems excused because out-of-band damage postdates the claims.
     pub excused_oob: AtomicU64,
+    /// Problems excused because the copy's lease lapsed after the claims.
+    pub excused_lapse: AtomicU64,
     /// Longest signalled-stale period per pair (ms).
     pub longest_signalled: Mutex<HashMap<(usize, usize), i64>>,
     pub list: Mutex<Vec<Violation>>,
@@ -389,12 +391,21 @@ impl Checker {
     /// Samples the copy of origin `o` on peer `p` until stopped.
     pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, log: Arc<Log>, o: usize, p: usize) {
         let mut run_start: Option<i64> = None;
+        let mut absent_since: Option<i64> = None;
         let mut dedup: HashMap<(String, String, u64), (usize, i64)> = HashMap::new();
         while !self.stopped() {
             let started = tokio::time::Instant::now();
-            self.sample_once(&mesh, &log, o, p, &mut run_start, &mut dedup)
-                .await;
-            let next = started + Duration::from_millis(400);
+            self.sample_once(
+                &mesh,
+                &log,
+                o,
+                p,
+                &mut run_start,
+                &mut absent_since,
+                &mut dedup,
+            )
+            .await;
+            let next = started + Duration::from_millis(300);
             tokio::time::sleep_until(next).await;
         }
     }
@@ -406,6 +417,7 @@ impl Checker {
         o: usize,
         p: usize,
         run_start: &mut Option<i64>,
+        absent_since: &mut Option<i64>,
         dedup: &mut HashMap<(String, String, u64), (usize, i64)>,
     ) {
         let f = &self.figures;
@@ -473,6 +485,13 @@ impl Checker {
             }
         }
         // The claims.
+        // The state key shares the mirror lease: absent, the lease is gone
+        // (lapsed, revoked) or being replaced. Since when, as seen here.
+        if state.is_none() {
+            absent_since.get_or_insert(t_r0);
+        } else {
+            *absent_since = None;
+        }
         // Each fresh claim: the time the copy is claimed current as of.
         let mut claims = Vec::new();
         if let (Some(c1), Some(c2)) = (sender_claim(ts1, &sig1), sender_claim(ts2, &sig2)) {
@@ -618,6 +637,18 @@ impl Checker {
             });
             let n = (before - problems.len()) as u64;
             f.excused_oob.fetch_add(n, Ordering::Relaxed);
+            // A copy that lapsed (its lease expired while R could not reach
+            // P) is gone by design; the sender learns it only afterwards.
+            // Excused unless a claim of currency postdates the first sample
+            // that saw the lease gone.
+            if let Some(since) = *absent_since
+                && c <= since + SLACK_MS
+                && !problems.is_empty()
+            {
+                f.excused_lapse
+                    .fetch_add(problems.len() as u64, Ordering::Relaxed);
+                problems.clear();
+            }
         }
         if problems.is_empty() {
             *run_start = None;

@@ -53,10 +53,11 @@ pub fn summary(o: &Outcome, c: &Checker, log: &Log, loads: &[std::sync::Arc<Load
     );
     let _ = writeln!(
         s,
-        "discrepant samples: {} ({} signalled), excused out-of-band problems: {}, violating samples: {}, violations: {} ({} distinct)",
+        "discrepant samples: {} ({} signalled), excused out-of-band problems: {}, excused after a lapse: {}, violating samples: {}, violations: {} ({} distinct)",
         f.discrepant_samples.load(Ordering::Relaxed),
         f.signalled_discrepancies.load(Ordering::Relaxed),
         f.excused_oob.load(Ordering::Relaxed),
+        f.excused_lapse.load(Ordering::Relaxed),
         f.violation_samples.load(Ordering::Relaxed),
         f.violations.load(Ordering::Relaxed),
         f.list.lock().unwrap_or_else(PoisonError::into_inner).len()
