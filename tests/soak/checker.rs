@@ -243,6 +243,17 @@ pub struct Figures {
     pub ready_seen: Mutex<HashMap<String, (u64, u64)>>,
 }
 
+/// What the sampler of one pair carries from sample to sample.
+#[derive(Default)]
+struct PairState {
+    /// Start of the current signalled-stale run.
+    run_start: Option<i64>,
+    /// Since when the state key has been seen absent.
+    absent_since: Option<i64>,
+    /// (key, kind, value hash) -> (index in the list, last seen).
+    dedup: HashMap<(String, String, u64), (usize, i64)>,
+}
+
 pub struct Checker {
     pub regions: Vec<Region>,
     pub figures: Figures,
@@ -390,36 +401,21 @@ impl Checker {
 
     /// Samples the copy of origin `o` on peer `p` until stopped.
     pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, log: Arc<Log>, o: usize, p: usize) {
-        let mut run_start: Option<i64> = None;
-        let mut absent_since: Option<i64> = None;
-        let mut dedup: HashMap<(String, String, u64), (usize, i64)> = HashMap::new();
+        let mut pair = PairState::default();
         while !self.stopped() {
             let started = tokio::time::Instant::now();
-            self.sample_once(
-                &mesh,
-                &log,
-                o,
-                p,
-                &mut run_start,
-                &mut absent_since,
-                &mut dedup,
-            )
-            .await;
+            self.sample_once(&mesh, &log, o, p, &mut pair).await;
             let next = started + Duration::from_millis(300);
             tokio::time::sleep_until(next).await;
         }
     }
 
-    async fn sample_once(
-        &self,
-        mesh: &Mesh,
-        log: &Log,
-        o: usize,
-        p: usize,
-        run_start: &mut Option<i64>,
-        absent_since: &mut Option<i64>,
-        dedup: &mut HashMap<(String, String, u64), (usize, i64)>,
-    ) {
+    async fn sample_once(&self, mesh: &Mesh, log: &Log, o: usize, p: usize, pair: &mut PairState) {
+        let PairState {
+            run_start,
+            absent_since,
+            dedup,
+        } = pair;
         let f = &self.figures;
         let src = &mesh.regions[o];
         let peer = &mesh.regions[p];

@@ -41,6 +41,10 @@ pub fn client(endpoints: &[String]) -> Client {
 pub struct Replica {
     pub id: String,
     pub proc: Option<Replicator>,
+    /// `sh` reading a pipe from this test process: if the process dies
+    /// without running destructors, the pipe closes and the watchdog
+    /// SIGKILLs the replicator (as the harness does for etcd).
+    pub watchdog: Option<std::process::Child>,
     pub stopped: bool,
     pub spawns: u32,
 }
@@ -136,6 +140,7 @@ impl Mesh {
                         Arc::new(Mutex::new(Replica {
                             id: format!("{name}-{i}"),
                             proc: None,
+                            watchdog: None,
                             stopped: false,
                             spawns: 0,
                         }))
@@ -234,7 +239,18 @@ impl Mesh {
             .unwrap_or_else(PoisonError::into_inner);
         self.retire(&mut rep);
         let args = self.replicator_args(r, &rep.id);
-        rep.proc = Some(Replicator::spawn(&args));
+        let proc = Replicator::spawn(&args);
+        rep.watchdog = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"read -r _ignored; kill -CONT "$1" 2>/dev/null; kill -9 "$1" 2>/dev/null"#)
+            .arg("replicator-watchdog")
+            .arg(proc.pid().to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok();
+        rep.proc = Some(proc);
         rep.spawns += 1;
     }
 
@@ -247,6 +263,10 @@ impl Mesh {
     }
 
     fn retire(&self, rep: &mut Replica) {
+        if let Some(mut w) = rep.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
         if let Some(mut p) = rep.proc.take() {
             if rep.stopped {
                 signal(p.pid(), "CONT");
@@ -325,5 +345,20 @@ impl Mesh {
         for p in &self.peer_proxies {
             p.heal();
         }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        if let Some(p) = &self.proc
+            && self.stopped
+        {
+            signal(p.pid(), "CONT");
+        }
+        // The Replicator's own Drop SIGKILLs and reaps it.
     }
 }
