@@ -47,6 +47,19 @@ echo "== cargo tests (real etcd $(etcd --version | sed -n 's/etcd Version: //p')
 suite
 echo "== cargo tests (real etcd 3.5.1)"
 ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" suite
+# The seeded fault soak (tests/soak, ignored in the suites above), once per
+# etcd version; SEED and DURATION (default 120s) replay or lengthen it.
+soak() {
+  if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --test soak --run-ignored only --retries 0 --no-capture
+  else
+    cargo test --test soak -- --ignored --nocapture
+  fi
+}
+echo "== fault soak (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
+soak
+echo "== fault soak (real etcd 3.5.1)"
+ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" soak
 echo "== doc tests"
 cargo test --doc
 

@@ -105,6 +105,7 @@ impl EtcdBuilder {
             proc: None,
             last_pid: 0,
             cluster: None,
+            advertise_peer: None,
             dir,
         };
         // Only a data dir that holds no member yet may be wiped between
@@ -199,6 +200,10 @@ pub struct Etcd {
     last_pid: u32,
     /// Set for a member of a [`Cluster`]: its bootstrap membership.
     cluster: Option<ClusterArgs>,
+    /// The peer URL it advertises when not its own listener's (a member
+    /// whose peer traffic goes through a proxy, see
+    /// [`Cluster::start_advertising`]).
+    advertise_peer: Option<String>,
     // Last field: removed after the process has been killed in Drop.
     dir: tempfile::TempDir,
 }
@@ -445,7 +450,10 @@ impl Etcd {
             format!("--listen-client-urls={client_url}"),
             format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!(
+                "--initial-advertise-peer-urls={}",
+                self.advertise_peer.as_deref().unwrap_or(&peer_url)
+            ),
             match &self.cluster {
                 Some(c) => format!("--initial-cluster={}", c.initial),
                 None => format!("--initial-cluster={}={peer_url}", self.name),
@@ -847,6 +855,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` plain-HTTP members and waits until each has a leader.
     pub fn start(n: usize) -> Cluster {
+        Cluster::start_advertising(n, |_, peer_port| format!("http://127.0.0.1:{peer_port}"))
+    }
+
+    /// Like [`Cluster::start`], but member `i`, listening for its peers on
+    /// `peer_port`, advertises `advertise(i, peer_port)` as its peer URL,
+    /// so the others reach it there: e.g. a proxy in front of its peer
+    /// port that can cut it from its quorum. Called again with fresh ports
+    /// when an attempt fails.
+    pub fn start_advertising(n: usize, advertise: impl Fn(usize, u16) -> String) -> Cluster {
         crate::common::init_logging();
         let bin = etcd_bin();
         let token = format!(
@@ -871,6 +888,7 @@ impl Cluster {
                     proc: None,
                     last_pid: 0,
                     cluster: None,
+                    advertise_peer: None,
                     dir,
                 }
             })
@@ -885,14 +903,20 @@ impl Cluster {
             }
             // Picked together, so no two members get the same port.
             let ports = Ports::pick_many(n);
+            let urls: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .map(|(i, p)| advertise(i, p.peer))
+                .collect();
             let initial = members
                 .iter()
-                .zip(&ports)
-                .map(|(m, p)| format!("{}=http://127.0.0.1:{}", m.name, p.peer))
+                .zip(&urls)
+                .map(|(m, url)| format!("{}={url}", m.name))
                 .collect::<Vec<_>>()
                 .join(",");
-            for (m, p) in members.iter_mut().zip(ports) {
+            for ((m, p), url) in members.iter_mut().zip(ports).zip(urls) {
                 m.ports = p;
+                m.advertise_peer = Some(url);
                 m.cluster = Some(ClusterArgs {
                     initial: initial.clone(),
                     token: token.clone(),

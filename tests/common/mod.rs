@@ -16,6 +16,7 @@
 pub mod etcd;
 pub mod keys;
 pub mod mirror;
+pub mod peer_proxy;
 pub mod proxy;
 pub mod replicator;
 pub mod tls;

@@ -1,0 +1,714 @@
+//! The history checker: every source region's history from a watch, and
+//! samples of every (origin, peer) copy judged against it.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aether_replicator::etcd::{Error, EventKind, OpResponse, Range, Txn, WatchOptions};
+
+use crate::common::replicator::{http_get, metric};
+use crate::mesh::{Mesh, REGIONS, prefix, state_key};
+use crate::nemesis::{Log, Oob};
+
+/// Grace: a copy claiming to be fresh may lag the source by this much.
+pub const S_MS: i64 = 5000;
+/// The checker's own slack (its watch's delay, scheduling).
+pub const SLACK_MS: i64 = 1000;
+/// A copy holding fewer than half the keys the source held throughout is
+/// "emptied" (only judged when the source held at least this many).
+const EMPTIED_MIN: usize = 20;
+/// A single key changed out of band on a peer must be repaired (or the
+/// copy signalled stale) within this much: twice the verification interval
+/// (10 s) plus S.
+pub const KEY_GRACE_MS: i64 = 25_000;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+pub fn hash(v: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+pub fn preview(v: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&v[..v.len().min(40)]).into_owned();
+    if v.len() > 40 {
+        format!("{s}..({} bytes)", v.len())
+    } else {
+        s
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Val {
+    pub hash: u64,
+    pub len: usize,
+    pub preview: String,
+}
+
+impl Val {
+    fn of(v: &[u8]) -> Val {
+        Val {
+            hash: hash(v),
+            len: v.len(),
+            preview: preview(v),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub epoch: u64,
+    pub rev: i64,
+    pub t_ms: i64,
+    pub val: Option<Val>,
+}
+
+/// One source region's history.
+#[derive(Default)]
+pub struct History {
+    pub keys: HashMap<Vec<u8>, Vec<Entry>>,
+    /// Bumped by every re-read (start, restore, broken watch).
+    pub epoch: u64,
+    /// The watch has delivered everything through this revision (of `epoch`).
+    pub caught_up: i64,
+    /// Samples whose window starts at or before this are not judged.
+    pub gap_until: i64,
+    /// The region's restore count the current epoch was read after.
+    pub restores_seen: u64,
+    pub resets: Vec<(i64, String)>,
+    pub events: u64,
+}
+
+impl History {
+    fn push(&mut self, key: &[u8], e: Entry) {
+        self.keys.entry(key.to_vec()).or_default().push(e);
+    }
+
+    /// The values `key` held at some point in [lower, U]: the one current
+    /// at `lower` (by observed time) and every later one through revision
+    /// `u` of epoch `epoch_u`. `None` stands for "absent".
+    fn allowed(&self, key: &[u8], lower: i64, epoch_u: u64, u: i64) -> Vec<Option<&Val>> {
+        let Some(es) = self.keys.get(key) else {
+            return vec![None];
+        };
+        let mut out = Vec::new();
+        let base = es.iter().rposition(|e| e.t_ms <= lower);
+        match base {
+            Some(i) => out.push(es[i].val.as_ref()),
+            None => out.push(None),
+        }
+        let from = base.map_or(0, |i| i + 1);
+        for e in &es[from..] {
+            if e.epoch < epoch_u || (e.epoch == epoch_u && e.rev <= u) {
+                out.push(e.val.as_ref());
+            }
+        }
+        out
+    }
+}
+
+pub struct Region {
+    pub history: Mutex<History>,
+}
+
+/// The signals one scrape of a replica gave.
+#[derive(Clone, Debug, Default)]
+pub struct Signal {
+    pub answered: bool,
+    pub leader: bool,
+    pub synced: bool,
+    pub staleness: f64,
+    pub lapsed: bool,
+    pub ready: Option<bool>,
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.answered {
+            return write!(f, "(no answer)");
+        }
+        write!(
+            f,
+            "leader={} synced={} staleness={:.3}s lapsed={}",
+            u8::from(self.leader),
+            u8::from(self.synced),
+            self.staleness,
+            u8::from(self.lapsed)
+        )
+    }
+}
+
+fn scrape(addr: Option<std::net::SocketAddr>, origin: &str, peer: &str) -> Signal {
+    let Some(addr) = addr else {
+        return Signal::default();
+    };
+    let Some((_, page)) = http_get(addr, "/metrics") else {
+        return Signal::default();
+    };
+    let sel =
+        |name: &str| format!("aether_replicator_{name}{{origin=\"{origin}\",peer=\"{peer}\"}}");
+    Signal {
+        answered: true,
+        leader: metric(
+            &page,
+            &format!("aether_replicator_is_leader{{region=\"{origin}\"}}"),
+        ) == Some(1.0),
+        synced: metric(&page, &sel("peer_synced")) == Some(1.0),
+        staleness: metric(&page, &sel("peer_staleness_seconds")).unwrap_or(f64::INFINITY),
+        lapsed: metric(&page, &sel("peer_lapsed")) == Some(1.0),
+        ready: None,
+    }
+}
+
+/// Both replicas of `origin`, scraped in parallel. (t before, signals)
+async fn scrape_all(mesh: &Mesh, o: usize, p: usize) -> (i64, Vec<Signal>) {
+    let t = now_ms();
+    let mut hs = Vec::new();
+    for rep in &mesh.regions[o].replicas {
+        let addr = rep.lock().unwrap_or_else(PoisonError::into_inner).metrics();
+        hs.push(tokio::task::spawn_blocking(move || {
+            let mut s = scrape(addr, REGIONS[o], REGIONS[p]);
+            if let Some(a) = addr.filter(|_| s.answered) {
+                s.ready = http_get(a, "/readyz").map(|(st, _)| st == 200);
+            }
+            s
+        }));
+    }
+    let mut out = Vec::new();
+    for h in hs {
+        out.push(h.await.unwrap_or_default());
+    }
+    (t, out)
+}
+
+/// The sender's claim in one signal read: Some(lower bound of currency).
+fn sender_claim(t: i64, sigs: &[Signal]) -> Option<i64> {
+    sigs.iter()
+        .filter(|s| s.answered && s.leader && s.synced && s.staleness * 1000.0 < S_MS as f64)
+        .map(|s| t - (s.staleness * 1000.0).ceil() as i64)
+        .min()
+}
+
+/// Fields of a state key value, by key.
+pub fn parse_state(v: &str) -> HashMap<String, String> {
+    v.split(' ')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub t_ms: i64,
+    pub origin: &'static str,
+    pub peer: &'static str,
+    pub key: String,
+    pub kind: String,
+    pub peer_value: String,
+    pub allowed: Vec<String>,
+    pub signals: String,
+    pub count: u64,
+    /// The last sample of the episode.
+    pub last_t_ms: i64,
+    pub last_peer_value: String,
+    pub last_signals: String,
+}
+
+#[derive(Default)]
+pub struct Figures {
+    pub samples: AtomicU64,
+    pub evaluated: AtomicU64,
+    pub skipped: AtomicU64,
+    pub not_caught_up: AtomicU64,
+    pub discrepant_samples: AtomicU64,
+    pub signalled_discrepancies: AtomicU64,
+    pub violation_samples: AtomicU64,
+    pub violations: AtomicU64,
+    /// Problems excused because out-of-band damage postdates the claims.
+    pub excused_oob: AtomicU64,
+    /// Problems excused because the copy's lease lapsed after the claims.
+    pub excused_lapse: AtomicU64,
+    /// Longest signalled-stale period per pair (ms).
+    pub longest_signalled: Mutex<HashMap<(usize, usize), i64>>,
+    pub list: Mutex<Vec<Violation>>,
+    pub ready_seen: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+/// What the sampler of one pair carries from sample to sample.
+#[derive(Default)]
+struct PairState {
+    /// Start of the current signalled-stale run.
+    run_start: Option<i64>,
+    /// Since when the state key has been seen absent.
+    absent_since: Option<i64>,
+    /// (key, kind, value hash) -> (index in the list, last seen).
+    dedup: HashMap<(String, String, u64), (usize, i64)>,
+}
+
+pub struct Checker {
+    pub regions: Vec<Region>,
+    pub figures: Figures,
+    pub stop: AtomicBool,
+}
+
+impl Checker {
+    pub fn new() -> Checker {
+        Checker {
+            regions: (0..3)
+                .map(|_| Region {
+                    history: Mutex::new(History::default()),
+                })
+                .collect(),
+            figures: Figures::default(),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Records region `r`'s history until stopped.
+    pub async fn record(self: Arc<Self>, mesh: Arc<Mesh>, r: usize) {
+        let reg = &mesh.regions[r];
+        let pfx = prefix(REGIONS[r]);
+        while !self.stopped() {
+            if reg.is_restoring() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let restores = reg.restores.load(Ordering::SeqCst);
+            let resp = match reg.client.range(Range::prefix(pfx.clone())).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let head = resp.header.revision;
+            let t = now_ms();
+            {
+                let mut h = self.regions[r]
+                    .history
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                h.epoch += 1;
+                let epoch = h.epoch;
+                let present: HashSet<Vec<u8>> =
+                    resp.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+                let gone: Vec<Vec<u8>> = h
+                    .keys
+                    .iter()
+                    .filter(|(k, es)| {
+                        !present.contains(*k) && es.last().is_some_and(|e| e.val.is_some())
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in gone {
+                    h.push(
+                        &k,
+                        Entry {
+                            epoch,
+                            rev: head,
+                            t_ms: t,
+                            val: None,
+                        },
+                    );
+                }
+                for kv in resp.kvs() {
+                    h.push(
+                        kv.key(),
+                        Entry {
+                            epoch,
+                            rev: kv.mod_revision(),
+                            t_ms: t,
+                            val: Some(Val::of(kv.value())),
+                        },
+                    );
+                }
+                h.caught_up = head;
+                h.gap_until = t;
+                h.restores_seen = restores;
+                h.resets.push((t, format!("re-read at revision {head}")));
+            }
+            let Ok((ws, mut w)) = reg.client.watch(
+                WatchOptions::prefix(pfx.clone())
+                    .start_revision(head + 1)
+                    .progress_notify(),
+            ) else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            loop {
+                if self.stopped()
+                    || reg.is_restoring()
+                    || reg.restores.load(Ordering::SeqCst) != restores
+                {
+                    break;
+                }
+                match tokio::time::timeout(Duration::from_millis(300), w.next()).await {
+                    Err(_) => {
+                        let _ = ws.request_progress();
+                    }
+                    Ok(Some(Ok(resp))) => {
+                        let t = now_ms();
+                        let mut h = self.regions[r]
+                            .history
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        let epoch = h.epoch;
+                        for ev in &resp.events {
+                            let val = match ev.kind {
+                                EventKind::Put => Some(Val::of(ev.kv.value())),
+                                EventKind::Delete => None,
+                            };
+                            h.events += 1;
+                            h.push(
+                                ev.kv.key(),
+                                Entry {
+                                    epoch,
+                                    rev: ev.revision(),
+                                    t_ms: t,
+                                    val,
+                                },
+                            );
+                            h.caught_up = h.caught_up.max(ev.revision());
+                        }
+                        h.caught_up = h.caught_up.max(resp.revision);
+                        drop(h);
+                        if resp.events.is_empty() {
+                            // A progress notice; ask again soon.
+                        }
+                    }
+                    Ok(Some(Err(Error::Compacted { .. }))) | Ok(Some(Err(_))) | Ok(None) => {
+                        break;
+                    }
+                }
+            }
+            drop(w);
+            drop(ws);
+        }
+    }
+
+    /// Samples the copy of origin `o` on peer `p` until stopped.
+    pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, log: Arc<Log>, o: usize, p: usize) {
+        let mut pair = PairState::default();
+        while !self.stopped() {
+            let started = tokio::time::Instant::now();
+            self.sample_once(&mesh, &log, o, p, &mut pair).await;
+            let next = started + Duration::from_millis(300);
+            tokio::time::sleep_until(next).await;
+        }
+    }
+
+    async fn sample_once(&self, mesh: &Mesh, log: &Log, o: usize, p: usize, pair: &mut PairState) {
+        let PairState {
+            run_start,
+            absent_since,
+            dedup,
+        } = pair;
+        let f = &self.figures;
+        let src = &mesh.regions[o];
+        let peer = &mesh.regions[p];
+        f.samples.fetch_add(1, Ordering::Relaxed);
+        let skip = || {
+            f.skipped.fetch_add(1, Ordering::Relaxed);
+        };
+        if src.is_restoring() {
+            return skip();
+        }
+        let n0 = src.restores.load(Ordering::SeqCst);
+        let e0 = {
+            let h = self.regions[o]
+                .history
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if h.restores_seen != n0 {
+                return skip();
+            }
+            h.epoch
+        };
+        let (ts1, sig1) = scrape_all(mesh, o, p).await;
+        let t_r0 = now_ms();
+        let txn = Txn::new().and_then([
+            Range::prefix(prefix(REGIONS[o])),
+            Range::key(state_key(REGIONS[o])),
+        ]);
+        let Ok(read) = peer.client.txn(txn).await else {
+            return skip();
+        };
+        let t_r1 = now_ms();
+        let (ts2, sig2) = scrape_all(mesh, o, p).await;
+        let Ok(up) = src
+            .client
+            .range(Range::key(state_key(REGIONS[o])).count_only())
+            .await
+        else {
+            return skip();
+        };
+        let u = up.header.revision;
+        let mut copy = Vec::new();
+        let mut state = None;
+        for (i, r) in read.responses.into_iter().enumerate() {
+            if let OpResponse::Range(r) = r {
+                if i == 0 {
+                    copy = r.into_kvs();
+                } else {
+                    state = r
+                        .into_kvs()
+                        .into_iter()
+                        .next()
+                        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+                }
+            }
+        }
+        {
+            let mut rs = f.ready_seen.lock().unwrap_or_else(PoisonError::into_inner);
+            for (i, s) in sig1.iter().chain(&sig2).enumerate() {
+                if let Some(ready) = s.ready {
+                    let e = rs.entry(format!("{}-{}", REGIONS[o], i % 2)).or_default();
+                    if ready { e.0 += 1 } else { e.1 += 1 }
+                }
+            }
+        }
+        // The claims.
+        // The state key shares the mirror lease: absent, the lease is gone
+        // (lapsed, revoked) or being replaced. Since when, as seen here.
+        if state.is_none() {
+            absent_since.get_or_insert(t_r0);
+        } else {
+            *absent_since = None;
+        }
+        // Each fresh claim: the time the copy is claimed current as of.
+        let mut claims = Vec::new();
+        if let (Some(c1), Some(c2)) = (sender_claim(ts1, &sig1), sender_claim(ts2, &sig2)) {
+            claims.push(c1);
+            claims.push(c2);
+        }
+        let fields = state.as_deref().map(parse_state).unwrap_or_default();
+        let hb: Option<i64> = fields.get("heartbeat").and_then(|v| v.parse().ok());
+        let receiver_fresh = fields.get("synced").map(String::as_str) == Some("1")
+            && hb.is_some_and(|hb| t_r1 - hb < S_MS);
+        if receiver_fresh {
+            claims.push(hb.unwrap());
+        }
+        let signalling = claims.is_empty();
+        let lower = claims.iter().copied().fold(t_r0 - S_MS, i64::min) - SLACK_MS;
+
+        // Wait until the history has caught up to U.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            {
+                let h = self.regions[o]
+                    .history
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if h.epoch != e0 || h.restores_seen != n0 || src.is_restoring() {
+                    return skip();
+                }
+                if lower <= h.gap_until {
+                    return skip();
+                }
+                if h.caught_up >= u {
+                    break;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline || self.stopped() {
+                f.not_caught_up.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if src.restores.load(Ordering::SeqCst) != n0 {
+            return skip();
+        }
+        f.evaluated.fetch_add(1, Ordering::Relaxed);
+
+        // Judge the copy.
+        let mut problems: Vec<(String, String, String, Vec<String>, u64)> = Vec::new();
+        let h = self.regions[o]
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut on_peer = HashSet::new();
+        for kv in &copy {
+            on_peer.insert(kv.key().to_vec());
+            let v = kv.value();
+            let hv = hash(v);
+            let allowed = h.allowed(kv.key(), lower, e0, u);
+            let ok = allowed
+                .iter()
+                .any(|a| a.is_some_and(|a| a.hash == hv && a.len < peer.max_value));
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let show = |allowed: &[Option<&Val>]| {
+                allowed
+                    .iter()
+                    .map(|a| a.map_or("(absent)".to_string(), |a| a.preview.clone()))
+                    .collect::<Vec<_>>()
+            };
+            if !ok {
+                let ever = h.keys.get(kv.key().as_ref()).is_some_and(|es| {
+                    es.iter()
+                        .any(|e| e.val.as_ref().is_some_and(|x| x.hash == hv))
+                });
+                let kind = if allowed.iter().all(Option::is_none) {
+                    if ever {
+                        "deleted-at-source-still-on-peer"
+                    } else {
+                        "value-never-at-source (key absent at source)"
+                    }
+                } else if ever {
+                    "stale-value"
+                } else {
+                    "value-never-at-source"
+                };
+                problems.push((key.clone(), kind.into(), preview(v), show(&allowed), hv));
+            }
+            if kv.lease() == 0 {
+                problems.push((key, "no-lease".into(), preview(v), show(&allowed), hv));
+            }
+        }
+        let mut held = 0usize;
+        let mut missing = 0usize;
+        for (k, _) in h.keys.iter() {
+            let allowed = h.allowed(k, lower, e0, u);
+            let absent_ok = allowed
+                .iter()
+                .any(|a| a.is_none_or(|a| a.len >= peer.max_value));
+            if !absent_ok {
+                held += 1;
+                if !on_peer.contains(k) {
+                    missing += 1;
+                }
+            }
+        }
+        drop(h);
+        if held >= EMPTIED_MIN && (held - missing) * 2 < held {
+            problems.push((
+                prefix(REGIONS[o]),
+                "emptied".into(),
+                format!("{} of {held} keys", held - missing),
+                vec![format!("{held} keys held throughout the window")],
+                0,
+            ));
+        }
+        // Out-of-band damage to this copy that the claims predate is
+        // excused: the engine can only notice it after the fact. A whole-copy
+        // change (del --prefix, lease revoke, the peer restored) must be
+        // noticed by the next claim of currency; a single key is the
+        // verification pass's job (KEY_GRACE).
+        let latest_claim = claims.iter().copied().max();
+        if let Some(c) = latest_claim {
+            let oob = log.oob.lock().unwrap_or_else(PoisonError::into_inner);
+            let relevant: Vec<&Oob> = oob
+                .iter()
+                .filter(|x| x.peer == p && x.origin.is_none_or(|y| y == o) && x.t_start <= t_r1)
+                .collect();
+            let excused = |key: &str, margin: i64, x: &Oob| {
+                let covers = x
+                    .key
+                    .as_ref()
+                    .is_none_or(|k| k.as_slice() == key.as_bytes());
+                covers && x.t_done.is_none_or(|d| c <= d + margin)
+            };
+            let before = problems.len();
+            problems.retain(|(key, ..)| {
+                !relevant.iter().any(|x| {
+                    let margin = if x.key.is_some() {
+                        KEY_GRACE_MS
+                    } else {
+                        SLACK_MS
+                    };
+                    excused(key, margin, x)
+                })
+            });
+            let n = (before - problems.len()) as u64;
+            f.excused_oob.fetch_add(n, Ordering::Relaxed);
+            // A copy that lapsed (its lease expired while R could not reach
+            // P) is gone by design; the sender learns it only afterwards.
+            // Excused unless a claim of currency postdates the first sample
+            // that saw the lease gone.
+            if let Some(since) = *absent_since
+                && c <= since + SLACK_MS
+                && !problems.is_empty()
+            {
+                f.excused_lapse
+                    .fetch_add(problems.len() as u64, Ordering::Relaxed);
+                problems.clear();
+            }
+        }
+        if problems.is_empty() {
+            *run_start = None;
+            return;
+        }
+        f.discrepant_samples.fetch_add(1, Ordering::Relaxed);
+        if signalling {
+            f.signalled_discrepancies.fetch_add(1, Ordering::Relaxed);
+            let start = *run_start.get_or_insert(t_r0);
+            let mut l = f
+                .longest_signalled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let e = l.entry((o, p)).or_default();
+            *e = (*e).max(t_r0 - start);
+            return;
+        }
+        *run_start = None;
+        f.violation_samples.fetch_add(1, Ordering::Relaxed);
+        let signals = format!(
+            "sender@{ts1}: [{}] sender@{ts2}: [{}] state={:?} t_r={t_r0} lower={lower} (t_r-{}ms) U={u}",
+            sig1.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+            sig2.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+            state,
+            t_r0 - lower,
+        );
+        let mut list = f.list.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, kind, pv, allowed, hv) in problems {
+            f.violations.fetch_add(1, Ordering::Relaxed);
+            let id = (key.clone(), kind.clone(), hv);
+            // One entry per episode: the same problem in samples less
+            // than 3 s apart.
+            if let Some((i, last)) = dedup.get_mut(&id)
+                && t_r0 - *last < 3000
+            {
+                let v = &mut list[*i];
+                v.count += 1;
+                v.last_t_ms = t_r0;
+                v.last_peer_value = pv;
+                v.last_signals = signals.clone();
+                *last = t_r0;
+                continue;
+            }
+            dedup.insert(id, (list.len(), t_r0));
+            list.push(Violation {
+                t_ms: t_r0,
+                origin: REGIONS[o],
+                peer: REGIONS[p],
+                key,
+                kind,
+                peer_value: pv,
+                allowed,
+                signals: signals.clone(),
+                count: 1,
+                last_t_ms: t_r0,
+                last_peer_value: String::new(),
+                last_signals: String::new(),
+            });
+        }
+    }
+}
