@@ -64,7 +64,13 @@ async fn two_sites_whose_etcds_share_a_cluster_id_never_mix_their_copies() {
     // Site one is gone for good: its lease lapses, and site two takes over
     // with a full sync of its own subtree.
     converged(&two, &peer, &cfg).await;
-    assert!(second.stats()[0].resyncs(ResyncReason::SourceChanged) >= 1);
+    // `initial` once the incumbent's state key expired with its lease;
+    // `source_changed` if the takeover read it just before.
+    let s2 = &second.stats()[0];
+    assert!(
+        s2.resyncs(ResyncReason::Initial) + s2.resyncs(ResyncReason::SourceChanged) >= 1,
+        "the takeover was not a full sync"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,4 +258,29 @@ async fn an_interrupted_sync_is_counted_as_interrupted() {
     assert_eq!(s.resyncs(ResyncReason::Initial), 1);
     assert!(s.resyncs(ResyncReason::Interrupted) >= 1);
     assert_eq!(s.resyncs(ResyncReason::Fenced), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_verifies_the_copy_it_adopts_at_once() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..20, "v").await;
+    // An hour between passes: only the takeover's own pass can repair.
+    let cfg = fast(10).with_verify_interval(Some(Duration::from_secs(3600)));
+    let first = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    first.shutdown().await;
+    // Edited while no leader runs; the key count stays the same.
+    peer.put(Put::new(key(4), "edited")).await.unwrap();
+    let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    let s = second.stats()[0].clone();
+    eventually("the successor's first pass repaired the edit", async || {
+        s.verify_repairs.load(Relaxed) >= 1
+    })
+    .await;
+    converged(&src, &peer, &cfg).await;
+    assert_eq!(
+        s.resyncs(ResyncReason::Initial) + s.resyncs(ResyncReason::Fenced),
+        0,
+        "the successor resumed the copy rather than re-syncing it"
+    );
 }

@@ -53,11 +53,14 @@ pub(crate) struct VerifySchedule {
 }
 
 impl VerifySchedule {
-    /// The first pass is due one interval after `now`.
+    /// The first pass is due at once: an engine that adopts a copy can't
+    /// know when it was last verified (its predecessor's schedule died with
+    /// it, and leaders that change faster than the interval would never
+    /// verify). A completed sync counts as a pass ([`VerifySchedule::done`]).
     pub(crate) fn new(every: Option<Duration>, now: Instant) -> VerifySchedule {
         VerifySchedule {
             every,
-            next: now + every.unwrap_or_default(),
+            next: now,
             skips: 0,
         }
     }
