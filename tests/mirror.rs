@@ -109,8 +109,8 @@ async fn twenty_writes_to_one_key_coalesce_into_one_txn() {
     // A slow link to the peer keeps the first txn in flight while the
     // other nineteen writes arrive.
     let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
-    // No heartbeat: its state-only txn, if its tick fell among the twenty
-    // slow writes, would count as a txn of theirs.
+    // No heartbeat after the first: its state-only txn, if its tick fell
+    // among the twenty slow writes, would count as a txn of theirs.
     let cfg = config(20).with_heartbeat_interval(Duration::from_secs(3600));
     let engine = start_synced(&src, client(&proxy.endpoint()), &dst, &cfg).await;
     let s = engine.stats()[0].clone();
@@ -133,9 +133,11 @@ async fn twenty_writes_to_one_key_coalesce_into_one_txn() {
     assert_eq!(v.kvs()[0].value(), "w19");
     // One txn when the watch hands over all twenty together; otherwise the
     // first goes alone and the rest wait for it and coalesce (two, or three
-    // if the watch split them across responses). Never one per write.
+    // if the watch split them across responses). Never one per write. The
+    // live loop's first freshness probe goes at once and may land its
+    // heartbeat write (a txn of its own) among them: one more.
     let txns = s.txns.load(Ordering::Relaxed) - txns_before;
-    assert!((1..=3).contains(&txns), "{txns} txns for 20 writes");
+    assert!((1..=4).contains(&txns), "{txns} txns for 20 writes");
     engine.shutdown().await;
 }
 
