@@ -33,11 +33,9 @@
 //!   to resume or re-sync.
 //! - `sync`: the range-diff sync at one pinned revision, over `diff` (the
 //!   merge-join of both sides' pages).
-//! - `live`: the live loop: watch in, batches out.
+//! - `live`: the live loop: watch in, batches out, the freshness probe.
 //!   [`batch`] turns watch events into batches of whole revisions;
-//!   `sequence` keeps per-key order and the acknowledged watermark;
-//!   `probe` is the freshness probe every heartbeat: identity, the key
-//!   count, and whether the copy is current.
+//!   `sequence` keeps per-key order and the acknowledged watermark.
 //! - `verify`: the periodic verification pass that repairs what a probe
 //!   can't see (out-of-band edits on the peer).
 //! - `pipeline`: **the one send path** of the sync and the live loop: txns
@@ -70,7 +68,6 @@ mod limits;
 mod live;
 mod peer;
 mod pipeline;
-mod probe;
 mod sequence;
 mod session;
 pub mod state;
