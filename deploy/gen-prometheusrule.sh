@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
-# Writes deploy/kubernetes/base/prometheusrule.yaml from deploy/prometheus/aether-replicator.rules.yml, so
-# that the PrometheusRule carries exactly the rules promtool checks and tests.
+# Writes every alert's runbook_url in deploy/prometheus/aether-replicator.rules.yml from RUNBOOK_BASE (the
+# one place the runbook's address is set), then deploy/kubernetes/base/prometheusrule.yaml from the rules
+# file, so that the PrometheusRule carries exactly the rules promtool checks and tests.
 #   deploy/gen-prometheusrule.sh           regenerate
-#   deploy/gen-prometheusrule.sh --check   exit 1 if the committed file differs from what it would write
-# tests/deploy.rs also compares the two parsed.
+#   deploy/gen-prometheusrule.sh --check   exit 1 if a committed file differs from what it would write
+#   RUNBOOK_BASE=https://wiki.example/aether-runbook deploy/gen-prometheusrule.sh
+#                                          point the alerts at your own copy of docs/runbook.md
+# tests/deploy.rs also compares the two parsed, and checks every anchor against docs/runbook.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 readonly RULES=deploy/prometheus/aether-replicator.rules.yml
 readonly OUT=deploy/kubernetes/base/prometheusrule.yaml
+# Absolute, so that Alertmanager, Slack and PagerDuty can link it. Each alert's anchor is its name in
+# lower case, the GitHub anchor of its `## Name` section in docs/runbook.md.
+readonly RUNBOOK_BASE=${RUNBOOK_BASE:-https://github.com/aether-replicator/aether-replicator/blob/main/docs/runbook.md}
+
+# The rules file with each runbook_url set from the alert above it.
+rules() {
+  awk -v base="$RUNBOOK_BASE" '
+    /^ *- alert: / { alert = $3 }
+    /^ *runbook_url: / {
+      if (alert == "") { print "runbook_url before any alert" > "/dev/stderr"; exit 1 }
+      match($0, /^ */)
+      printf "%srunbook_url: %s#%s\n", substr($0, 1, RLENGTH), base, tolower(alert)
+      next
+    }
+    { print }
+  ' "$RULES"
+}
 
 render() {
   cat <<'HEAD'
@@ -19,17 +39,27 @@ metadata:
 spec:
 HEAD
   # The rules file is a mapping with one key, `groups`; under `spec:` it is the same document indented.
-  sed -e 's/^\(.\)/  \1/' "$RULES"
+  rules | sed -e 's/^\(.\)/  \1/'
 }
 
 case ${1:-} in
 --check)
+  rc=0
+  if ! diff -u "$RULES" <(rules); then
+    echo "$RULES has runbook_urls other than $RUNBOOK_BASE#<alert>: run deploy/gen-prometheusrule.sh" >&2
+    rc=1
+  fi
   if ! diff -u "$OUT" <(render); then
     echo "$OUT is out of date: run deploy/gen-prometheusrule.sh" >&2
-    exit 1
+    rc=1
   fi
+  exit $rc
   ;;
-"") render >"$OUT" ;;
+"")
+  rules >"$RULES.tmp"
+  mv "$RULES.tmp" "$RULES"
+  render >"$OUT"
+  ;;
 *)
   echo "usage: $0 [--check]" >&2
   exit 2

@@ -194,10 +194,10 @@ render_region() {
       continue
     fi
     lag=$(metric "$lm" "aether_replicator_lag_revisions{peer=\"$p\"}")
-    ttl=$(metric "$lm" "aether_replicator_lease_ttl_seconds{peer=\"$p\"}")
+    ttl=$(metric "$lm" "aether_replicator_lease_remaining_seconds{peer=\"$p\"}")
     synced=$(metric "$lm" "aether_replicator_peer_synced{peer=\"$p\"}")
     [[ $synced == 1 ]] && synced=synced || synced="NOT synced"
-    printf '  %s -> %s: lag %s revisions, peer lease ttl %.1fs, %s\n' "$r" "$p" "${lag:-?}" "${ttl:-0}" "$synced"
+    printf '  %s -> %s: lag %s revisions, peer lease %.1fs left, %s\n' "$r" "$p" "${lag:-?}" "${ttl:-0}" "$synced"
   done
   echo
 }

@@ -174,3 +174,77 @@ password_file = "{pw}"
     // Text logs to a file carry no terminal colours.
     assert!(!log.contains('\x1b'), "escape codes in a log file:\n{log}");
 }
+
+/// A certificate that expired yesterday, one not valid until tomorrow, and
+/// a key of another certificate: `--check-config` refuses each with one
+/// line naming the setting and the file, given by flag or by file.
+#[test]
+fn check_config_refuses_expired_early_and_mismatched_tls_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = common::generate_tls(&dir.path().join("pki"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    const DAY: i64 = 86_400;
+    let (old, old_key) = pki.issue_client_cert_valid("old", now - 30 * DAY, now - DAY);
+    let (early, early_key) = pki.issue_client_cert_valid("early", now + DAY, now + 30 * DAY);
+    let (good, _) = pki.issue_client_cert_valid("good", now - DAY, now + 30 * DAY);
+    let (ca, good_key) = (pki.ca.clone(), pki.client_key.clone());
+    let p = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let by_flag = |cert: &str, key: &str| {
+        run(&[
+            "--check-config",
+            "--region=a",
+            "--local-etcd=http://127.0.0.1:1",
+            "--peer-etcd=b=https://127.0.0.1:2",
+            &format!("--peer-tls=b=ca={},cert={cert},key={key}", p(&ca)),
+        ])
+    };
+    for (name, cert, key, field, want) in [
+        ("expired", &old, &old_key, "cert", "expired on "),
+        ("early", &early, &early_key, "cert", "not valid before "),
+        (
+            "mismatched",
+            &good,
+            &good_key,
+            "key",
+            "does not match the certificate in ",
+        ),
+    ] {
+        let (cert, key) = (p(cert), p(key));
+        let bad = if field == "cert" { &cert } else { &key };
+        // By flag.
+        let (code, out, err) = by_flag(&cert, &key);
+        assert_eq!(code, Some(2), "{name}: {out}{err}");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        let head = format!("error: --peer-tls b: {field} {bad:?}: {want}");
+        assert!(
+            err.starts_with(&head),
+            "{name}:\n got {err:?}\nwant {head:?}"
+        );
+        // By file.
+        let file = write_file(
+            dir.path(),
+            &format!("{name}.toml"),
+            &format!(
+                "region = \"a\"\n[local]\nendpoints = [\"http://127.0.0.1:1\"]\n\
+                 [peers.b]\nendpoints = [\"https://127.0.0.1:2\"]\n\
+                 ca = \"{}\"\ncert = \"{cert}\"\nkey = \"{key}\"\n",
+                p(&ca)
+            ),
+        );
+        let (code, out, err) = run(&["--check-config", &format!("--config={file}")]);
+        assert_eq!(code, Some(2), "{name}: {out}{err}");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        let head = format!("error: {file}: [peers.b] {field} {bad:?}: {want}");
+        assert!(
+            err.starts_with(&head),
+            "{name}:\n got {err:?}\nwant {head:?}"
+        );
+    }
+    // The good certificate with its own key passes.
+    let (good, good_key) = pki.issue_client_cert_valid("good2", now - DAY, now + 30 * DAY);
+    let (code, out, err) = by_flag(&p(&good), &p(&good_key));
+    assert_eq!(code, Some(0), "{out}{err}");
+}

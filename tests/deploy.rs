@@ -553,6 +553,9 @@ fn prometheusrule_carries_exactly_the_rules_file() {
     );
 }
 
+/// Where the runbook_urls point: this repository's docs/runbook.md (Cargo.toml `repository`).
+const RUNBOOK_BASE: &str = concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/docs/runbook.md");
+
 /// Every alert: a summary, a description and a runbook_url whose anchor is a section of
 /// docs/runbook.md that says what it means and what to do.
 #[test]
@@ -577,10 +580,12 @@ fn every_alert_has_a_summary_a_description_and_a_runbook_section() {
                 "{name}: no {k}"
             );
         }
+        // Absolute, so that Alertmanager can link it; the one base is in
+        // deploy/gen-prometheusrule.sh, and points at this repository's runbook.
         let anchor = name.to_lowercase();
         assert_eq!(
             ann["runbook_url"],
-            format!("docs/runbook.md#{anchor}"),
+            format!("{RUNBOOK_BASE}#{anchor}"),
             "{name}: runbook_url"
         );
         let body = sections

@@ -114,7 +114,7 @@ fn metrics_page_passes_promtool_and_names_origin_build_and_process() {
         "aether_replicator_peer_txn_ops_limit",
         "aether_replicator_peer_request_bytes_limit",
         "aether_replicator_origin_copy_present",
-        "aether_replicator_origin_lease_ttl_seconds",
+        "aether_replicator_origin_lease_remaining_seconds",
     ] {
         assert!(metric(&page, name).is_some(), "{name} missing:\n{page}");
     }
@@ -175,7 +175,10 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
             "{}",
             r.log_text()
         );
-        assert_eq!(incoming(r, "origin_lease_ttl_seconds", "b"), Some(0.0));
+        assert_eq!(
+            incoming(r, "origin_lease_remaining_seconds", "b"),
+            Some(0.0)
+        );
     }
 
     // b mirrors into a's etcd: both replicas of a see the copy and its lease.
@@ -187,7 +190,7 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
                 "origin_copy_present",
                 "b"
             ) == Some(1.0)
-                && incoming(r, "origin_lease_ttl_seconds", "b")
+                && incoming(r, "origin_lease_remaining_seconds", "b")
                     .is_some_and(|t| t > 0.0)),
             "{}\n---\n{}",
             r.log_text(),
@@ -207,7 +210,7 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
             r.scrape()
         );
     }
-    let ttl = incoming(&standby_a, "origin_lease_ttl_seconds", "b").unwrap();
+    let ttl = incoming(&standby_a, "origin_lease_remaining_seconds", "b").unwrap();
     assert!(ttl <= 4.0, "{ttl}");
     assert!(!standby_a.is_leader());
 
@@ -221,7 +224,7 @@ fn every_replica_reports_the_incoming_copies_and_their_lapse() {
                 "origin_copy_present",
                 "b"
             ) == Some(0.0)
-                && incoming(r, "origin_lease_ttl_seconds", "b") == Some(0.0)),
+                && incoming(r, "origin_lease_remaining_seconds", "b") == Some(0.0)),
             "{}",
             r.log_text()
         );
@@ -274,7 +277,7 @@ fn status_reports_a_healthy_region_and_a_broken_one() {
     etcd_a.etcdctl_ok(&["put", "/aether/v1/regions/a/k", "v"]);
     for r in [&a, &b] {
         assert!(
-            wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()),
+            wait_until(Duration::from_secs(30), || r.synced()),
             "{}",
             r.log_text()
         );

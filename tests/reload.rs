@@ -86,6 +86,32 @@ fn spawn(config: &str, src: &Etcd) -> Replicator {
     ])
 }
 
+/// The replicator of region a, reading peer b's TLS files from `mount`
+/// and re-reading them every second.
+fn spawn_with_mount(dir: &Path, src: &Etcd, dst: &Etcd, mount: &SecretMount) -> Replicator {
+    let config = write_file(
+        dir,
+        "a.toml",
+        &format!(
+            r#"
+region = "a"
+lease_ttl = "20s"
+reload_interval = "1s"
+[peers.b]
+endpoints = ["{dst}"]
+ca = "{ca}"
+cert = "{cert}"
+key = "{key}"
+"#,
+            dst = dst.endpoint(),
+            ca = mount.path("ca.crt"),
+            cert = mount.path("tls.crt"),
+            key = mount.path("tls.key"),
+        ),
+    );
+    spawn(&config, src)
+}
+
 /// A running replicator and a client of its local etcd.
 struct Rig<'a> {
     rt: &'a tokio::runtime::Runtime,
@@ -131,27 +157,7 @@ fn rotated_certificates_are_used_without_a_restart() {
     let src = Etcd::start();
     let mut dst = Etcd::builder().tls(server.clone()).start();
     let mut mount = SecretMount::new(&pki.path().join("mount"), &server);
-    let config = write_file(
-        pki.path(),
-        "a.toml",
-        &format!(
-            r#"
-region = "a"
-lease_ttl = "20s"
-reload_interval = "1s"
-[peers.b]
-endpoints = ["{dst}"]
-ca = "{ca}"
-cert = "{cert}"
-key = "{key}"
-"#,
-            dst = dst.endpoint(),
-            ca = mount.path("ca.crt"),
-            cert = mount.path("tls.crt"),
-            key = mount.path("tls.key"),
-        ),
-    );
-    let replica = spawn(&config, &src);
+    let replica = spawn_with_mount(pki.path(), &src, &dst, &mount);
     let rig = Rig {
         rt: &rt,
         replica: &replica,
@@ -184,6 +190,97 @@ key = "{key}"
         replica.log_text().contains("reloaded rotated files"),
         "{}",
         replica.log_text()
+    );
+}
+
+/// The expiry of each file in use shows as a gauge from the start. A
+/// rotation to an expired client certificate is refused and counted, every
+/// round while it lasts; the replicator keeps the files it has and keeps
+/// mirroring. A good rotation after it is taken, and its expiry shows.
+#[test]
+fn an_expired_rotation_is_refused_and_counted_and_expiry_shows() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let pki = tempfile::tempdir().unwrap();
+    let server = generate_mtls(&pki.path().join("server"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    const DAY: i64 = 86_400;
+    // The client certificate in use expires in 20 days.
+    let (cert, key) = server.issue_client_cert_valid("root", now - DAY, now + 20 * DAY);
+    let mut current = server.clone();
+    (current.client_cert, current.client_key) = (cert, key);
+    let src = Etcd::start();
+    let dst = Etcd::builder().tls(server.clone()).start();
+    let mut mount = SecretMount::new(&pki.path().join("mount"), &current);
+    let replica = spawn_with_mount(pki.path(), &src, &dst, &mount);
+    let rig = Rig {
+        rt: &rt,
+        replica: &replica,
+        src: Client::connect(ClientConfig::new(src.endpoints())).unwrap(),
+    };
+    let d = reader(&dst, &server);
+    rig.assert_mirrored(&d, &format!("{PREFIX}10.0.0.1"), "1", 30, "");
+    let file = mount.path("tls.crt");
+    let expiry = |page: &str| {
+        metric(
+            page,
+            &format!(
+                "aether_replicator_certificate_expiry_timestamp_seconds{{peer=\"b\",file=\"{file}\"}}"
+            ),
+        )
+    };
+    let failures = |page: &str| metric(page, "aether_replicator_reload_failures_total{peer=\"b\"}");
+    let page = replica.scrape().unwrap_or_default();
+    assert_eq!(expiry(&page), Some((now + 20 * DAY) as f64), "{page}");
+    assert_eq!(failures(&page), Some(0.0), "{page}");
+
+    // Rotated to a certificate that expired yesterday: refused, counted
+    // round after round, the gauge still on the files in use.
+    let (cert, key) = server.issue_client_cert_valid("expired", now - 30 * DAY, now - DAY);
+    (current.client_cert, current.client_key) = (cert, key);
+    mount.update(&current);
+    let mut page = String::new();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            page = replica.scrape().unwrap_or_default();
+            failures(&page).is_some_and(|n| n >= 2.0)
+        }),
+        "the expired rotation was not counted twice: {page}"
+    );
+    assert_eq!(expiry(&page), Some((now + 20 * DAY) as f64), "{page}");
+    rig.assert_mirrored(
+        &d,
+        &format!("{PREFIX}10.0.0.2"),
+        "2",
+        30,
+        " with the old files kept",
+    );
+    assert!(
+        replica.log_text().contains("expired on"),
+        "{}",
+        replica.log_text()
+    );
+
+    // A good rotation: taken, and its expiry shows.
+    let (cert, key) = server.issue_client_cert_valid("root2", now - DAY, now + 90 * DAY);
+    (current.client_cert, current.client_key) = (cert, key);
+    mount.update(&current);
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            page = replica.scrape().unwrap_or_default();
+            expiry(&page) == Some((now + 90 * DAY) as f64)
+        }),
+        "the good rotation's expiry never showed: {page}"
+    );
+    rig.assert_mirrored(
+        &d,
+        &format!("{PREFIX}10.0.0.3"),
+        "3",
+        30,
+        " after the good rotation",
     );
 }
 

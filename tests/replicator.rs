@@ -154,25 +154,24 @@ async fn metrics_and_health_over_http() {
             .unwrap()
     };
     assert_eq!(get("/healthz").await.map(|r| r.0), Some(200));
-    // A standby is ready too; wait for the campaign so that ready means
-    // "leading and synced".
-    assert!(
-        common::wait_until_async(Duration::from_secs(20), || state
-            .is_leader
-            .load(std::sync::atomic::Ordering::Relaxed))
-        .await
-    );
+    // Ready once the campaign holds a session; then leading, then synced.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while get("/readyz").await.map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "never ready");
+    let mut page = String::new();
+    loop {
+        let ready = get("/readyz").await.map(|r| r.0);
+        page = get("/metrics").await.map(|r| r.1).unwrap_or(page);
+        if ready == Some(200)
+            && metric(&page, "aether_replicator_is_leader") == Some(1.0)
+            && metric(&page, "aether_replicator_peer_synced{peer=\"b\"}") == Some(1.0)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never ready, leading and synced: /readyz {ready:?}, metrics:\n{page}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let page = get("/metrics").await.unwrap().1;
-    assert_eq!(metric(&page, "aether_replicator_is_leader"), Some(1.0));
-    assert_eq!(
-        metric(&page, "aether_replicator_peer_synced{peer=\"b\"}"),
-        Some(1.0)
-    );
     assert_eq!(
         metric(&page, "aether_replicator_peer_up{peer=\"b\"}"),
         Some(1.0)
@@ -188,8 +187,19 @@ async fn metrics_and_health_over_http() {
         metric(&page, "aether_replicator_sync_keys_put_total{peer=\"b\"}"),
         Some(20.0)
     );
-    let ttl = metric(&page, "aether_replicator_lease_ttl_seconds{peer=\"b\"}").unwrap();
+    let ttl = metric(
+        &page,
+        "aether_replicator_lease_remaining_seconds{peer=\"b\"}",
+    )
+    .unwrap();
     assert!(ttl > 0.0 && ttl <= 6.0, "{ttl}");
+    assert_eq!(
+        metric(
+            &page,
+            "aether_replicator_lease_granted_ttl_seconds{peer=\"b\"}"
+        ),
+        Some(6.0)
+    );
     // A live write shows up in the counters and the latency histogram.
     client(&src)
         .put(Put::new(format!("{PREFIX}live"), "x"))
@@ -393,7 +403,7 @@ fn check_reports_match_and_divergence() {
     assert!(text.contains("missing=50"), "{text}");
 
     let mut r = Replicator::spawn(&argv);
-    assert!(wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()));
+    assert!(wait_until(Duration::from_secs(30), || r.synced()));
     assert!(wait_until(Duration::from_secs(10), || check()
         .status
         .code()
@@ -487,7 +497,8 @@ fn an_unreachable_peer_at_startup_holds_back_nothing() {
     argv.push(format!("--peer-etcd=c=http://{dead}"));
     let r = Replicator::spawn(&argv);
     // b is mirrored in full while c cannot be reached; the process serves
-    // health and metrics throughout and reports c as down, not ready.
+    // health and metrics throughout and reports c as down. Every replica
+    // stays ready: readiness gates drains, and a drain cannot fix region c.
     assert!(wait_until(Duration::from_secs(30), || rt
         .block_on(count(&d))
         == 30));
@@ -504,7 +515,16 @@ fn an_unreachable_peer_at_startup_holds_back_nothing() {
         })
     }));
     assert_eq!(http_get(r.metrics, "/healthz").map(|x| x.0), Some(200));
-    assert_eq!(http_get(r.metrics, "/readyz").map(|x| x.0), Some(503));
+    assert_eq!(http_get(r.metrics, "/readyz").map(|x| x.0), Some(200));
+    // A second replica, started once r leads, stands by: ready as well.
+    assert!(r.is_leader());
+    let standby = Replicator::spawn(&argv);
+    assert!(
+        wait_until(Duration::from_secs(10), || standby.ready()),
+        "the standby never became ready; its log:\n{}",
+        standby.log_text()
+    );
+    assert!(!standby.is_leader());
     rt.block_on(s.put(Put::new(format!("{PREFIX}live"), "1")))
         .unwrap();
     assert!(wait_until(Duration::from_secs(10), || rt
@@ -688,7 +708,7 @@ fn an_oversized_value_is_logged_once_with_its_key_and_counted() {
     let dst = Etcd::start();
     let (s, d) = (client(&src), client(&dst));
     let r = Replicator::spawn(&args(&src, &dst, "6s"));
-    assert!(wait_until(Duration::from_secs(30), || r.ready() && r.is_leader()));
+    assert!(wait_until(Duration::from_secs(30), || r.synced()));
     let big = format!("{PREFIX}clusters/c/services/s/protocols/http/endpoints/10.9.9.9");
     rt.block_on(s.put(Put::new(big.clone(), vec![b'x'; 2 * 1024 * 1024])))
         .unwrap();

@@ -22,16 +22,17 @@ KNOWN = {
     # per peer
     "source_revision", "applied_revision", "lag_revisions", "apply_latency_seconds",
     "events_applied_total", "txns_applied_total", "bytes_applied_total", "errors_total",
-    "keepalive_success_total", "keepalive_failure_total", "keepalive_age_seconds", "lease_ttl_seconds",
+    "keepalive_success_total", "keepalive_failure_total", "keepalive_age_seconds", "lease_remaining_seconds", "lease_granted_ttl_seconds",
     "resyncs_total", "split_revisions_total", "sync_keys_put_total", "sync_keys_deleted_total",
     "peer_up", "peer_synced", "peer_staleness_seconds", "peer_lapsed", "lapses_total", "conflicts_total",
     "peer_conflicted", "verify_skipped_total",
     "verify_runs_total", "verify_repairs_total", "peer_txn_ops_limit", "peer_request_bytes_limit",
     "window_txns", "window_bytes", "rtt_seconds",
     # per replica
-    "is_leader", "build_info",
+    "is_leader", "build_info", "reloads_total", "reload_failures_total",
+    "certificate_expiry_timestamp_seconds",
     # incoming copies
-    "origin_copy_present", "origin_lease_ttl_seconds", "origin_staleness_seconds",
+    "origin_copy_present", "origin_lease_remaining_seconds", "origin_staleness_seconds",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 

@@ -11,7 +11,7 @@
 //!
 //! - `aether_replicator_origin_copy_present{region,origin}`: 1 while the
 //!   origin's state key exists in the local etcd;
-//! - `aether_replicator_origin_lease_ttl_seconds{region,origin}`: time left
+//! - `aether_replicator_origin_lease_remaining_seconds{region,origin}`: time left
 //!   on the lease it is attached to;
 //! - `aether_replicator_origin_staleness_seconds{region,origin}`: now minus
 //!   the heartbeat in the state key (left out while the copy is absent or

@@ -14,8 +14,13 @@
 //! so `origin` always names the region the data comes from.
 //!
 //! `/healthz` answers while the process runs; `/readyz` answers 200 when
-//! this replica is a leader whose peers are all synced, or a standby whose
-//! election session is healthy.
+//! this replica is fine: its local etcd answers and it holds its election
+//! role, leader or standby (its election session's keep-alives are answered
+//! within the election TTL). Peer health is deliberately not part of it:
+//! readiness gates Kubernetes drains and rollouts, and a peer region that is
+//! down is not something a drain or a restart of this replica fixes (it
+//! would only stall the drain). Peers show in `/status`, the metrics and the
+//! alerts.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -79,16 +84,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Whether `/readyz` answers 200.
+    /// Whether `/readyz` answers 200: the election session is healthy, as
+    /// leader or standby. Not the peers (see the module docs).
     pub fn ready(&self) -> bool {
-        if !self.session_ok.load(Relaxed) {
-            return false;
-        }
-        if !self.is_leader.load(Relaxed) {
-            return true;
-        }
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers.iter().all(|p| p.is_synced())
+        self.session_ok.load(Relaxed)
     }
 }
 
@@ -346,11 +345,25 @@ impl Collector for AppCollector {
                     .map_or(-1.0, |t| Instant::now().duration_since(t).as_secs_f64())
             }),
         )?;
+        // Named by meaning: the time left and the granted TTL are two
+        // series, so that no rule has to derive one from the other (an
+        // earlier `lease_ttl_seconds` was the time left, and a rule that
+        // read it as the TTL paged on healthy links).
         gauges(
             e,
-            "lease_ttl_seconds",
-            "Seconds left on the peer lease, judged from the last keep-alive.",
+            "lease_remaining_seconds",
+            "Seconds left on the peer lease now: its granted TTL less the time since the last answered keep-alive (0: no lease).",
             per_peer_secs(|p| p.lease_status().map_or(0.0, |s| s.ttl_left().as_secs_f64())),
+        )?;
+        gauges(
+            e,
+            "lease_granted_ttl_seconds",
+            "The TTL the peer granted the lease, as its last keep-alive answer renewed it to (0: no lease).",
+            per_peer_secs(|p| {
+                p.lease_status()
+                    .filter(|s| s.last_ok.is_some() && !s.lost)
+                    .map_or(0.0, |s| s.ttl.max(0) as f64)
+            }),
         )?;
         gauges(
             e,
@@ -482,6 +495,35 @@ impl Collector for AppCollector {
                 .into_iter()
                 .map(|(peer, n)| ([("origin", origin.to_string()), ("peer", peer)], n)),
         )?;
+        counters(
+            e,
+            "reload_failures",
+            "Reload rounds that refused the files on disk (unreadable, expired or not yet valid certificates, a key of another certificate, a missing password file); the files in use are kept. Counted every round while it lasts.",
+            state
+                .reloads
+                .failures()
+                .into_iter()
+                .map(|(peer, n)| ([("origin", origin.to_string()), ("peer", peer)], n)),
+        )?;
+        gauges(
+            e,
+            "certificate_expiry_timestamp_seconds",
+            "Unix time at which a TLS file in use stops working: a certificate file's first certificate to expire, a CA bundle's last.",
+            state
+                .reloads
+                .expiries()
+                .into_iter()
+                .map(|((peer, file), t)| {
+                    (
+                        [
+                            ("origin", origin.to_string()),
+                            ("peer", peer),
+                            ("file", file),
+                        ],
+                        t,
+                    )
+                }),
+        )?;
 
         // The incoming side: labelled by this region and the origin that
         // wrote the copy, as the per-peer series are by origin and peer.
@@ -497,8 +539,8 @@ impl Collector for AppCollector {
         )?;
         gauges(
             e,
-            "origin_lease_ttl_seconds",
-            "Seconds left on the lease of the origin region's copy in this region's etcd (0: none).",
+            "origin_lease_remaining_seconds",
+            "Seconds left on the lease of the origin region's copy in this region's etcd, as of the last lookup (0: none).",
             incoming
                 .iter()
                 .map(|(o, s)| (by_origin(o), s.ttl_left().as_secs_f64())),

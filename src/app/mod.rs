@@ -6,6 +6,8 @@
 //! - [`election`]: leader election among one region's replicas.
 //! - [`metrics`]: `/metrics`, `/healthz` and `/readyz`; [`process`]: the
 //!   `process_*` metrics.
+//! - [`certs`]: certificates valid now, keys that match them, and when
+//!   each TLS file expires.
 //! - [`reload`]: re-reads rotated TLS and password files while running.
 //! - [`incoming`]: every replica follows the copies other regions mirror
 //!   into the local etcd.
@@ -21,6 +23,7 @@
 //! Behind the default `app` feature, so the client and the engine can be
 //! used without clap and the HTTP server.
 
+pub mod certs;
 pub mod check;
 pub mod config;
 pub mod election;

@@ -24,30 +24,64 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::certs::{self, FileExpiry};
 use super::config::{PasswordFile, read_password};
 use crate::etcd::{Client, Credentials};
 
-/// Reloads done, by etcd: the label `peer` is the peer's region, or this
-/// region's name for the local etcd (no peer can have it).
+/// Reloads done and refused, and when each TLS file expires, by etcd: the
+/// label `peer` is the peer's region, or this region's name for the local
+/// etcd (no peer can have it).
 #[derive(Debug, Default)]
-pub struct ReloadCounts(Mutex<BTreeMap<String, u64>>);
+pub struct ReloadCounts {
+    done: Mutex<BTreeMap<String, u64>>,
+    failed: Mutex<BTreeMap<String, u64>>,
+    /// (peer, file) -> Unix seconds.
+    expiry: Mutex<BTreeMap<(String, String), i64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 impl ReloadCounts {
     /// Counts one reload for `peer`.
     pub fn add(&self, peer: &str) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *m.entry(peer.to_string()).or_default() += 1;
+        *lock(&self.done).entry(peer.to_string()).or_default() += 1;
+    }
+
+    /// Counts one refused round for `peer`.
+    pub fn fail(&self, peer: &str) {
+        *lock(&self.failed).entry(peer.to_string()).or_default() += 1;
+    }
+
+    /// Records when `peer`'s TLS files expire, replacing what it had.
+    pub fn set_expiry(&self, peer: &str, files: &[FileExpiry]) {
+        let mut m = lock(&self.expiry);
+        m.retain(|(p, _), _| p != peer);
+        for f in files {
+            m.insert((peer.to_string(), f.file.clone()), f.not_after);
+        }
     }
 
     /// Reloads so far, by peer (every watched etcd, zero included).
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.done).clone()
+    }
+
+    /// Refused rounds so far, by peer (every watched etcd, zero included).
+    pub fn failures(&self) -> BTreeMap<String, u64> {
+        lock(&self.failed).clone()
+    }
+
+    /// When each TLS file expires, by (peer, file), in Unix seconds.
+    pub fn expiries(&self) -> BTreeMap<(String, String), i64> {
+        lock(&self.expiry).clone()
     }
 
     /// Makes `peer` show (at zero) before its first reload.
     fn register(&self, peer: &str) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.entry(peer.to_string()).or_default();
+        lock(&self.done).entry(peer.to_string()).or_default();
+        lock(&self.failed).entry(peer.to_string()).or_default();
     }
 }
 
@@ -62,6 +96,9 @@ pub struct Target {
     pub password_file: Option<PasswordFile>,
     /// The password last handed to the client.
     last_password: Option<String>,
+    /// The last problem logged, so that a file that stays bad is logged
+    /// once (and counted every round).
+    last_problem: Option<String>,
 }
 
 impl Target {
@@ -82,6 +119,30 @@ impl Target {
             client,
             password_file,
             last_password,
+            last_problem: None,
+        }
+    }
+
+    /// Checks the TLS files in use and records when they expire. At
+    /// start-up, whether or not anything is reloaded later.
+    pub fn record_expiry(&self, counts: &ReloadCounts) {
+        if let Some(tls) = &self.client.config().tls
+            && let Ok(files) = certs::check(tls, std::time::SystemTime::now())
+        {
+            counts.set_expiry(&self.name, &files);
+        }
+    }
+
+    /// Counts a refused round and logs it, once while it stays the same.
+    fn refuse(&mut self, counts: &ReloadCounts, what: &str, problem: String) {
+        counts.fail(&self.name);
+        if self.last_problem.as_ref() != Some(&problem) {
+            tracing::warn!(
+                peer = %self.name,
+                error = %problem,
+                "{what} could not be reloaded; keeping the ones in use"
+            );
+            self.last_problem = Some(problem);
         }
     }
 
@@ -91,19 +152,33 @@ impl Target {
     }
 
     /// One round: re-reads the files, updates the client. Returns what was
-    /// reloaded ("tls", "password").
-    fn check(&mut self) -> Vec<&'static str> {
+    /// reloaded ("tls", "password"); a refusal is counted in `counts`.
+    ///
+    /// TLS files are checked first ([`certs::check`]): an expired or not
+    /// yet valid certificate, or a key of another certificate, is not
+    /// handed to the client, which keeps the files it has.
+    fn check(&mut self, counts: &ReloadCounts) -> Vec<&'static str> {
         let mut done = Vec::new();
-        match self.client.reload_tls() {
-            Ok(true) => done.push("tls"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(
-                peer = %self.name,
-                error = %e,
-                "TLS files could not be reloaded; keeping the ones in use"
-            ),
+        let mut problem = None;
+        if let Some(tls) = self.client.config().tls.clone() {
+            match certs::check(&tls, std::time::SystemTime::now()) {
+                Err((field, why)) => problem = Some(format!("{field}: {why}")),
+                Ok(files) => match self.client.reload_tls() {
+                    Ok(changed) => {
+                        counts.set_expiry(&self.name, &files);
+                        if changed {
+                            done.push("tls");
+                        }
+                    }
+                    Err(e) => problem = Some(e.to_string()),
+                },
+            }
         }
-        if let Some(file) = &self.password_file {
+        let mut refused = problem.is_some();
+        if let Some(p) = problem {
+            self.refuse(counts, "TLS files", p);
+        }
+        if let Some(file) = self.password_file.clone() {
             match read_password(&file.path) {
                 Ok(password) if self.last_password.as_ref() != Some(&password) => {
                     self.client.set_credentials(Some(Credentials {
@@ -114,13 +189,14 @@ impl Target {
                     done.push("password");
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    peer = %self.name,
-                    path = %file.path,
-                    error = %e,
-                    "password file could not be read; keeping the password in use"
-                ),
+                Err(e) => {
+                    refused = true;
+                    self.refuse(counts, "the password file", format!("{:?}: {e}", file.path));
+                }
             }
+        }
+        if !refused {
+            self.last_problem = None;
         }
         done
     }
@@ -152,7 +228,7 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         for t in &mut targets {
-            let done = t.check();
+            let done = t.check(&counts);
             if !done.is_empty() {
                 tracing::info!(peer = %t.name, reloaded = ?done, "reloaded rotated files");
                 counts.add(&t.name);
@@ -183,18 +259,109 @@ mod tests {
             path: path.clone(),
         };
         let mut t = Target::new("b", client, Some(file));
-        assert!(t.check().is_empty(), "nothing changed yet");
+        let counts = ReloadCounts::default();
+        assert!(t.check(&counts).is_empty(), "nothing changed yet");
         // Rotation by rename, as an atomic writer does.
         let tmp = dir.path().join("pw.tmp");
         std::fs::write(&tmp, "two").unwrap();
         std::fs::rename(&tmp, &path).unwrap();
-        assert_eq!(t.check(), ["password"]);
+        assert_eq!(t.check(&counts), ["password"]);
         assert_eq!(t.last_password.as_deref(), Some("two"));
-        assert!(t.check().is_empty(), "reloaded once");
-        // A missing file keeps the password in use.
+        assert!(t.check(&counts).is_empty(), "reloaded once");
+        assert!(counts.failures().is_empty());
+        // A missing file keeps the password in use, and every round that
+        // finds it missing is counted.
         std::fs::remove_file(&path).unwrap();
-        assert!(t.check().is_empty());
+        assert!(t.check(&counts).is_empty());
+        assert!(t.check(&counts).is_empty());
         assert_eq!(t.last_password.as_deref(), Some("two"));
+        assert_eq!(counts.failures().get("b"), Some(&2));
+    }
+
+    /// A rotation to an expired certificate, or to a key of another
+    /// certificate, is refused and counted; the expiry gauge keeps the
+    /// files in use. A good rotation is taken, and its expiry shows.
+    #[tokio::test]
+    async fn a_bad_certificate_rotation_is_refused_and_counted() {
+        use std::time::SystemTime;
+        let dir = tempfile::tempdir().unwrap();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let write = |from: i64, to: i64| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+            let at = |t| {
+                x509_parser::time::ASN1Time::from_timestamp(t)
+                    .unwrap()
+                    .to_datetime()
+            };
+            params.not_before = at(from);
+            params.not_after = at(to);
+            (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+        };
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let (c, k) = write(now - 60, now + 86_400);
+        std::fs::write(&cert, &c).unwrap();
+        std::fs::write(&key, &k).unwrap();
+        let mut cfg = ClientConfig::new(["https://127.0.0.1:1"]);
+        cfg.tls = Some(crate::etcd::TlsConfig {
+            ca_file: Some(cert.to_str().unwrap().into()),
+            cert_file: Some(cert.to_str().unwrap().into()),
+            key_file: Some(key.to_str().unwrap().into()),
+            server_name: None,
+        });
+        let client = Client::connect(cfg).unwrap();
+        let mut t = Target::new("b", client, None);
+        let counts = ReloadCounts::default();
+        t.record_expiry(&counts);
+        let expiry = |c: &ReloadCounts| {
+            c.expiries()
+                .into_iter()
+                .map(|((p, _), v)| (p, v))
+                .collect::<Vec<_>>()
+        };
+        // One file serves as CA and certificate here: one series.
+        let day = vec![("b".to_string(), now + 86_400)];
+        assert_eq!(expiry(&counts), day);
+        assert!(t.check(&counts).is_empty(), "nothing changed yet");
+
+        // Expired: refused, counted, the gauge unchanged.
+        let (old, old_key) = write(now - 10 * 86_400, now - 86_400);
+        std::fs::write(&cert, &old).unwrap();
+        std::fs::write(&key, &old_key).unwrap();
+        assert!(t.check(&counts).is_empty());
+        assert_eq!(counts.failures().get("b"), Some(&1));
+        assert_eq!(
+            t.last_problem.as_deref().map(|p| p.starts_with("ca: ")),
+            Some(true)
+        );
+        assert_eq!(expiry(&counts), day);
+
+        // A valid certificate with the key of another one: refused too.
+        let (fresh, _) = write(now - 60, now + 30 * 86_400);
+        std::fs::write(&cert, &fresh).unwrap();
+        std::fs::write(&key, &k).unwrap();
+        assert!(t.check(&counts).is_empty());
+        assert_eq!(counts.failures().get("b"), Some(&2));
+        assert!(
+            t.last_problem
+                .as_deref()
+                .unwrap()
+                .contains("does not match"),
+            "{:?}",
+            t.last_problem
+        );
+
+        // Its own key: taken, and the new expiry shows.
+        let (fresh, fresh_key) = write(now - 60, now + 30 * 86_400);
+        std::fs::write(&cert, &fresh).unwrap();
+        std::fs::write(&key, &fresh_key).unwrap();
+        assert_eq!(t.check(&counts), ["tls"]);
+        assert_eq!(counts.failures().get("b"), Some(&2));
+        assert_eq!(t.last_problem, None);
+        assert_eq!(expiry(&counts), vec![("b".to_string(), now + 30 * 86_400)]);
     }
 
     #[tokio::test]

@@ -75,19 +75,23 @@ pub async fn run_with_state(
 
     // Rotated certificates and passwords, re-read while this runs; the task
     // (and its client handles) ends with `cancel`, when this returns.
+    let mut targets = vec![reload::Target::new(
+        config.region.clone(),
+        local.clone(),
+        config.local_password_file.clone(),
+    )];
+    for (region, client, _) in &peers {
+        targets.push(reload::Target::new(
+            region.clone(),
+            client.clone(),
+            config.peer_password_files.get(region).cloned(),
+        ));
+    }
+    // Certificate expiry shows from the start, reloads or not.
+    for t in &targets {
+        t.record_expiry(&state.reloads);
+    }
     if let Some(interval) = config.reload_interval {
-        let mut targets = vec![reload::Target::new(
-            config.region.clone(),
-            local.clone(),
-            config.local_password_file.clone(),
-        )];
-        for (region, client, _) in &peers {
-            targets.push(reload::Target::new(
-                region.clone(),
-                client.clone(),
-                config.peer_password_files.get(region).cloned(),
-            ));
-        }
         tokio::spawn(reload::run(
             targets,
             interval,

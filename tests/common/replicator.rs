@@ -113,8 +113,23 @@ impl Replicator {
             == Some(1.0)
     }
 
+    /// `/readyz` answers 200: this replica holds its election role (leader
+    /// or standby). Says nothing about the peers; see [`Replicator::synced`].
     pub fn ready(&self) -> bool {
         http_get(self.metrics, "/readyz").is_some_and(|(s, _)| s == 200)
+    }
+
+    /// This replica leads and reports `peer_synced 1` for every peer it has.
+    pub fn synced(&self) -> bool {
+        self.scrape().is_some_and(|p| {
+            let synced: Vec<&str> = p
+                .lines()
+                .filter(|l| l.starts_with("aether_replicator_peer_synced{"))
+                .collect();
+            metric(&p, "aether_replicator_is_leader") == Some(1.0)
+                && !synced.is_empty()
+                && synced.iter().all(|l| l.ends_with(" 1"))
+        })
     }
 
     pub fn log_text(&self) -> String {

@@ -70,7 +70,19 @@ impl TlsFiles {
         let issuer = Issuer::new(ca_params(), ca_key);
         let cert = self.dir.join(format!("client-{cn}.pem"));
         let key = self.dir.join(format!("client-{cn}-key.pem"));
-        write_client_cert(&issuer, cn, &cert, &key);
+        write_client_cert(&issuer, cn, &cert, &key, None);
+        (cert, key)
+    }
+
+    /// [`TlsFiles::issue_client_cert`], valid from `from` to `to` (Unix
+    /// seconds), written to `client-<cn>.pem` / `client-<cn>-key.pem`.
+    pub fn issue_client_cert_valid(&self, cn: &str, from: i64, to: i64) -> (PathBuf, PathBuf) {
+        let ca_key_pem = fs::read_to_string(&self.ca_key).expect("read CA key");
+        let ca_key = KeyPair::from_pem(&ca_key_pem).expect("parse CA key");
+        let issuer = Issuer::new(ca_params(), ca_key);
+        let cert = self.dir.join(format!("client-{cn}.pem"));
+        let key = self.dir.join(format!("client-{cn}-key.pem"));
+        write_client_cert(&issuer, cn, &cert, &key, Some((from, to)));
         (cert, key)
     }
 }
@@ -126,7 +138,13 @@ pub fn generate_tls(dir: &Path) -> TlsFiles {
     write(&files.ca_key, ca_key_pem);
     write(&files.server_cert, server_cert.pem());
     write(&files.server_key, server_key.serialize_pem());
-    write_client_cert(&issuer, CLIENT_CN, &files.client_cert, &files.client_key);
+    write_client_cert(
+        &issuer,
+        CLIENT_CN,
+        &files.client_cert,
+        &files.client_key,
+        None,
+    );
     files
 }
 
@@ -148,8 +166,23 @@ fn ca_params() -> CertificateParams {
     p
 }
 
-fn write_client_cert(issuer: &Issuer<'_, KeyPair>, cn: &str, cert_path: &Path, key_path: &Path) {
+fn write_client_cert(
+    issuer: &Issuer<'_, KeyPair>,
+    cn: &str,
+    cert_path: &Path,
+    key_path: &Path,
+    valid: Option<(i64, i64)>,
+) {
     let mut p = CertificateParams::new(Vec::<String>::new()).expect("client params");
+    if let Some((from, to)) = valid {
+        let at = |t| {
+            x509_parser::time::ASN1Time::from_timestamp(t)
+                .expect("a date")
+                .to_datetime()
+        };
+        p.not_before = at(from);
+        p.not_after = at(to);
+    }
     p.distinguished_name = dn(cn);
     p.use_authority_key_identifier_extension = true;
     p.key_usages = vec![

@@ -1,8 +1,12 @@
 //! One etcd's connection: its endpoints, TLS files and credentials, from
 //! the `--local-*` flags, a `--peer-*` flag or a table of the config file
 //! (`[local]`, `[peers.<region>]`). TLS and password files are read here,
-//! so that a missing one stops the start rather than the first request.
+//! so that a missing one stops the start rather than the first request, and
+//! so are the certificates' dates and the key's match ([`certs`]).
 
+use std::time::SystemTime;
+
+use super::super::certs;
 use super::super::parse::{self, CERTIFICATE, PRIVATE_KEY};
 use super::args::LocalEtcdArgs;
 use super::error::{CONFIG_FLAG, ConfigError, in_file, place};
@@ -227,12 +231,27 @@ pub(super) fn build_tls(
     if parts == TlsParts::default() {
         return Ok(None);
     }
-    Ok(Some(TlsConfig {
+    let tls = TlsConfig {
         ca_file: parts.ca,
         cert_file: parts.cert,
         key_file: parts.key,
         server_name: parts.server_name,
-    }))
+    };
+    // Expired, not yet valid, or a key of another certificate: refused
+    // now, with the file named, not at the first handshake.
+    if let Err((field, why)) = certs::check(&tls, SystemTime::now()) {
+        let path = match field {
+            "ca" => &tls.ca_file,
+            "cert" => &tls.cert_file,
+            _ => &tls.key_file,
+        };
+        let path = path.as_deref().unwrap_or_default();
+        return Err(ConfigError::new(
+            scope.flag(field),
+            format!("{} {path:?}: {why}", scope.setting(field)),
+        ));
+    }
+    Ok(Some(tls))
 }
 
 /// https:// endpoints need a CA (the client has no system roots), and TLS

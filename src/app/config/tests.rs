@@ -62,8 +62,9 @@ fn refused_in_a(args: &[&str], flag: &str, needle: &str) -> String {
     refused(&argv, flag, needle)
 }
 
-/// PEM-shaped files for the TLS flags (validation reads only the
-/// framing; the handshake tests use real certificates).
+/// A CA, and a certificate with its key, valid now: validation reads the
+/// certificates' dates and whether the key is the certificate's
+/// (`app::certs`); the handshake tests use a real etcd.
 struct Pki {
     _dir: tempfile::TempDir,
     ca: String,
@@ -73,19 +74,20 @@ struct Pki {
 
 fn pki() -> Pki {
     let dir = tempfile::tempdir().unwrap();
-    let file = |name: &str, kind: &str| {
+    let file = |name: &str, pem: String| {
         let path = dir.path().join(name);
-        std::fs::write(
-            &path,
-            format!("-----BEGIN {kind}-----\nAA==\n-----END {kind}-----\n"),
-        )
-        .unwrap();
+        std::fs::write(&path, pem).unwrap();
         path.to_str().unwrap().to_string()
     };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
     Pki {
-        ca: file("ca.pem", "CERTIFICATE"),
-        cert: file("cert.pem", "CERTIFICATE"),
-        key: file("key.pem", "PRIVATE KEY"),
+        ca: file("ca.pem", cert.pem()),
+        cert: file("cert.pem", cert.pem()),
+        key: file("key.pem", key.serialize_pem()),
         _dir: dir,
     }
 }
