@@ -288,7 +288,7 @@ pub const PEER_ETCD_FORM: &str = "<region>=<url>[,<url>...]";
 /// The form of a `--peer-tls` value.
 pub const PEER_TLS_FORM: &str = "<region>=ca=<path>,cert=<path>,key=<path>,server-name=<name>";
 /// The form of a `--peer-auth` value.
-pub const PEER_AUTH_FORM: &str = "<region>=<user>:<password>";
+pub const PEER_AUTH_FORM: &str = "<region>=<user>:@<password-file>";
 
 /// Checks the region part of a `<region>=...` peer spec: a key segment.
 pub fn check_peer_region(peer: &str) -> Result<(), String> {
@@ -348,19 +348,30 @@ pub fn parse_tls_settings(fields: &str) -> Result<TlsSettings, String> {
 }
 
 /// Parses the credentials part of a `--peer-auth` value (after
-/// `<region>=`): `<user>:<password>`, the password being everything after
-/// the first ':'. No error repeats the value: it holds a password.
+/// `<region>=`): `<user>:@<path>`, the path of the password file being
+/// everything after the first ":@". Returns (user, path). No error repeats
+/// the value: it may hold a password given by mistake.
 pub fn parse_user_password(creds: &str) -> Result<(&str, &str), String> {
-    let Some((user, password)) = creds.split_once(':') else {
+    let Some((user, file)) = creds.split_once(':') else {
         return Err(format!("missing ':' (expected {PEER_AUTH_FORM})"));
     };
     if user.is_empty() {
         return Err("empty user".into());
     }
-    if password.is_empty() {
-        return Err("empty password".into());
+    // Never echo what follows the ':': it may be a password given by
+    // mistake.
+    let Some(path) = file.strip_prefix('@') else {
+        return Err(format!(
+            "passwords are read from files only, never from the command line or the \
+             environment: give {PEER_AUTH_FORM}"
+        ));
+    };
+    if path.is_empty() {
+        return Err(format!(
+            "empty password file path (expected {PEER_AUTH_FORM})"
+        ));
     }
-    Ok((user, password))
+    Ok((user, path))
 }
 
 /// Endpoint URLs [`is_valid_url`] takes, for its tests and the command
@@ -517,11 +528,13 @@ mod tests {
             let err = parse_tls_settings(bad).unwrap_err();
             assert!(err.contains(why), "{bad:?}: {err}");
         }
-        assert_eq!(parse_user_password("u:p:a=ss"), Ok(("u", "p:a=ss")));
+        assert_eq!(parse_user_password("u:@/p:a=ss"), Ok(("u", "/p:a=ss")));
         for (bad, why) in [
             ("u", "missing ':'"),
-            (":pw", "empty user"),
-            ("u:", "empty password"),
+            (":@pw", "empty user"),
+            ("u:@", "empty password file path"),
+            ("u:pw", "passwords are read from files only"),
+            ("u:", "passwords are read from files only"),
         ] {
             let err = parse_user_password(bad).unwrap_err();
             assert!(err.contains(why) && !err.contains("pw"), "{bad:?}: {err}");

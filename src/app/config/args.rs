@@ -150,7 +150,7 @@ pub struct LocalEtcdArgs {
     )]
     pub local_server_name: Option<String>,
 
-    /// etcd user for the local etcd; needs --local-password.
+    /// etcd user for the local etcd; needs --local-password-file.
     #[arg(
         long,
         env = "AETHER_REPLICATOR_LOCAL_USER",
@@ -159,14 +159,26 @@ pub struct LocalEtcdArgs {
     )]
     pub local_user: Option<String>,
 
-    /// Password of --local-user. Prefer the environment variable: a command
-    /// line is visible to every local user.
+    /// File holding the password of --local-user (one line; re-read when it
+    /// changes). Passwords are read from files only: a command line and an
+    /// environment are visible to every local user and to `kubectl
+    /// describe`.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOCAL_PASSWORD_FILE",
+        value_name = "PATH",
+        help_heading = "Local etcd"
+    )]
+    pub local_password_file: Option<String>,
+
+    /// Refused, with the file form in the error: a password on the command
+    /// line or in the environment (kept so that the error says what to do
+    /// instead of "unexpected argument").
     #[arg(
         long,
         env = "AETHER_REPLICATOR_LOCAL_PASSWORD",
-        hide_env_values = true,
-        value_name = "PASSWORD",
-        help_heading = "Local etcd"
+        hide = true,
+        hide_env_values = true
     )]
     pub local_password: Option<Secret>,
 }
@@ -388,16 +400,16 @@ pub struct RunArgs {
     )]
     pub peer_tls: Vec<String>,
 
-    /// etcd user and password for one peer's etcd. Once per peer.
+    /// etcd user for one peer's etcd, and the file holding its password
+    /// (one line; re-read when it changes). Once per peer.
     ///
-    /// The password is everything after the first ':' and cannot contain
-    /// ';', which separates several peers in one value. Prefer the
-    /// environment variable: a command line is visible to every local user.
+    /// Passwords are read from files only, never from the command line or
+    /// the environment: `b=mirror-a:@/etc/aether/peer-b/password`.
     #[arg(
         long,
         env = "AETHER_REPLICATOR_PEER_AUTH",
         hide_env_values = true,
-        value_name = "REGION=USER:PASSWORD",
+        value_name = "REGION=USER:@PATH",
         value_delimiter = ';',
         help_heading = "Peer etcd TLS and auth"
     )]

@@ -34,7 +34,7 @@ impl LocalEtcdArgs {
     /// Like [`LocalEtcdArgs::validate`], with the config file's `[local]`
     /// table under the flags: `--local-etcd` replaces its `endpoints`; any
     /// of the TLS flags replace its `ca`, `cert`, `key` and `server_name`
-    /// together; `--local-user`/`--local-password` replace its `username`
+    /// together; `--local-user`/`--local-password-file` replace its `username`
     /// and `password_file`. Also returns the password file in use.
     pub(super) fn validate_with(
         &self,
@@ -70,12 +70,20 @@ impl LocalEtcdArgs {
         };
         let tls = build_tls(tls, scope)?;
         check_tls_for_endpoints(scope, &endpoints, tls.as_ref())?;
-        let flag_auth = self.local_user.is_some() || self.local_password.is_some();
+        if self.local_password.is_some() {
+            return Err(ConfigError::new(
+                "--local-password",
+                "--local-password (or AETHER_REPLICATOR_LOCAL_PASSWORD): passwords are read from \
+                 files only, never from the command line or the environment: give \
+                 --local-password-file PATH (or password_file in the config file's [local])",
+            ));
+        }
+        let flag_auth = self.local_user.is_some() || self.local_password_file.is_some();
         let (credentials, password_file) = match (flag_auth, file) {
             (false, Some((path, _))) => {
                 file_credentials(path, TABLE, table.cloned().unwrap_or_default())?
             }
-            _ => (self.flag_credentials()?, None),
+            _ => self.flag_credentials()?,
         };
         let config = ClientConfig {
             tls,
@@ -85,31 +93,37 @@ impl LocalEtcdArgs {
         Ok((config, password_file))
     }
 
-    fn flag_credentials(&self) -> Result<Option<Credentials>, ConfigError> {
-        match (&self.local_user, &self.local_password) {
-            (None, None) => Ok(None),
+    fn flag_credentials(&self) -> Result<(Option<Credentials>, Option<PasswordFile>), ConfigError> {
+        match (&self.local_user, &self.local_password_file) {
+            (None, None) => Ok((None, None)),
             (Some(_), None) => Err(ConfigError::new(
                 "--local-user",
-                "--local-user needs --local-password (or AETHER_REPLICATOR_LOCAL_PASSWORD)",
+                "--local-user needs --local-password-file",
             )),
             (None, Some(_)) => Err(ConfigError::new(
-                "--local-password",
-                "--local-password needs --local-user",
+                "--local-password-file",
+                "--local-password-file needs --local-user",
             )),
-            (Some(user), Some(password)) => {
+            (Some(user), Some(path)) => {
                 if user.is_empty() {
                     return Err(ConfigError::new("--local-user", "--local-user: empty user"));
                 }
-                if password.expose().is_empty() {
-                    return Err(ConfigError::new(
-                        "--local-password",
-                        "--local-password: empty password",
-                    ));
-                }
-                Ok(Some(Credentials {
-                    user: user.clone(),
-                    password: password.expose().to_string(),
-                }))
+                let password = read_password(path).map_err(|why| {
+                    ConfigError::new(
+                        "--local-password-file",
+                        format!("--local-password-file {path:?}: {why}"),
+                    )
+                })?;
+                Ok((
+                    Some(Credentials {
+                        user: user.clone(),
+                        password,
+                    }),
+                    Some(PasswordFile {
+                        user: user.clone(),
+                        path: path.clone(),
+                    }),
+                ))
             }
         }
     }

@@ -16,10 +16,10 @@
 //! - `--region <name>` (required): the region this replicator mirrors.
 //! - `--local-etcd <url>[,<url>...]`: this region's etcd, with
 //!   `--local-ca`, `--local-cert`, `--local-key`, `--local-server-name`,
-//!   `--local-user` and `--local-password` for its TLS and auth.
+//!   `--local-user` and `--local-password-file` for its TLS and auth.
 //! - `--peer-etcd <region>=<url>[,<url>...]`, once per peer region, with
 //!   per peer `--peer-tls <region>=ca=<path>,cert=<path>,key=<path>,server-name=<name>`
-//!   (any subset) and `--peer-auth <region>=<user>:<password>`.
+//!   (any subset) and `--peer-auth <region>=<user>:@<password-file>`.
 //! - Mirror tuning: `--lease-ttl`, `--election-ttl`, `--max-txn-ops`,
 //!   `--max-request-bytes`, `--max-inflight`, `--page-size`, `--root`.
 //! - Process: `--metrics-addr`, `--log-format`, `--replica-id`,
@@ -92,9 +92,12 @@
 //! line wins over its variable. The repeatable flags (`--peer-etcd`,
 //! `--peer-tls`, `--peer-auth`) split a value on `;`, so one variable can
 //! hold several peers: `AETHER_REPLICATOR_PEER_ETCD='b=http://b:2379;c=http://c:2379'`.
-//! Passwords are best given through the environment
-//! (`AETHER_REPLICATOR_LOCAL_PASSWORD`, `AETHER_REPLICATOR_PEER_AUTH`),
-//! which `--help` does not print.
+//! Passwords are read from files only, as the config file's
+//! `password_file`: a command line is visible to every local user and an
+//! environment to `kubectl describe` and crash reporters. A password given
+//! by flag or variable (`--local-password`, `--peer-auth b=u:pw`) is refused
+//! with the file form in the error, and never echoed. Password files given
+//! by flag are re-read on rotation like the file's.
 //!
 //! clap checks the syntax (a missing `--region`, a number that is not one);
 //! [`RunArgs::validate`] checks everything else and names the flag at fault

@@ -8,7 +8,7 @@ use super::super::parse::{self, PEER_AUTH_FORM, PEER_ETCD_FORM, PEER_TLS_FORM, n
 use super::args::{RunArgs, Secret};
 use super::connection::{
     PasswordFile, Scope, build_tls, check_tls_for_endpoints, file_credentials, file_endpoints,
-    file_tls, parse_endpoints,
+    file_tls, parse_endpoints, read_password,
 };
 use super::error::{CONFIG_FLAG, ConfigError, Origin, in_file, place};
 use super::limits::txn_limits;
@@ -110,11 +110,18 @@ impl RunArgs {
             true,
             &is_peer,
             |creds| {
-                let (user, password) = parse::parse_user_password(creds)?;
-                Ok(Credentials {
-                    user: user.to_string(),
-                    password: password.to_string(),
-                })
+                let (user, path) = parse::parse_user_password(creds)?;
+                let password = read_password(path).map_err(|why| format!("{path:?}: {why}"))?;
+                Ok((
+                    Credentials {
+                        user: user.to_string(),
+                        password,
+                    },
+                    PasswordFile {
+                        user: user.to_string(),
+                        path: path.to_string(),
+                    },
+                ))
             },
         )?;
 
@@ -167,7 +174,7 @@ impl RunArgs {
             };
             check_tls_for_endpoints(scope, &endpoints, tls.as_ref())?;
             let (credentials, password_file) = match (auth.remove(&peer), table) {
-                (Some(c), _) => (Some(c), None),
+                (Some((c, file)), _) => (Some(c), Some(file)),
                 (None, Some(t)) => file_credentials(path, &table_path, t.etcd())?,
                 (None, None) => (None, None),
             };

@@ -70,6 +70,8 @@ struct Pki {
     ca: String,
     cert: String,
     key: String,
+    /// A password file holding "pw".
+    password: String,
 }
 
 fn pki() -> Pki {
@@ -88,6 +90,7 @@ fn pki() -> Pki {
         ca: file("ca.pem", cert.pem()),
         cert: file("cert.pem", cert.pem()),
         key: file("key.pem", key.serialize_pem()),
+        password: file("password", "pw\n".into()),
         _dir: dir,
     }
 }
@@ -145,9 +148,9 @@ fn every_flag_has_its_env_var() {
             n += 1;
         }
         // The 20 of the flags' first version, plus --config,
-        // --replica-id, --reload-interval, the four freshness flags and
-        // --peer-connections.
-        assert_eq!(n, 28);
+        // --replica-id, --reload-interval, the four freshness flags,
+        // --peer-connections and --local-password-file.
+        assert_eq!(n, 29);
     }
 }
 
@@ -175,6 +178,8 @@ fn everything_set() {
     let local_cert = format!("--local-cert={}", pki.cert);
     let local_key = format!("--local-key={}", pki.key);
     let local_ca = format!("--local-ca={}", pki.ca);
+    let local_password = format!("--local-password-file={}", pki.password);
+    let peer_auth = format!("--peer-auth=c=mirror:@{}", pki.password);
     let peer_tls = format!(
         "b=ca={},cert={},key={},server-name=etcd.b",
         pki.ca, pki.cert, pki.key
@@ -187,13 +192,13 @@ fn everything_set() {
         &local_key,
         "--local-server-name=etcd.a",
         "--local-user=root",
-        "--local-password=pw",
+        &local_password,
         "--peer-etcd=b=https://b1:2379,https://b2:2379",
         "--peer-etcd",
         "c=http://c:2379",
         "--peer-tls",
         &peer_tls,
-        "--peer-auth=c=mirror:p:a=ss",
+        &peer_auth,
         "--lease-ttl=1m30s",
         "--election-ttl=20s",
         "--max-txn-ops=64",
@@ -235,7 +240,7 @@ fn everything_set() {
     assert_eq!(c.peers[1].client.tls, None);
     let mirror = Credentials {
         user: "mirror".into(),
-        password: "p:a=ss".into(),
+        password: "pw".into(),
     };
     assert_eq!(c.peers[1].client.credentials, Some(mirror));
 
@@ -296,12 +301,14 @@ fn bad_metrics_addr_is_a_clap_error() {
 
 #[test]
 fn several_peers_in_one_value() {
+    let pki = pki();
+    let auth = format!("b=u:@{0};c=v:@{0}", pki.password);
     let c = config(&[
         "--region=a",
         "--peer-etcd",
         "b=http://b:2379;c=http://c1:2379,http://c2:2379",
         "--peer-auth",
-        "b=u:p;c=v:q",
+        &auth,
     ])
     .unwrap();
     let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
@@ -313,19 +320,47 @@ fn several_peers_in_one_value() {
     assert_eq!(c.peers[1].client.credentials.as_ref().unwrap().user, "v");
 }
 
+/// Passwords come from files only: one on the command line (or in its
+/// variable) is refused with the file form in the error, and never echoed;
+/// one read from a file is not in any Debug output.
 #[test]
-fn passwords_are_not_in_debug_output() {
+fn passwords_are_read_from_files_only_and_never_shown() {
+    for (args, flag, form) in [
+        (
+            &["--local-user=root", "--local-password=hunter2"][..],
+            "--local-password",
+            "--local-password-file PATH",
+        ),
+        (
+            &["--peer-etcd=b=http://b:2379", "--peer-auth=b=u:hunter2"][..],
+            "--peer-auth",
+            "<region>=<user>:@<password-file>",
+        ),
+    ] {
+        let msg = refused_in_a(args, flag, "files only");
+        assert!(msg.contains(form), "{msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+    }
+    let pki = pki();
+    std::fs::write(&pki.password, "swordfish\n").unwrap();
     let cli = parse(&[
         "--region=a",
         "--local-user=root",
-        "--local-password=hunter2",
+        &format!("--local-password-file={}", pki.password),
         "--peer-etcd=b=http://b:2379",
-        "--peer-auth=b=u:swordfish",
+        &format!("--peer-auth=b=u:@{}", pki.password),
     ])
     .unwrap();
-    let shown = format!("{cli:?} {:?}", cli.run_args().validate().unwrap());
-    assert!(!shown.contains("hunter2"), "{shown}");
+    let c = cli.run_args().validate().unwrap();
+    assert_eq!(
+        c.peers[0].client.credentials.as_ref().unwrap().password,
+        "swordfish"
+    );
+    let shown = format!("{cli:?} {c:?}");
     assert!(!shown.contains("swordfish"), "{shown}");
+    // Both are re-read on rotation, as the file's password_file is.
+    assert_eq!(c.local_password_file.as_ref().unwrap().path, pki.password);
+    assert_eq!(c.peer_password_files["b"].path, pki.password);
 }
 
 #[test]
@@ -736,12 +771,12 @@ fn duplicate_peer_tls() {
         "--peer-tls",
         "duplicate entry for peer region \"b\"",
     );
+    let (one, two) = (
+        format!("--peer-auth=b=u:@{}", pki.password),
+        format!("--peer-auth=b=v:@{}", pki.password),
+    );
     refused_in_a(
-        &[
-            "--peer-etcd=b=http://b:1",
-            "--peer-auth=b=u:p",
-            "--peer-auth=b=v:q",
-        ],
+        &["--peer-etcd=b=http://b:1", &one, &two],
         "--peer-auth",
         "duplicate entry",
     );
@@ -780,32 +815,34 @@ fn tls_for_plain_http_is_refused() {
 
 #[test]
 fn auth_errors() {
+    let pki = pki();
+    let password = format!("--local-password-file={}", pki.password);
     refused_in_a(
         &["--local-user=root"],
         "--local-user",
-        "needs --local-password",
+        "needs --local-password-file",
     );
+    refused_in_a(&[&password], "--local-password-file", "needs --local-user");
+    refused_in_a(&["--local-user=", &password], "--local-user", "empty");
     refused_in_a(
-        &["--local-password=x"],
-        "--local-password",
-        "needs --local-user",
-    );
-    refused_in_a(
-        &["--local-user=", "--local-password=x"],
-        "--local-user",
-        "empty",
+        &["--local-user=root", "--local-password-file=/nonexistent/pw"],
+        "--local-password-file",
+        "--local-password-file \"/nonexistent/pw\": ",
     );
     let peer = "--peer-etcd=b=http://b:1";
     for (auth, why) in [
         ("b=user", "missing ':'"),
-        ("b=:pw", "empty user"),
-        ("b=user:", "empty password"),
+        ("b=:@pw", "empty user"),
+        ("b=user:", "files only"),
+        ("b=user:pw", "files only"),
+        ("b=user:@", "empty password file path"),
+        ("b=user:@/nonexistent/pw", "\"/nonexistent/pw\": "),
         ("user:pw", "has no '='"),
         ("user:p=w", "does not start with a --peer-etcd region"),
     ] {
         let flag = format!("--peer-auth={auth}");
         let msg = refused_in_a(&[peer, &flag], "--peer-auth", why);
-        assert!(!msg.contains("pw") && !msg.contains("p=w"), "{msg}");
+        assert!(!msg.contains(":pw") && !msg.contains("p=w"), "{msg}");
     }
 }
 
@@ -960,7 +997,7 @@ fn migrate_refusals() {
         (
             &["--local-password=x"][..],
             "--local-password",
-            "--local-user",
+            "files only",
         ),
     ] {
         refused_by(migrate_config(args).unwrap_err(), flag, needle);
@@ -1090,6 +1127,7 @@ fn a_config_file_alone() {
 
 #[test]
 fn flags_override_the_file() {
+    let pki = pki();
     let f = ConfigFile::new(FILE);
     let c = f
         .config(&[
@@ -1098,10 +1136,10 @@ fn flags_override_the_file() {
             "--max-txn-ops=32",
             "--local-etcd=http://other:2379",
             "--local-user=root",
-            "--local-password=pw",
+            &format!("--local-password-file={}", pki.password),
             "--peer-etcd=b=http://b2:2379",
             "--peer-etcd=d=http://d:2379",
-            "--peer-auth=c=u:p",
+            &format!("--peer-auth=c=u:@{}", pki.password),
             "--replica-id=flag-id",
             "--reload-interval=off",
         ])
@@ -1111,7 +1149,7 @@ fn flags_override_the_file() {
     assert_eq!(c.mirror.limits.max_ops, 32);
     assert_eq!(c.local.endpoints, ["http://other:2379"]);
     assert_eq!(c.local.credentials.as_ref().unwrap().user, "root");
-    assert_eq!(c.local_password_file, None);
+    assert_eq!(c.local_password_file.as_ref().unwrap().path, pki.password);
     let regions: Vec<_> = c.peers.iter().map(|p| p.region.as_str()).collect();
     assert_eq!(
         regions,
@@ -1120,7 +1158,7 @@ fn flags_override_the_file() {
     );
     assert_eq!(c.peers[0].client.endpoints, ["http://b2:2379"]);
     assert_eq!(c.peers[1].client.credentials.as_ref().unwrap().user, "u");
-    assert!(!c.peer_password_files.contains_key("c"));
+    assert_eq!(c.peer_password_files["c"].path, pki.password);
     assert_eq!(c.peers[2].client.endpoints, ["http://d:2379"]);
     // The file's per-peer limits stay (the flag sets the global default).
     assert_eq!(c.mirror.peer_limits["b"].max_ops, 16);
@@ -1412,6 +1450,7 @@ fn every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned() {
     const NO_FILE_KEY: &[(&str, &str)] = &[
         ("config", "names the file itself"),
         ("check-config", "an action, not a setting"),
+        ("local-password", "refused: passwords come from files"),
     ];
     /// A run's flags whose file keys are not their own name at the top
     /// level: the `[local]` and `[peers.<region>]` tables group them, a
@@ -1424,7 +1463,7 @@ fn every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned() {
         ("local-key", &["local.key"]),
         ("local-server-name", &["local.server_name"]),
         ("local-user", &["local.username"]),
-        ("local-password", &["local.password_file"]),
+        ("local-password-file", &["local.password_file"]),
         ("peer-etcd", &["peers.*.endpoints"]),
         (
             "peer-tls",
