@@ -39,6 +39,26 @@
 //! use separate streams: [`Client::watch_stream`] opens a new one each time.
 //! Errors are queued without waiting for the budget.
 //!
+//! A response being reassembled from fragments ([`WatchOptions::fragment`])
+//! counts against the same budget as its fragments arrive (and in
+//! [`Watcher::buffered_bytes`]): the task waits for room before it takes in
+//! the next fragment, so a watcher's queue plus its partial response stay
+//! within the budget, except that one response larger than the whole
+//! budget still passes on its own, as above. Before, a watcher whose queue
+//! was full could hold a whole fragmented response beside it.
+//!
+//! # Refused credentials end the watchers
+//!
+//! The stream authenticates before it opens (when there are credentials
+//! and no token). If the server refuses (wrong password, auth not enabled),
+//! every watcher on the stream gets that error (`Error::Auth` for refused
+//! credentials) and ends: opening without a token instead made etcd accept
+//! the stream and answer each create with a cancel, or nothing, so the
+//! watcher hung or saw what looked like a progress notice. Watchers added
+//! later try again, with whatever credentials are current then. An
+//! authentication that could not reach any member is retried with backoff
+//! like any stream failure, and counted in [`WatchStream::reconnects`].
+//!
 //! # A response over the decode limit ends the stream's watchers
 //!
 //! A response larger than [`ClientConfig::max_decoding_message_size`]
@@ -251,22 +271,57 @@ struct Sink {
 
 impl Sink {
     /// Queues a response once its bytes fit the budget (one larger than
-    /// the whole budget waits until the queue is empty). False when the
-    /// consumer is gone.
-    async fn send(&self, resp: WatchResponse) -> bool {
+    /// the whole budget waits until the queue is empty). `held` is what its
+    /// fragments already hold. False when the consumer is gone.
+    async fn send(&self, resp: WatchResponse, held: Fragments) -> bool {
         let bytes = response_bytes(&resp);
+        let Some(permit) = self.grow(held.permit, bytes).await else {
+            return false;
+        };
+        self.buffered.fetch_sub(held.bytes, Ordering::Relaxed);
+        self.push(Ok(resp), bytes, Some(permit))
+    }
+
+    /// Takes budget for the next fragment's `bytes` (module docs): waits
+    /// until they fit beside the queue, up to the whole budget. False when
+    /// the consumer is gone.
+    async fn hold(&self, frag: &mut Fragments, bytes: usize) -> bool {
+        let Some(permit) = self.grow(frag.permit.take(), frag.bytes + bytes).await else {
+            return false;
+        };
+        frag.permit = Some(permit);
+        frag.bytes += bytes;
+        self.buffered.fetch_add(bytes, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back what a discarded partial response held.
+    fn release(&self, frag: Fragments) {
+        self.buffered.fetch_sub(frag.bytes, Ordering::Relaxed);
+    }
+
+    /// `held` grown to cover `bytes` of the budget (at most all of it).
+    async fn grow(
+        &self,
+        held: Option<OwnedSemaphorePermit>,
+        bytes: usize,
+    ) -> Option<OwnedSemaphorePermit> {
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
         // `capacity` fits in u32: see `WatchStream::watch`.
-        let want = bytes.min(self.capacity) as u32;
-        let permit = tokio::select! {
-            p = self.budget.clone().acquire_many_owned(want) => match p {
-                Ok(p) => p,
-                Err(_) => return false,
-            },
+        let want = bytes.min(self.capacity).saturating_sub(have) as u32;
+        if want == 0 && held.is_some() {
+            return held;
+        }
+        let mut more = tokio::select! {
+            p = self.budget.clone().acquire_many_owned(want) => p.ok()?,
             // A consumer that drops its watcher while the stream waits for
             // it must not hold the stream for ever.
-            _ = self.tx.closed() => return false,
+            _ = self.tx.closed() => return None,
         };
-        self.push(Ok(resp), bytes, Some(permit))
+        if let Some(held) = held {
+            more.merge(held);
+        }
+        Some(more)
     }
 
     /// Queues an error at once: it ends the watcher, and it is small.
@@ -296,16 +351,19 @@ impl Sink {
 /// What a response costs against its watcher's budget: its events'
 /// encoded size plus a fixed overhead.
 fn response_bytes(resp: &WatchResponse) -> usize {
-    RESPONSE_OVERHEAD_BYTES
-        + resp
-            .events
-            .iter()
-            .map(|e| {
-                EVENT_OVERHEAD_BYTES
-                    + e.kv.0.encoded_len()
-                    + e.prev_kv.as_ref().map_or(0, |p| p.0.encoded_len())
-            })
-            .sum::<usize>()
+    RESPONSE_OVERHEAD_BYTES + events_bytes(&resp.events)
+}
+
+/// What events cost against their watcher's budget.
+fn events_bytes(events: &[Event]) -> usize {
+    events
+        .iter()
+        .map(|e| {
+            EVENT_OVERHEAD_BYTES
+                + e.kv.0.encoded_len()
+                + e.prev_kv.as_ref().map_or(0, |p| p.0.encoded_len())
+        })
+        .sum::<usize>()
 }
 
 impl Watcher {
@@ -486,7 +544,19 @@ struct State {
     /// First revision not yet delivered; 0 until known ("from now").
     resume: i64,
     sink: Sink,
-    fragments: Vec<Event>,
+    /// The response being reassembled, with its share of the budget.
+    fragments: Fragments,
+}
+
+/// The fragments of one response received so far, holding their bytes of
+/// the watcher's budget (module docs).
+#[derive(Default)]
+struct Fragments {
+    events: Vec<Event>,
+    /// Their bytes, as counted in `Watcher::buffered_bytes`.
+    bytes: usize,
+    /// Budget taken for them: `bytes`, at most the whole budget.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 fn create_msg(id: i64, st: &State) -> PbWatchRequest {
@@ -530,14 +600,31 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
-                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Vec::new() });
+                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Fragments::default() });
                     }
                     Some(_) => {}
                     None => commands_open = false,
                 },
             }
         }
-        let _ = client.ensure_token().await;
+        if let Err(err) = client.ensure_token().await {
+            reconnects.fetch_add(1, Ordering::Relaxed);
+            if err.is_transient() {
+                // `authenticate` has already moved past unreachable members.
+                tracing::debug!(error = %err, "watch stream: authentication failed; retrying");
+                if !backoff.wait_unless(cancel.cancelled()).await {
+                    return;
+                }
+                continue;
+            }
+            // Refused: end the watchers rather than open without a token
+            // (module docs).
+            tracing::warn!(error = %err, watchers = watchers.len(), "watch stream: authentication refused; ending every watcher on the stream");
+            for (_, st) in watchers.drain() {
+                st.sink.send_err(auth_error(&err));
+            }
+            continue;
+        }
         // Queue every create before opening: etcd sends the response
         // headers only with its first message.
         let (out_tx, out_rx) = mpsc::unbounded_channel::<PbWatchRequest>();
@@ -591,7 +678,7 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv(), if commands_open => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
-                        let st = State { resume: req.start_revision, req, sink, fragments: Vec::new() };
+                        let st = State { resume: req.start_revision, req, sink, fragments: Fragments::default() };
                         let _ = out_tx.send(create_msg(id, &st));
                         watchers.insert(id, st);
                     }
@@ -642,7 +729,7 @@ async fn run(
                         client.rotate(idx);
                         reconnects.fetch_add(1, Ordering::Relaxed);
                         for st in watchers.values_mut() {
-                            st.fragments.clear();
+                            st.sink.release(std::mem::take(&mut st.fragments));
                         }
                         if !backoff.wait_unless(cancel.cancelled()).await {
                             return;
@@ -674,6 +761,7 @@ async fn dispatch(
                     revision,
                     events: Vec::new(),
                 },
+                Fragments::default(),
                 out,
             )
             .await;
@@ -692,6 +780,7 @@ async fn dispatch(
         } else {
             Error::WatchCanceled(resp.cancel_reason.clone())
         };
+        st.sink.release(std::mem::take(&mut st.fragments));
         st.sink.send_err(err);
         watchers.remove(&id);
         return;
@@ -705,12 +794,20 @@ async fn dispatch(
             return;
         }
     }
-    let mut events: Vec<Event> = std::mem::take(&mut st.fragments);
-    events.extend(resp.events.into_iter().map(Event::from_pb));
+    let new: Vec<Event> = resp.events.into_iter().map(Event::from_pb).collect();
     if resp.fragment {
-        st.fragments = events;
+        // Counted against the budget before it is kept (module docs).
+        if !st.sink.hold(&mut st.fragments, events_bytes(&new)).await {
+            watchers.remove(&id);
+            let _ = out.send(cancel_msg(id));
+            return;
+        }
+        st.fragments.events.extend(new);
         return;
     }
+    let mut held = std::mem::take(&mut st.fragments);
+    let mut events = std::mem::take(&mut held.events);
+    events.extend(new);
     if events.first().is_some_and(|e| e.revision() < st.resume) {
         // The revision before the start, asked for by `create_msg`. Events
         // come in revision order, so they are a prefix.
@@ -718,6 +815,7 @@ async fn dispatch(
         events.drain(..keep);
         if events.is_empty() {
             // Not a progress notice: say nothing rather than look like one.
+            st.sink.release(held);
             return;
         }
     }
@@ -728,17 +826,29 @@ async fn dispatch(
         // watchers that have caught up, so nothing below it is pending.
         st.resume = revision + 1;
     }
-    deliver(watchers, id, WatchResponse { revision, events }, out).await;
+    deliver(watchers, id, WatchResponse { revision, events }, held, out).await;
+}
+
+/// The error each watcher gets when the stream's authentication was
+/// refused: `err` itself where it can be copied.
+fn auth_error(err: &Error) -> Error {
+    match err {
+        Error::Auth(m) => Error::Auth(m.clone()),
+        Error::PermissionDenied => Error::PermissionDenied,
+        Error::Status(s) => Error::Status(s.clone()),
+        other => Error::Auth(other.to_string()),
+    }
 }
 
 async fn deliver(
     watchers: &mut HashMap<i64, State>,
     id: i64,
     resp: WatchResponse,
+    held: Fragments,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
 ) {
     let Some(st) = watchers.get(&id) else { return };
-    if !st.sink.send(resp).await {
+    if !st.sink.send(resp, held).await {
         watchers.remove(&id);
         let _ = out.send(cancel_msg(id));
     }
