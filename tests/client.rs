@@ -1420,7 +1420,7 @@ async fn fragments_being_reassembled_count_against_the_watcher_budget() {
     assert!(
         took <= bound,
         "{took} bytes taken in while the queue was full (bound {bound}, the revision is {} bytes)",
-        N * 2 * VALUE
+        N * VALUE
     );
     assert!(w.buffered_bytes() <= budget, "{}", w.buffered_bytes());
     // Reading again: every event, the deletes whole in one response.

@@ -66,7 +66,11 @@ pub enum Error {
     /// The lease does not exist (expired or revoked).
     #[error("requested lease not found")]
     LeaseNotFound,
-    /// Authentication failed or the token was rejected.
+    /// Authentication failed or the token was rejected: refused
+    /// credentials, an invalid or expired token, a token older than the
+    /// auth store's last change, or (auth enabled) a request without a user
+    /// ("etcdserver: user name is empty", which used to be an
+    /// [`Error::Status`]).
     #[error("authentication failed: {0}")]
     Auth(String),
     /// The user lacks permission for the request.

@@ -305,7 +305,10 @@ impl LeaseKeeper {
     }
 
     /// Starts keeping lease `id` alive; `ttl` is its granted TTL in seconds
-    /// and sets the keep-alive interval (TTL/3).
+    /// and sets the keep-alive interval (TTL/3) and the first deadline
+    /// (now + TTL: a lease not answered for by then is lost, so a TTL <= 0
+    /// is lost at once). Each call is a registration of its own: the
+    /// handle's drop ends only it.
     pub async fn keep_alive(&self, id: i64, ttl: i64) -> Result<LeaseHandle> {
         let (reply, rx) = oneshot::channel();
         self.cmds

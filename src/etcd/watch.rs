@@ -387,8 +387,9 @@ impl Watcher {
     }
 
     /// Encoded bytes of the responses queued for this watcher and not yet
-    /// taken. At most the budget ([`ClientConfig::watcher_buffer_bytes`]),
-    /// or one response when that response alone is larger.
+    /// taken, plus the fragments of one being reassembled. At most the
+    /// budget ([`ClientConfig::watcher_buffer_bytes`]), or one response
+    /// when that response alone is larger.
     ///
     /// [`ClientConfig::watcher_buffer_bytes`]: super::ClientConfig::watcher_buffer_bytes
     pub fn buffered_bytes(&self) -> usize {
