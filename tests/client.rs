@@ -1446,3 +1446,60 @@ async fn fragments_being_reassembled_count_against_the_watcher_budget() {
         && e.prev_kv.as_ref().is_some_and(|p| p.value().len() == VALUE)));
     assert_eq!(w.buffered_bytes(), 0);
 }
+
+/// A watch on keys the user may not read is refused by etcd (3.4 answers
+/// with a cancel for watch id -1, not the watcher's id): the watcher ends
+/// with `PermissionDenied` instead of seeing a progress notice and then
+/// nothing, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_the_user_may_not_read_ends_with_permission_denied() {
+    let etcd = Etcd::start();
+    etcd.enable_root_auth("rootpw");
+    for args in [
+        &["--user=root:rootpw", "user", "add", "alice:secret"][..],
+        &["--user=root:rootpw", "role", "add", "reader"],
+        &[
+            "--user=root:rootpw",
+            "role",
+            "grant-permission",
+            "reader",
+            "--prefix=true",
+            "read",
+            "/a/",
+        ],
+        &[
+            "--user=root:rootpw",
+            "user",
+            "grant-role",
+            "alice",
+            "reader",
+        ],
+    ] {
+        etcd.etcdctl_ok(args);
+    }
+    let alice = Client::connect(etcd.client_config_as("alice", "secret")).unwrap();
+    let stream = alice.watch_stream();
+    let mut allowed = stream.watch(WatchOptions::prefix("/a/")).unwrap();
+    let mut denied = stream.watch(WatchOptions::prefix("/b/")).unwrap();
+    let mut allowed2 = stream.watch(WatchOptions::prefix("/a/x")).unwrap();
+    let r = tokio::time::timeout(T, denied.next())
+        .await
+        .expect("refused");
+    assert!(matches!(r, Some(Err(Error::PermissionDenied))), "{r:?}");
+    // The watchers around it are unaffected.
+    let root = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    let rev = put_rev(&root, Put::new("/a/x", "1")).await;
+    for w in [&mut allowed, &mut allowed2] {
+        let r = tokio::time::timeout(T, async {
+            loop {
+                let r = w.next().await.unwrap().unwrap();
+                if !r.events.is_empty() {
+                    return r;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.events[0].revision(), rev);
+    }
+}

@@ -47,6 +47,17 @@
 //! budget still passes on its own, as above. Before, a watcher whose queue
 //! was full could hold a whole fragmented response beside it.
 //!
+//! # A refused create ends its watcher
+//!
+//! etcd refuses a watch on keys the user may not read. 3.5 cancels it by
+//! its id; 3.4 (and any failed create there) answers with a cancel for
+//! watch id -1, which used to be taken for a progress notice: every watcher
+//! on the stream saw a bogus notice and the refused one waited for ever.
+//! etcd answers creates in order, so the task keeps the creates not yet
+//! answered and ends the oldest one. "permission denied" ends the watcher
+//! with [`Error::PermissionDenied`], anything else with
+//! [`Error::WatchCanceled`].
+//!
 //! # Refused credentials end the watchers
 //!
 //! The stream authenticates before it opens (when there are credentials
@@ -84,7 +95,7 @@
 //! [`ClientConfig::max_decoding_message_size`]: super::ClientConfig::max_decoding_message_size
 //! [`DEFAULT_WATCHER_BUFFER_BYTES`]: super::DEFAULT_WATCHER_BUFFER_BYTES
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -629,7 +640,12 @@ async fn run(
         // Queue every create before opening: etcd sends the response
         // headers only with its first message.
         let (out_tx, out_rx) = mpsc::unbounded_channel::<PbWatchRequest>();
+        // The creates the server has not answered yet, in the order sent:
+        // etcd 3.4 refuses one with a cancel for watch id -1 (see
+        // `dispatch`), so only the order says which it was.
+        let mut pending: VecDeque<i64> = VecDeque::new();
         for (id, st) in &watchers {
+            pending.push_back(*id);
             let _ = out_tx.send(create_msg(*id, st));
         }
         let (idx, svc) = client.svc();
@@ -680,6 +696,7 @@ async fn run(
                 cmd = cmds.recv(), if commands_open => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
                         let st = State { resume: req.start_revision, req, sink, fragments: Fragments::default() };
+                        pending.push_back(id);
                         let _ = out_tx.send(create_msg(id, &st));
                         watchers.insert(id, st);
                     }
@@ -698,7 +715,7 @@ async fn run(
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
-                        dispatch(&mut watchers, resp, &out_tx).await;
+                        dispatch(&mut watchers, &mut pending, resp, &out_tx).await;
                         if watchers.is_empty() && !commands_open {
                             return;
                         }
@@ -745,10 +762,32 @@ async fn run(
 
 async fn dispatch(
     watchers: &mut HashMap<i64, State>,
+    pending: &mut VecDeque<i64>,
     resp: PbWatchResponse,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
 ) {
     let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+    if resp.created
+        && resp.watch_id != -1
+        && let Some(at) = pending.iter().position(|p| *p == resp.watch_id)
+    {
+        pending.remove(at);
+    }
+    if resp.watch_id == -1 && resp.canceled {
+        // etcd 3.4 refuses a create (a user without read permission on
+        // the range, an invalid token) with `created` and `canceled` for
+        // watch id -1, not the watcher's: it is the oldest create not yet
+        // answered, since the server answers creates in order. Taken for a
+        // progress notice, it used to leave that watcher waiting for ever.
+        let Some(id) = pending.pop_front() else {
+            return;
+        };
+        if let Some(mut st) = watchers.remove(&id) {
+            st.sink.release(std::mem::take(&mut st.fragments));
+            st.sink.send_err(cancel_error(&resp.cancel_reason));
+        }
+        return;
+    }
     if resp.watch_id == -1 {
         // A broadcast progress notice (etcd 3.4's answer to a progress
         // request). It does not move resume revisions: in 3.4 it is sent
@@ -779,7 +818,7 @@ async fn dispatch(
                 compact_revision: Some(resp.compact_revision),
             }
         } else {
-            Error::WatchCanceled(resp.cancel_reason.clone())
+            cancel_error(&resp.cancel_reason)
         };
         st.sink.release(std::mem::take(&mut st.fragments));
         st.sink.send_err(err);
@@ -828,6 +867,19 @@ async fn dispatch(
         st.resume = revision + 1;
     }
     deliver(watchers, id, WatchResponse { revision, events }, held, out).await;
+}
+
+/// The error for a watch the server canceled, from its reason: etcd
+/// refuses a watch on keys the user may not read with "permission denied"
+/// (3.5 wraps it in the gRPC status text).
+fn cancel_error(reason: &str) -> Error {
+    if reason.contains("etcdserver: permission denied") {
+        Error::PermissionDenied
+    } else if reason.is_empty() {
+        Error::WatchCanceled("the server refused the watch".into())
+    } else {
+        Error::WatchCanceled(reason.to_string())
+    }
 }
 
 /// The error each watcher gets when the stream's authentication was
