@@ -1503,3 +1503,39 @@ async fn a_watch_the_user_may_not_read_ends_with_permission_denied() {
         assert_eq!(r.events[0].revision(), rev);
     }
 }
+
+/// etcd forgets its simple tokens when it restarts. A watch resumed over a
+/// new stream carries the old token, which etcd 3.4 answers with a refusal
+/// (a cancel for watch id -1, "permission denied") and 3.5 with a cancel
+/// for "invalid auth token": the stream re-authenticates and re-creates
+/// the watch once, instead of ending it (or, before, hanging).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_watch_resumes_across_an_etcd_restart() {
+    let mut etcd = Etcd::start();
+    etcd.enable_root_auth("rootpw");
+    let c = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    let start = put_rev(&c, Put::new("/ra/seed", "0")).await;
+    let (stream, mut w) = c
+        .watch(WatchOptions::prefix("/ra/").start_revision(start + 1))
+        .unwrap();
+    let first = put_rev(&c, Put::new("/ra/1", "a")).await;
+    assert_eq!(next_response(&mut w).await.events[0].revision(), first);
+    assert_eq!(c.authentications(), 1);
+    tokio::task::block_in_place(|| etcd.kill());
+    assert!(common::wait_until_async(T, || !stream.is_connected()).await);
+    tokio::task::block_in_place(|| etcd.restart());
+    let second = put_rev(&c, Put::new("/ra/2", "b")).await;
+    let r = tokio::time::timeout(T, async {
+        loop {
+            let r = w.next().await.unwrap();
+            match r {
+                Ok(r) if r.events.is_empty() => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch resumed");
+    let r = r.expect("no watch error");
+    assert_eq!(r.events[0].revision(), second);
+}

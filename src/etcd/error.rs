@@ -122,7 +122,7 @@ impl Error {
     /// member). Not any message that mentions a token: refused
     /// credentials or a malformed token are not cured by asking again.
     pub(crate) fn is_invalid_token(&self) -> bool {
-        matches!(self, Error::Auth(m) if TOKEN_REFUSALS.iter().any(|r| m == r || m.ends_with(&format!(": {r}"))))
+        matches!(self, Error::Auth(m) if is_token_refusal(m))
     }
 
     /// The request never reached a server (the connection could not be
@@ -139,6 +139,14 @@ const TOKEN_REFUSALS: [&str; 3] = [
     "etcdserver: revision of auth store is old",
     "etcdserver: user name is empty",
 ];
+
+/// Whether `msg` is one of etcd's token refusals ([`TOKEN_REFUSALS`]), as
+/// a status message or as the end of a watch's cancel reason (3.5 and
+/// 3.4.23 send "rpc error: code = Unauthenticated desc = etcdserver:
+/// invalid auth token").
+pub(crate) fn is_token_refusal(msg: &str) -> bool {
+    TOKEN_REFUSALS.iter().any(|r| msg.ends_with(r))
+}
 
 impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {

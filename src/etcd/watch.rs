@@ -58,6 +58,19 @@
 //! with [`Error::PermissionDenied`], anything else with
 //! [`Error::WatchCanceled`].
 //!
+//! A create refused for its token ("invalid auth token": etcd forgets its
+//! simple tokens when it restarts, and they expire after
+//! `--auth-token-ttl` of disuse, so a watch resumed on a new stream often
+//! carries a dead one) is not the watcher's fault: the stream drops the
+//! token, re-authenticates and re-creates every watcher where it was, once
+//! per watcher until one of its creates succeeds. "permission denied" gets
+//! the same one retry, because etcd 3.4 says that for a dead token too
+//! (and 3.5.1 at times just after a restart); a watch the user really may
+//! not read costs one reconnect of its stream before it ends. A second
+//! refusal in a row ends the watcher ([`Error::Auth`] or
+//! [`Error::PermissionDenied`]). It used to end with `WatchCanceled`, or,
+//! on 3.4, hang, however valid the credentials.
+//!
 //! # Refused credentials end the watchers
 //!
 //! The stream authenticates before it opens (when there are credentials
@@ -106,7 +119,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::backoff::Backoff;
-use super::error::{Error, Result};
+use super::error::{Error, Result, is_token_refusal};
 use super::kv::{KeyValue, prefix_range};
 use super::pb::{
     PbEvent, PbEventType, PbWatchCancelRequest, PbWatchClient, PbWatchCreateRequest,
@@ -558,6 +571,9 @@ struct State {
     sink: Sink,
     /// The response being reassembled, with its share of the budget.
     fragments: Fragments,
+    /// Its create was refused for its token and the stream re-authenticated
+    /// for it; a second refusal before a create succeeds ends it.
+    reauthed: bool,
 }
 
 /// The fragments of one response received so far, holding their bytes of
@@ -612,7 +628,7 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
-                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Fragments::default() });
+                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Fragments::default(), reauthed: false });
                     }
                     Some(_) => {}
                     None => commands_open = false,
@@ -695,7 +711,7 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv(), if commands_open => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
-                        let st = State { resume: req.start_revision, req, sink, fragments: Fragments::default() };
+                        let st = State { resume: req.start_revision, req, sink, fragments: Fragments::default(), reauthed: false };
                         pending.push_back(id);
                         let _ = out_tx.send(create_msg(id, &st));
                         watchers.insert(id, st);
@@ -715,9 +731,22 @@ async fn run(
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
-                        dispatch(&mut watchers, &mut pending, resp, &out_tx).await;
+                        let reauth = dispatch(&mut watchers, &mut pending, resp, &out_tx).await;
                         if watchers.is_empty() && !commands_open {
                             return;
+                        }
+                        if reauth {
+                            // A create refused for its token (module docs):
+                            // a new token and a new stream, from where every
+                            // watcher is.
+                            tracing::debug!("watch create refused for its token; re-authenticating");
+                            client.clear_token();
+                            connected.store(false, Ordering::Relaxed);
+                            reconnects.fetch_add(1, Ordering::Relaxed);
+                            for st in watchers.values_mut() {
+                                st.sink.release(std::mem::take(&mut st.fragments));
+                            }
+                            break;
                         }
                     }
                     other => {
@@ -760,12 +789,14 @@ async fn run(
     }
 }
 
+/// Hands one response to its watcher(s). True when a create was refused
+/// for its token and the stream should re-authenticate and reopen.
 async fn dispatch(
     watchers: &mut HashMap<i64, State>,
     pending: &mut VecDeque<i64>,
     resp: PbWatchResponse,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
-) {
+) -> bool {
     let revision = resp.header.as_ref().map_or(0, |h| h.revision);
     if resp.created
         && resp.watch_id != -1
@@ -780,13 +811,9 @@ async fn dispatch(
         // answered, since the server answers creates in order. Taken for a
         // progress notice, it used to leave that watcher waiting for ever.
         let Some(id) = pending.pop_front() else {
-            return;
+            return false;
         };
-        if let Some(mut st) = watchers.remove(&id) {
-            st.sink.release(std::mem::take(&mut st.fragments));
-            st.sink.send_err(cancel_error(&resp.cancel_reason));
-        }
-        return;
+        return refused(watchers, id, &resp.cancel_reason);
     }
     if resp.watch_id == -1 {
         // A broadcast progress notice (etcd 3.4's answer to a progress
@@ -806,32 +833,31 @@ async fn dispatch(
             )
             .await;
         }
-        return;
+        return false;
     }
     let id = resp.watch_id;
     let Some(st) = watchers.get_mut(&id) else {
-        return;
+        return false;
     };
     if resp.canceled {
-        let err = if resp.compact_revision > 0 {
-            Error::Compacted {
-                compact_revision: Some(resp.compact_revision),
-            }
-        } else {
-            cancel_error(&resp.cancel_reason)
-        };
+        if resp.compact_revision == 0 {
+            return refused(watchers, id, &resp.cancel_reason);
+        }
         st.sink.release(std::mem::take(&mut st.fragments));
-        st.sink.send_err(err);
+        st.sink.send_err(Error::Compacted {
+            compact_revision: Some(resp.compact_revision),
+        });
         watchers.remove(&id);
-        return;
+        return false;
     }
     if resp.created {
+        st.reauthed = false;
         // A watch "from now" starts after the revision it was created at.
         if st.resume == 0 {
             st.resume = revision + 1;
         }
         if resp.events.is_empty() {
-            return;
+            return false;
         }
     }
     let new: Vec<Event> = resp.events.into_iter().map(Event::from_pb).collect();
@@ -840,10 +866,10 @@ async fn dispatch(
         if !st.sink.hold(&mut st.fragments, events_bytes(&new)).await {
             watchers.remove(&id);
             let _ = out.send(cancel_msg(id));
-            return;
+            return false;
         }
         st.fragments.events.extend(new);
-        return;
+        return false;
     }
     let mut held = std::mem::take(&mut st.fragments);
     let mut events = std::mem::take(&mut held.events);
@@ -856,7 +882,7 @@ async fn dispatch(
         if events.is_empty() {
             // Not a progress notice: say nothing rather than look like one.
             st.sink.release(held);
-            return;
+            return false;
         }
     }
     if let Some(last) = events.last() {
@@ -867,6 +893,29 @@ async fn dispatch(
         st.resume = revision + 1;
     }
     deliver(watchers, id, WatchResponse { revision, events }, held, out).await;
+    false
+}
+
+/// A watch the server canceled (not for compaction) or refused to create.
+/// Refused for its token or for permission, and not yet since a
+/// re-authentication: kept, and true (the stream re-authenticates and
+/// re-creates it). Otherwise it ends with the reason's error.
+fn refused(watchers: &mut HashMap<i64, State>, id: i64, reason: &str) -> bool {
+    let Some(st) = watchers.get_mut(&id) else {
+        return false;
+    };
+    // 3.4 says "permission denied" for a dead token too, and so does 3.5
+    // at times just after a restart: worth one new token as well.
+    let maybe_token = is_token_refusal(reason) || reason.contains("etcdserver: permission denied");
+    if maybe_token && !st.reauthed {
+        st.reauthed = true;
+        return true;
+    }
+    if let Some(mut st) = watchers.remove(&id) {
+        st.sink.release(std::mem::take(&mut st.fragments));
+        st.sink.send_err(cancel_error(reason));
+    }
+    false
 }
 
 /// The error for a watch the server canceled, from its reason: etcd
@@ -875,6 +924,8 @@ async fn dispatch(
 fn cancel_error(reason: &str) -> Error {
     if reason.contains("etcdserver: permission denied") {
         Error::PermissionDenied
+    } else if is_token_refusal(reason) {
+        Error::Auth(reason.to_string())
     } else if reason.is_empty() {
         Error::WatchCanceled("the server refused the watch".into())
     } else {
