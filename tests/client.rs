@@ -1539,3 +1539,25 @@ async fn an_authenticated_watch_resumes_across_an_etcd_restart() {
     let r = r.expect("no watch error");
     assert_eq!(r.events[0].revision(), second);
 }
+
+/// A JWT carries the auth store revision it was issued at; after any change
+/// to users or roles etcd refuses it with "revision of auth store is old".
+/// That is a token refusal (Go's clientv3 refreshes on it too): the call
+/// re-authenticates once and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_older_than_the_auth_store_is_renewed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let priv_key = common::write_file(dir.path(), "jwt.key", &key.serialize_pem());
+    let pub_key = common::write_file(dir.path(), "jwt.pub", &key.public_key_pem());
+    let token = format!("--auth-token=jwt,pub-key={pub_key},priv-key={priv_key},sign-method=ES256");
+    let etcd = Etcd::builder().extra_args(&[&token]).start();
+    etcd.enable_root_auth("rootpw");
+    let c = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    c.put(Put::new("/jwt", "1")).await.unwrap();
+    assert_eq!(c.authentications(), 1);
+    // Any change to the auth store outdates every token issued before it.
+    etcd.etcdctl_ok(&["--user=root:rootpw", "user", "add", "other:pw"]);
+    c.put(Put::new("/jwt", "2")).await.unwrap();
+    assert_eq!(c.authentications(), 2, "renewed exactly once");
+}
