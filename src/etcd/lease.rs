@@ -424,33 +424,12 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                     None => std::future::pending().await,
                 }
             };
+            // Biased: an answer already here is taken before a stall or a
+            // deadline is declared, so a busy runtime does not turn a late
+            // poll into a lost lease.
             tokio::select! {
+                biased;
                 _ = cancel.cancelled() => return,
-                cmd = cmds.recv() => match cmd {
-                    Some(Cmd::Add { id, ttl, reply }) => {
-                        apply(&mut leases, &mut regs, Cmd::Add { id, ttl, reply });
-                        waiting.send(&out_tx, id);
-                    }
-                    Some(cmd) => apply(&mut leases, &mut regs, cmd),
-                    None => return,
-                },
-                _ = sleep => {
-                    let now = Instant::now();
-                    for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
-                        k.due = now + k.interval;
-                        waiting.send(&out_tx, *id);
-                    }
-                }
-                _ = expiry => expire(&mut leases),
-                _ = stall => {
-                    let bound = stall_bound(&leases);
-                    tracing::warn!(?bound, unanswered = waiting.pending, "lease keep-alive stream stalled; moving to the next endpoint");
-                    let err = Error::Unavailable(format!("no keep-alive answer in {bound:?}"));
-                    if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {
-                        return;
-                    }
-                    continue 'reconnect;
-                }
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
@@ -484,6 +463,31 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                         continue 'reconnect;
                     }
                 },
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Add { id, ttl, reply }) => {
+                        apply(&mut leases, &mut regs, Cmd::Add { id, ttl, reply });
+                        waiting.send(&out_tx, id);
+                    }
+                    Some(cmd) => apply(&mut leases, &mut regs, cmd),
+                    None => return,
+                },
+                _ = sleep => {
+                    let now = Instant::now();
+                    for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
+                        k.due = now + k.interval;
+                        waiting.send(&out_tx, *id);
+                    }
+                }
+                _ = stall => {
+                    let bound = stall_bound(&leases);
+                    tracing::warn!(?bound, unanswered = waiting.pending, "lease keep-alive stream stalled; moving to the next endpoint");
+                    let err = Error::Unavailable(format!("no keep-alive answer in {bound:?}"));
+                    if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {
+                        return;
+                    }
+                    continue 'reconnect;
+                }
+                _ = expiry => expire(&mut leases),
             }
         }
     }
