@@ -388,7 +388,7 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     for h in handles.iter().step_by(97) {
         let ttl = c.lease_time_to_live(h.id(), false).await.unwrap();
-        assert!(ttl.ttl > 0, "lease {} expired", h.id());
+        assert!(ttl.ttl > 0, "lease {} expired; {:?}", h.id(), h.status());
         assert!(h.status().successes >= 2, "{:?}", h.status());
     }
     assert_eq!(
