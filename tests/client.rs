@@ -388,7 +388,7 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     for h in handles.iter().step_by(97) {
         let ttl = c.lease_time_to_live(h.id(), false).await.unwrap();
-        assert!(ttl.ttl > 0, "lease {} expired", h.id());
+        assert!(ttl.ttl > 0, "lease {} expired; {:?}", h.id(), h.status());
         assert!(h.status().successes >= 2, "{:?}", h.status());
     }
     assert_eq!(
@@ -1161,4 +1161,407 @@ async fn calls_are_spread_over_the_configured_connections() {
         .err()
         .expect("0 connections is refused");
     assert!(err.to_string().contains("at least 1"), "{err}");
+}
+
+/// Waits until the handle's keep-alive has been answered at least `after`
+/// past `from`: a lease kept that long past its TTL is alive because of
+/// this keep-alive, not because it was young.
+async fn kept_alive_until(h: &aether_replicator::etcd::LeaseHandle, until: std::time::Instant) {
+    let mut rx = h.subscribe();
+    let reached = tokio::time::timeout(
+        T,
+        rx.wait_for(|s| !s.lost && s.last_ok.is_some_and(|t| t >= until)),
+    )
+    .await;
+    assert!(
+        matches!(reached, Ok(Ok(_))),
+        "the keep-alive stopped: {:?}",
+        h.status()
+    );
+}
+
+/// Dropping a handle for a lease that was lost must not stop the keep-alive
+/// of the same id registered again since (re-granted with an explicit id,
+/// or adopted): a `Remove` only affects the registration it came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let keeper = c.lease_keeper();
+    let ttl = 2;
+    let id = 0x5eed_0001;
+    let g = c.lease_grant(ttl, id).await.unwrap();
+    assert_eq!(g.id, id);
+    let mut old = keeper.keep_alive(id, g.ttl).await.unwrap();
+    c.lease_revoke(id).await.unwrap();
+    tokio::time::timeout(T, old.lost())
+        .await
+        .expect("loss seen");
+    // The same id again, kept alive by a new handle; then the old one goes.
+    let g = c.lease_grant(ttl, id).await.unwrap();
+    assert_eq!(g.id, id);
+    let new = keeper.keep_alive(id, g.ttl).await.unwrap();
+    drop(old);
+    let granted = std::time::Instant::now();
+    // Answers keep coming for three TTLs after the grant ...
+    kept_alive_until(&new, granted + Duration::from_secs(3 * ttl as u64)).await;
+    // ... and the server agrees: the lease outlived its TTL three times.
+    let left = c.lease_time_to_live(id, false).await.unwrap();
+    assert!(left.ttl > 0, "{left:?}; {:?}", new.status());
+    assert!(!new.status().lost);
+}
+
+/// Through an outage longer than the TTL (every endpoint unreachable) the
+/// lease is declared lost once its deadline (last answer + TTL) passes,
+/// as Go's clientv3 does, instead of never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
+    let etcd = Etcd::start();
+    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let observer = client(&etcd);
+    let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
+    let ttl = 2;
+    let g = observer.lease_grant(ttl, 0).await.unwrap();
+    let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    assert!(
+        common::wait_until_async(T, || h.status().successes >= 1).await,
+        "{:?}",
+        h.status()
+    );
+    proxy.cut();
+    tokio::time::timeout(T, h.lost())
+        .await
+        .expect("the loss is declared during the outage");
+    let s = h.status();
+    assert!(s.lost, "{s:?}");
+    let deadline = s.last_ok.unwrap() + Duration::from_secs(ttl as u64);
+    assert!(
+        std::time::Instant::now() >= deadline,
+        "declared lost before its deadline: {s:?}"
+    );
+    assert_eq!(s.ttl_left(), Duration::ZERO);
+    assert!(s.failures >= 1, "{s:?}");
+    // The server let it expire too.
+    let expired = tokio::time::timeout(T, async {
+        while observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(expired.is_ok(), "the server still has the lease");
+    proxy.heal();
+}
+
+/// Credentials the server refuses end each watcher with `Error::Auth`
+/// instead of opening the stream without a token (which fails obscurely, or
+/// hangs), and count as keep-alive failures instead of keeping the lease
+/// alive unauthenticated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_reported_by_watchers_and_keep_alives() {
+    let etcd = Etcd::start();
+    etcd.enable_root_auth("rootpw");
+    let root = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    let bad = Client::connect(etcd.client_config_as("root", "wrong")).unwrap();
+    let (stream, mut w) = bad.watch(WatchOptions::prefix("/auth/")).unwrap();
+    let first = tokio::time::timeout(T, w.next())
+        .await
+        .expect("the watcher reports instead of hanging");
+    assert!(
+        matches!(&first, Some(Err(Error::Auth(m))) if m.contains("authentication failed")),
+        "{first:?}"
+    );
+    // The watcher is finished, the stream is not stuck retrying for it.
+    assert!(tokio::time::timeout(T, w.next()).await.unwrap().is_none());
+    let _ = stream;
+    // A keep-alive through refused credentials is not sent at all.
+    let g = root.lease_grant(2, 0).await.unwrap();
+    let h = bad.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    assert!(
+        common::wait_until_async(T, || h.status().failures >= 2).await,
+        "{:?}",
+        h.status()
+    );
+    let s = h.status();
+    assert_eq!(s.successes, 0, "{s:?}");
+    assert!(s.unauthenticated, "{s:?}");
+    // So the lease runs out, and the handle says so at its deadline.
+    let mut h = h;
+    tokio::time::timeout(T, h.lost()).await.expect("lost");
+}
+
+/// Each condition etcd reports by message text is mapped to its kind:
+/// provoked for real, so a message that differs between versions shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_etcd_error_message_maps_to_its_kind() {
+    let etcd = Etcd::builder()
+        .extra_args(&["--max-txn-ops=4", "--max-request-bytes=65536"])
+        .start();
+    let c = client(&etcd);
+    let r1 = put_rev(&c, Put::new("/e/k", "1")).await;
+    let r2 = put_rev(&c, Put::new("/e/k", "2")).await;
+    c.compact(r2, true).await.unwrap();
+    let e = c.range(Range::key("/e/k").revision(r1)).await.err();
+    assert!(matches!(e, Some(Error::Compacted { .. })), "{e:?}");
+    let e = c.range(Range::key("/e/k").revision(r2 + 100)).await.err();
+    assert!(matches!(e, Some(Error::FutureRevision)), "{e:?}");
+    let five = (0..5).map(|i| Put::new(format!("/e/{i}"), "v"));
+    let e = c.txn(Txn::new().and_then(five)).await.err();
+    assert!(matches!(e, Some(Error::TooManyOps)), "{e:?}");
+    let twice = [Put::new("/e/d", "1"), Put::new("/e/d", "2")];
+    let e = c.txn(Txn::new().and_then(twice)).await.err();
+    assert!(matches!(e, Some(Error::DuplicateKey)), "{e:?}");
+    let e = c.put(Put::new("/e/big", vec![0u8; 100 * 1024])).await.err();
+    assert!(matches!(e, Some(Error::RequestTooLarge)), "{e:?}");
+    let e = c.put(Put::new("/e/l", "v").lease(0x0dd_1ea5e)).await.err();
+    assert!(matches!(e, Some(Error::LeaseNotFound)), "{e:?}");
+    let e = c.lease_revoke(0x0dd_1ea5e).await.err();
+    assert!(matches!(e, Some(Error::LeaseNotFound)), "{e:?}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let nowhere = Client::connect(ClientConfig::new([url])).unwrap();
+    let e = nowhere.range(Range::key("/e/k")).await.err();
+    assert!(
+        matches!(&e, Some(e @ Error::Unavailable(_)) if e.is_transient()),
+        "{e:?}"
+    );
+
+    etcd.enable_root_auth("rootpw");
+    etcd.etcdctl_ok(&["--user=root:rootpw", "user", "add", "nobody:pw"]);
+    let e = Client::connect(etcd.client_config_as("root", "wrong"))
+        .unwrap()
+        .range(Range::key("/e/k"))
+        .await
+        .err();
+    assert!(
+        matches!(&e, Some(Error::Auth(m)) if m == "etcdserver: authentication failed, invalid user ID or password"),
+        "{e:?}"
+    );
+    // No token at all, with auth enabled.
+    let e = client(&etcd).range(Range::key("/e/k")).await.err();
+    assert!(
+        matches!(&e, Some(Error::Auth(m)) if m == "etcdserver: user name is empty"),
+        "{e:?}"
+    );
+    let nobody = Client::connect(etcd.client_config_as("nobody", "pw")).unwrap();
+    let e = nobody.range(Range::key("/e/k")).await.err();
+    assert!(matches!(e, Some(Error::PermissionDenied)), "{e:?}");
+}
+
+/// A fragmented response being reassembled counts against its watcher's
+/// byte budget: with the queue nearly full, the stream stops taking
+/// fragments in (and HTTP/2 holds the server back) instead of buffering the
+/// whole response beside the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragments_being_reassembled_count_against_the_watcher_budget() {
+    const MAX_REQUEST: usize = 256 * 1024;
+    let etcd = Etcd::builder()
+        .extra_args(&[&format!("--max-request-bytes={MAX_REQUEST}")])
+        .start();
+    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let writer = client(&etcd);
+    let budget = 1024 * 1024;
+    let window = 256 * 1024;
+    let c = Client::connect(ClientConfig {
+        watcher_buffer_bytes: budget,
+        stream_window: window,
+        ..ClientConfig::new([proxy.endpoint()])
+    })
+    .unwrap();
+    // 40 keys of 200 KiB; deleting them is one revision of 8 MiB with
+    // prev_kv, which etcd sends in fragments.
+    const N: usize = 40;
+    const VALUE: usize = 200 * 1024;
+    for i in 0..N {
+        writer
+            .put(Put::new(format!("/fb/big/{i:02}"), vec![i as u8; VALUE]))
+            .await
+            .unwrap();
+    }
+    let start = put_rev(&writer, Put::new("/fb/probe", "p")).await;
+    let (_s, mut w) = c
+        .watch(
+            WatchOptions::prefix("/fb/")
+                .start_revision(start)
+                .prev_kv()
+                .fragment(),
+        )
+        .unwrap();
+    let r = next_response(&mut w).await;
+    assert_eq!(r.events[0].revision(), start);
+    // Four responses of 200 KiB fill most of the 1 MiB budget, unread.
+    for i in 0..4 {
+        writer
+            .put(Put::new(format!("/fb/fill/{i}"), vec![0u8; VALUE]))
+            .await
+            .unwrap();
+    }
+    assert!(common::wait_until_async(T, || w.buffered_bytes() >= 4 * VALUE).await);
+    let before = proxy.bytes_to_client();
+    let del = writer
+        .delete(Delete::prefix("/fb/big/").prev_kv())
+        .await
+        .unwrap()
+        .header
+        .revision;
+    // Let the client take in whatever it will, until the link is quiet.
+    let mut last = proxy.bytes_to_client();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = proxy.bytes_to_client();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let took = (last - before) as usize;
+    // The queue's free budget, one fragment, and a stream window in flight.
+    let bound = budget + 2 * MAX_REQUEST + window as usize;
+    assert!(
+        took <= bound,
+        "{took} bytes taken in while the queue was full (bound {bound}, the revision is {} bytes)",
+        N * VALUE
+    );
+    assert!(w.buffered_bytes() <= budget, "{}", w.buffered_bytes());
+    // Reading again: every event, the deletes whole in one response.
+    let mut fills = 0;
+    let deleted = tokio::time::timeout(T, async {
+        loop {
+            let r = w.next().await.unwrap().expect("no watch error");
+            if r.events.iter().any(|e| e.kind == EventKind::Put) {
+                fills += r.events.len();
+                continue;
+            }
+            if !r.events.is_empty() {
+                return r;
+            }
+        }
+    })
+    .await
+    .expect("the deletes");
+    assert_eq!(fills, 4);
+    assert_eq!(deleted.events.len(), N);
+    assert!(deleted.events.iter().all(|e| e.revision() == del
+        && e.kind == EventKind::Delete
+        && e.prev_kv.as_ref().is_some_and(|p| p.value().len() == VALUE)));
+    assert_eq!(w.buffered_bytes(), 0);
+}
+
+/// A watch on keys the user may not read is refused by etcd (3.4 answers
+/// with a cancel for watch id -1, not the watcher's id): the watcher ends
+/// with `PermissionDenied` instead of seeing a progress notice and then
+/// nothing, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_the_user_may_not_read_ends_with_permission_denied() {
+    let etcd = Etcd::start();
+    etcd.enable_root_auth("rootpw");
+    for args in [
+        &["--user=root:rootpw", "user", "add", "alice:secret"][..],
+        &["--user=root:rootpw", "role", "add", "reader"],
+        &[
+            "--user=root:rootpw",
+            "role",
+            "grant-permission",
+            "reader",
+            "--prefix=true",
+            "read",
+            "/a/",
+        ],
+        &[
+            "--user=root:rootpw",
+            "user",
+            "grant-role",
+            "alice",
+            "reader",
+        ],
+    ] {
+        etcd.etcdctl_ok(args);
+    }
+    let alice = Client::connect(etcd.client_config_as("alice", "secret")).unwrap();
+    let stream = alice.watch_stream();
+    let mut allowed = stream.watch(WatchOptions::prefix("/a/")).unwrap();
+    let mut denied = stream.watch(WatchOptions::prefix("/b/")).unwrap();
+    let mut allowed2 = stream.watch(WatchOptions::prefix("/a/x")).unwrap();
+    let r = tokio::time::timeout(T, denied.next())
+        .await
+        .expect("refused");
+    assert!(matches!(r, Some(Err(Error::PermissionDenied))), "{r:?}");
+    // The watchers around it are unaffected.
+    let root = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    let rev = put_rev(&root, Put::new("/a/x", "1")).await;
+    for w in [&mut allowed, &mut allowed2] {
+        let r = tokio::time::timeout(T, async {
+            loop {
+                let r = w.next().await.unwrap().unwrap();
+                if !r.events.is_empty() {
+                    return r;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.events[0].revision(), rev);
+    }
+}
+
+/// etcd forgets its simple tokens when it restarts. A watch resumed over a
+/// new stream carries the old token, which etcd 3.4 answers with a refusal
+/// (a cancel for watch id -1, "permission denied") and 3.5 with a cancel
+/// for "invalid auth token": the stream re-authenticates and re-creates
+/// the watch once, instead of ending it (or, before, hanging).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_watch_resumes_across_an_etcd_restart() {
+    let mut etcd = Etcd::start();
+    etcd.enable_root_auth("rootpw");
+    let c = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    let start = put_rev(&c, Put::new("/ra/seed", "0")).await;
+    let (stream, mut w) = c
+        .watch(WatchOptions::prefix("/ra/").start_revision(start + 1))
+        .unwrap();
+    let first = put_rev(&c, Put::new("/ra/1", "a")).await;
+    assert_eq!(next_response(&mut w).await.events[0].revision(), first);
+    assert_eq!(c.authentications(), 1);
+    tokio::task::block_in_place(|| etcd.kill());
+    assert!(common::wait_until_async(T, || !stream.is_connected()).await);
+    tokio::task::block_in_place(|| etcd.restart());
+    // The watch reconnects with its old token before anything else on `c`
+    // could renew it; the write comes from another client.
+    assert!(common::wait_until_async(T, || stream.is_connected()).await);
+    let writer = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    let second = put_rev(&writer, Put::new("/ra/2", "b")).await;
+    let r = tokio::time::timeout(T, async {
+        loop {
+            let r = w.next().await.unwrap();
+            match r {
+                Ok(r) if r.events.is_empty() => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch resumed");
+    let r = r.expect("no watch error");
+    assert_eq!(r.events[0].revision(), second);
+}
+
+/// A JWT carries the auth store revision it was issued at; after any change
+/// to users or roles etcd refuses it with "revision of auth store is old".
+/// That is a token refusal (Go's clientv3 refreshes on it too): the call
+/// re-authenticates once and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_older_than_the_auth_store_is_renewed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let priv_key = common::write_file(dir.path(), "jwt.key", &key.serialize_pem());
+    let pub_key = common::write_file(dir.path(), "jwt.pub", &key.public_key_pem());
+    let token = format!("--auth-token=jwt,pub-key={pub_key},priv-key={priv_key},sign-method=ES256");
+    let etcd = Etcd::builder().extra_args(&[&token]).start();
+    etcd.enable_root_auth("rootpw");
+    let c = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
+    c.put(Put::new("/jwt", "1")).await.unwrap();
+    assert_eq!(c.authentications(), 1);
+    // Any change to the auth store outdates every token issued before it.
+    etcd.etcdctl_ok(&["--user=root:rootpw", "user", "add", "other:pw"]);
+    c.put(Put::new("/jwt", "2")).await.unwrap();
+    assert_eq!(c.authentications(), 2, "renewed exactly once");
 }

@@ -12,6 +12,34 @@
 //! it. Dropping the handle stops the keep-alive; it never revokes, so the
 //! lease runs out on its own (or a successor adopts it by id).
 //!
+//! Each [`LeaseKeeper::keep_alive`] is a registration of its own: dropping
+//! a handle ends only the registration it came from. A handle for a lease
+//! that was lost, kept after the same id was registered again (re-granted
+//! with an explicit id, or adopted), used to stop the newer keep-alive when
+//! it was dropped.
+//!
+//! # A lease is lost at its deadline, whatever the server says
+//!
+//! Like Go's clientv3 (`deadlineLoop`), a lease whose last successful
+//! keep-alive is a whole TTL old is declared lost (`lost`, and
+//! [`LeaseHandle::lost`] resolves) and is no longer kept alive: through an
+//! outage of every endpoint the server may never get to say so, and by
+//! then it has expired the lease (its TTL ran from when it answered, which
+//! was before the answer arrived). A lease it did keep (a new leader
+//! extends every lease) is the caller's to adopt again.
+//!
+//! # Refused credentials are not hidden
+//!
+//! The stream authenticates before it opens. When that fails it is a
+//! stream failure like any other (counted in every lease's `failures`, and
+//! retried with backoff, since the credentials may be replaced with
+//! [`Client::set_credentials`]); when the server refused the credentials the
+//! status also says `unauthenticated`. Nothing is sent without a token:
+//! etcd answers keep-alives without checking it, which kept leases alive
+//! for a client whose every other call failed.
+//!
+//! [`Client::set_credentials`]: super::Client::set_credentials
+//!
 //! # A stalled stream fails over within the TTL
 //!
 //! etcd answers every keep-alive request on the stream (TTL 0 for a lease
@@ -168,17 +196,29 @@ pub struct LeaseStatus {
     pub successes: u64,
     /// Stream failures seen while this lease was kept alive.
     pub failures: u64,
+    /// The last attempt to open the keep-alive stream could not
+    /// authenticate: the server refused the credentials. Nothing is sent
+    /// until it can, so the lease runs out (and is lost at its deadline)
+    /// unless the credentials are replaced in time. A field rather than
+    /// an error: the keeper retries, and the caller decides when to stop.
+    pub unauthenticated: bool,
 }
 
 impl LeaseStatus {
     /// Time left before the lease expires, judged from the last answer.
     pub fn ttl_left(&self) -> Duration {
-        match self.last_ok {
-            Some(at) if !self.lost => {
-                Duration::from_secs(self.ttl.max(0) as u64).saturating_sub(at.elapsed())
-            }
+        match self.deadline() {
+            Some(at) if !self.lost => at.saturating_duration_since(Instant::now()),
             _ => Duration::ZERO,
         }
+    }
+
+    /// When the lease expires unless a keep-alive is answered first: the
+    /// last answer plus its TTL (from registration, the TTL it was
+    /// registered with).
+    fn deadline(&self) -> Option<Instant> {
+        self.last_ok
+            .map(|at| at + Duration::from_secs(self.ttl.max(0) as u64))
     }
 }
 
@@ -187,6 +227,8 @@ impl LeaseStatus {
 /// keep-alive task, even if every `Client` clone is gone.
 pub struct LeaseHandle {
     id: i64,
+    /// This registration, so that dropping the handle ends only it.
+    reg: u64,
     status: watch::Receiver<LeaseStatus>,
     cmds: mpsc::UnboundedSender<Cmd>,
     _keeper: std::sync::Arc<DropGuard>,
@@ -201,7 +243,9 @@ impl LeaseHandle {
     pub fn status(&self) -> LeaseStatus {
         *self.status.borrow()
     }
-    /// Resolves when the lease is lost, or the keeper is gone.
+    /// Resolves when the lease is lost (the server says so, or its deadline
+    /// passed without a keep-alive answer: see the module docs), or the
+    /// keeper is gone.
     pub async fn lost(&mut self) {
         let _ = self.status.wait_for(|s| s.lost).await;
     }
@@ -213,7 +257,10 @@ impl LeaseHandle {
 
 impl Drop for LeaseHandle {
     fn drop(&mut self) {
-        let _ = self.cmds.send(Cmd::Remove(self.id));
+        let _ = self.cmds.send(Cmd::Remove {
+            id: self.id,
+            reg: self.reg,
+        });
     }
 }
 
@@ -221,9 +268,12 @@ enum Cmd {
     Add {
         id: i64,
         ttl: i64,
-        reply: oneshot::Sender<watch::Receiver<LeaseStatus>>,
+        reply: oneshot::Sender<(u64, watch::Receiver<LeaseStatus>)>,
     },
-    Remove(i64),
+    /// Ends registration `reg` of lease `id`; a no-op when that
+    /// registration is already gone (the lease was lost and registered
+    /// again since).
+    Remove { id: i64, reg: u64 },
 }
 
 /// Handle to the keep-alive task; cheap to clone. The task stops when the
@@ -236,7 +286,8 @@ pub struct LeaseKeeper {
 }
 
 struct Kept {
-    handles: usize,
+    /// The live registrations (handles) of this lease.
+    regs: std::collections::HashSet<u64>,
     interval: Duration,
     due: Instant,
     status: watch::Sender<LeaseStatus>,
@@ -254,15 +305,19 @@ impl LeaseKeeper {
     }
 
     /// Starts keeping lease `id` alive; `ttl` is its granted TTL in seconds
-    /// and sets the keep-alive interval (TTL/3).
+    /// and sets the keep-alive interval (TTL/3) and the first deadline
+    /// (now + TTL: a lease not answered for by then is lost, so a TTL <= 0
+    /// is lost at once). Each call is a registration of its own: the
+    /// handle's drop ends only it.
     pub async fn keep_alive(&self, id: i64, ttl: i64) -> Result<LeaseHandle> {
         let (reply, rx) = oneshot::channel();
         self.cmds
             .send(Cmd::Add { id, ttl, reply })
             .map_err(|_| Error::Closed)?;
-        let status = rx.await.map_err(|_| Error::Closed)?;
+        let (reg, status) = rx.await.map_err(|_| Error::Closed)?;
         Ok(LeaseHandle {
             id,
+            reg,
             status,
             cmds: self.cmds.clone(),
             _keeper: self._guard.clone(),
@@ -272,6 +327,7 @@ impl LeaseKeeper {
 
 async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: CancellationToken) {
     let mut leases: HashMap<i64, Kept> = HashMap::new();
+    let mut regs = Registrations::default();
     let mut backoff = Backoff::new(Duration::from_millis(50), MAX_KEEPALIVE_BACKOFF);
     'reconnect: loop {
         // Open the stream only once there is something to keep alive.
@@ -279,12 +335,35 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
-                    Some(cmd) => apply(&mut leases, cmd),
+                    Some(cmd) => apply(&mut leases, &mut regs, cmd),
                     None => return,
                 },
             }
         }
-        let _ = client.ensure_token().await;
+        expire(&mut leases);
+        if leases.is_empty() {
+            continue 'reconnect;
+        }
+        // Never open without a token when there are credentials: etcd
+        // answers keep-alives without one (module docs).
+        if let Err(err) = client.ensure_token().await {
+            let refused = !err.is_transient();
+            if refused {
+                tracing::warn!(error = %err, "lease keep-alive: authentication refused; not keeping leases alive until it succeeds");
+            }
+            for k in leases.values() {
+                k.status.send_if_modified(|s| {
+                    let changed = s.unauthenticated != refused;
+                    s.unauthenticated = refused;
+                    changed
+                });
+            }
+            // `authenticate` has already moved past unreachable endpoints.
+            if !stream_failed(&client, None, &err, &leases, &cancel, &mut backoff).await {
+                return;
+            }
+            continue 'reconnect;
+        }
         // Unbounded: each request is a lease id, at most one per lease per
         // interval, and a bounded queue would leave leases past its size
         // waiting a whole interval after a reconnect. A stalled stream is
@@ -305,13 +384,19 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
         // black-holed path shows here first: bound it like any answer.
         let open_timeout = client.config().request_timeout.min(stall_bound(&leases));
         let mut inbound = match tokio::time::timeout(open_timeout, open).await {
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(Ok(r)) => {
+                for k in leases.values() {
+                    k.status
+                        .send_if_modified(|s| std::mem::take(&mut s.unauthenticated));
+                }
+                r.into_inner()
+            }
             failed => {
                 let err = match failed {
                     Ok(Err(s)) => Error::from(s),
                     _ => Error::Timeout(open_timeout),
                 };
-                if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
+                if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {
                     return;
                 }
                 continue 'reconnect;
@@ -325,6 +410,13 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                     None => std::future::pending().await,
                 }
             };
+            let deadline = next_deadline(&leases);
+            let expiry = async {
+                match deadline {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             let stalled_at = waiting.since.map(|t| t + stall_bound(&leases));
             let stall = async {
                 match stalled_at {
@@ -332,32 +424,12 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                     None => std::future::pending().await,
                 }
             };
+            // Biased: an answer already here is taken before a stall or a
+            // deadline is declared, so a busy runtime does not turn a late
+            // poll into a lost lease.
             tokio::select! {
+                biased;
                 _ = cancel.cancelled() => return,
-                cmd = cmds.recv() => match cmd {
-                    Some(Cmd::Add { id, ttl, reply }) => {
-                        apply(&mut leases, Cmd::Add { id, ttl, reply });
-                        waiting.send(&out_tx, id);
-                    }
-                    Some(cmd) => apply(&mut leases, cmd),
-                    None => return,
-                },
-                _ = sleep => {
-                    let now = Instant::now();
-                    for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
-                        k.due = now + k.interval;
-                        waiting.send(&out_tx, *id);
-                    }
-                }
-                _ = stall => {
-                    let bound = stall_bound(&leases);
-                    tracing::warn!(?bound, unanswered = waiting.pending, "lease keep-alive stream stalled; moving to the next endpoint");
-                    let err = Error::Unavailable(format!("no keep-alive answer in {bound:?}"));
-                    if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
-                        return;
-                    }
-                    continue 'reconnect;
-                }
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
@@ -385,12 +457,37 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                             Err(s) => Error::from(s),
                             _ => Error::Unavailable("keep-alive stream ended".into()),
                         };
-                        if !stream_failed(&client, idx, &err, &leases, &cancel, &mut backoff).await {
+                        if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {
                             return;
                         }
                         continue 'reconnect;
                     }
                 },
+                cmd = cmds.recv() => match cmd {
+                    Some(Cmd::Add { id, ttl, reply }) => {
+                        apply(&mut leases, &mut regs, Cmd::Add { id, ttl, reply });
+                        waiting.send(&out_tx, id);
+                    }
+                    Some(cmd) => apply(&mut leases, &mut regs, cmd),
+                    None => return,
+                },
+                _ = sleep => {
+                    let now = Instant::now();
+                    for (id, k) in leases.iter_mut().filter(|(_, k)| k.due <= now) {
+                        k.due = now + k.interval;
+                        waiting.send(&out_tx, *id);
+                    }
+                }
+                _ = stall => {
+                    let bound = stall_bound(&leases);
+                    tracing::warn!(?bound, unanswered = waiting.pending, "lease keep-alive stream stalled; moving to the next endpoint");
+                    let err = Error::Unavailable(format!("no keep-alive answer in {bound:?}"));
+                    if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {
+                        return;
+                    }
+                    continue 'reconnect;
+                }
+                _ = expiry => expire(&mut leases),
             }
         }
     }
@@ -432,13 +529,45 @@ fn stall_bound(leases: &HashMap<i64, Kept>) -> Duration {
         .max(MIN_KEEPALIVE_STALL)
 }
 
-fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {
+/// Hands out registration numbers, never reused.
+#[derive(Default)]
+struct Registrations(u64);
+
+/// The earliest deadline of the leases kept.
+fn next_deadline(leases: &HashMap<i64, Kept>) -> Option<Instant> {
+    leases
+        .values()
+        .filter_map(|k| k.status.borrow().deadline())
+        .min()
+}
+
+/// Declares lost, and stops keeping, every lease whose deadline has passed
+/// without an answer (module docs).
+fn expire(leases: &mut HashMap<i64, Kept>) {
+    let now = Instant::now();
+    leases.retain(|id, k| {
+        let past = k.status.borrow().deadline().is_some_and(|d| d <= now);
+        if past {
+            tracing::warn!(
+                lease = id,
+                "lease lost: no keep-alive answered within its TTL"
+            );
+            k.status.send_modify(|s| {
+                s.lost = true;
+                s.ttl = 0;
+            });
+        }
+        !past
+    });
+}
+
+fn apply(leases: &mut HashMap<i64, Kept>, regs: &mut Registrations, cmd: Cmd) {
     match cmd {
         Cmd::Add { id, ttl, reply } => {
             let interval = Duration::from_millis((ttl.max(1) as u64 * 1000) / 3)
                 .max(Duration::from_millis(100));
             let kept = leases.entry(id).or_insert_with(|| Kept {
-                handles: 0,
+                regs: Default::default(),
                 interval,
                 due: Instant::now(),
                 status: watch::channel(LeaseStatus {
@@ -447,20 +576,23 @@ fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {
                     lost: false,
                     successes: 0,
                     failures: 0,
+                    unauthenticated: false,
                 })
                 .0,
             });
             kept.interval = interval;
-            kept.handles += 1;
-            let _ = reply.send(kept.status.subscribe());
+            regs.0 += 1;
+            kept.regs.insert(regs.0);
+            let _ = reply.send((regs.0, kept.status.subscribe()));
         }
-        Cmd::Remove(id) => {
-            // Only stop when no other handle still holds it.
-            if let Some(k) = leases.get_mut(&id) {
-                k.handles -= 1;
-                if k.handles == 0 {
-                    leases.remove(&id);
-                }
+        Cmd::Remove { id, reg } => {
+            // Only this registration, and only stop when no other handle
+            // still holds the lease.
+            if let Some(k) = leases.get_mut(&id)
+                && k.regs.remove(&reg)
+                && k.regs.is_empty()
+            {
+                leases.remove(&id);
             }
         }
     }
@@ -470,7 +602,7 @@ fn apply(leases: &mut HashMap<i64, Kept>, cmd: Cmd) {
 /// move to the next endpoint, and back off. False if cancelled meanwhile.
 async fn stream_failed(
     client: &Transport,
-    idx: usize,
+    idx: Option<usize>,
     err: &Error,
     leases: &HashMap<i64, Kept>,
     cancel: &CancellationToken,
@@ -480,9 +612,19 @@ async fn stream_failed(
     if err.is_invalid_token() {
         client.clear_token();
     }
-    client.rotate(idx);
+    if let Some(idx) = idx {
+        client.rotate(idx);
+    }
     for k in leases.values() {
         k.status.send_modify(|s| s.failures += 1);
     }
-    backoff.wait_unless(cancel.cancelled()).await
+    // A deadline that passes meanwhile is declared at once (the caller
+    // expires it before reopening), not a backoff later.
+    match next_deadline(leases) {
+        Some(d) => tokio::select! {
+            more = backoff.wait_unless(cancel.cancelled()) => more,
+            _ = tokio::time::sleep_until(d.into()) => !cancel.is_cancelled(),
+        },
+        None => backoff.wait_unless(cancel.cancelled()).await,
+    }
 }

@@ -39,6 +39,50 @@
 //! use separate streams: [`Client::watch_stream`] opens a new one each time.
 //! Errors are queued without waiting for the budget.
 //!
+//! A response being reassembled from fragments ([`WatchOptions::fragment`])
+//! counts against the same budget as its fragments arrive (and in
+//! [`Watcher::buffered_bytes`]): the task waits for room before it takes in
+//! the next fragment, so a watcher's queue plus its partial response stay
+//! within the budget, except that one response larger than the whole
+//! budget still passes on its own, as above. Before, a watcher whose queue
+//! was full could hold a whole fragmented response beside it.
+//!
+//! # A refused create ends its watcher
+//!
+//! etcd refuses a watch on keys the user may not read. 3.5 cancels it by
+//! its id; 3.4 (and any failed create there) answers with a cancel for
+//! watch id -1, which used to be taken for a progress notice: every watcher
+//! on the stream saw a bogus notice and the refused one waited for ever.
+//! etcd answers creates in order, so the task keeps the creates not yet
+//! answered and ends the oldest one. "permission denied" ends the watcher
+//! with [`Error::PermissionDenied`], anything else with
+//! [`Error::WatchCanceled`].
+//!
+//! A create refused for its token ("invalid auth token": etcd forgets its
+//! simple tokens when it restarts, and they expire after
+//! `--auth-token-ttl` of disuse, so a watch resumed on a new stream often
+//! carries a dead one) is not the watcher's fault: the stream drops the
+//! token, re-authenticates and re-creates every watcher where it was, once
+//! per watcher until one of its creates succeeds. "permission denied" gets
+//! the same one retry, because etcd 3.4 says that for a dead token too
+//! (and 3.5.1 at times just after a restart); a watch the user really may
+//! not read costs one reconnect of its stream before it ends. A second
+//! refusal in a row ends the watcher ([`Error::Auth`] or
+//! [`Error::PermissionDenied`]). It used to end with `WatchCanceled`, or,
+//! on 3.4, hang, however valid the credentials.
+//!
+//! # Refused credentials end the watchers
+//!
+//! The stream authenticates before it opens (when there are credentials
+//! and no token). If the server refuses (wrong password, auth not enabled),
+//! every watcher on the stream gets that error (`Error::Auth` for refused
+//! credentials) and ends: opening without a token instead made etcd accept
+//! the stream and answer each create with a cancel, or nothing, so the
+//! watcher hung or saw what looked like a progress notice. Watchers added
+//! later try again, with whatever credentials are current then. An
+//! authentication that could not reach any member is retried with backoff
+//! like any stream failure, and counted in [`WatchStream::reconnects`].
+//!
 //! # A response over the decode limit ends the stream's watchers
 //!
 //! A response larger than [`ClientConfig::max_decoding_message_size`]
@@ -64,7 +108,7 @@
 //! [`ClientConfig::max_decoding_message_size`]: super::ClientConfig::max_decoding_message_size
 //! [`DEFAULT_WATCHER_BUFFER_BYTES`]: super::DEFAULT_WATCHER_BUFFER_BYTES
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -75,7 +119,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::backoff::Backoff;
-use super::error::{Error, Result};
+use super::error::{Error, Result, is_token_refusal};
 use super::kv::{KeyValue, prefix_range};
 use super::pb::{
     PbEvent, PbEventType, PbWatchCancelRequest, PbWatchClient, PbWatchCreateRequest,
@@ -251,22 +295,57 @@ struct Sink {
 
 impl Sink {
     /// Queues a response once its bytes fit the budget (one larger than
-    /// the whole budget waits until the queue is empty). False when the
-    /// consumer is gone.
-    async fn send(&self, resp: WatchResponse) -> bool {
+    /// the whole budget waits until the queue is empty). `held` is what its
+    /// fragments already hold. False when the consumer is gone.
+    async fn send(&self, resp: WatchResponse, held: Fragments) -> bool {
         let bytes = response_bytes(&resp);
+        let Some(permit) = self.grow(held.permit, bytes).await else {
+            return false;
+        };
+        self.buffered.fetch_sub(held.bytes, Ordering::Relaxed);
+        self.push(Ok(resp), bytes, Some(permit))
+    }
+
+    /// Takes budget for the next fragment's `bytes` (module docs): waits
+    /// until they fit beside the queue, up to the whole budget. False when
+    /// the consumer is gone.
+    async fn hold(&self, frag: &mut Fragments, bytes: usize) -> bool {
+        let Some(permit) = self.grow(frag.permit.take(), frag.bytes + bytes).await else {
+            return false;
+        };
+        frag.permit = Some(permit);
+        frag.bytes += bytes;
+        self.buffered.fetch_add(bytes, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back what a discarded partial response held.
+    fn release(&self, frag: Fragments) {
+        self.buffered.fetch_sub(frag.bytes, Ordering::Relaxed);
+    }
+
+    /// `held` grown to cover `bytes` of the budget (at most all of it).
+    async fn grow(
+        &self,
+        held: Option<OwnedSemaphorePermit>,
+        bytes: usize,
+    ) -> Option<OwnedSemaphorePermit> {
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
         // `capacity` fits in u32: see `WatchStream::watch`.
-        let want = bytes.min(self.capacity) as u32;
-        let permit = tokio::select! {
-            p = self.budget.clone().acquire_many_owned(want) => match p {
-                Ok(p) => p,
-                Err(_) => return false,
-            },
+        let want = bytes.min(self.capacity).saturating_sub(have) as u32;
+        if want == 0 && held.is_some() {
+            return held;
+        }
+        let mut more = tokio::select! {
+            p = self.budget.clone().acquire_many_owned(want) => p.ok()?,
             // A consumer that drops its watcher while the stream waits for
             // it must not hold the stream for ever.
-            _ = self.tx.closed() => return false,
+            _ = self.tx.closed() => return None,
         };
-        self.push(Ok(resp), bytes, Some(permit))
+        if let Some(held) = held {
+            more.merge(held);
+        }
+        Some(more)
     }
 
     /// Queues an error at once: it ends the watcher, and it is small.
@@ -296,16 +375,19 @@ impl Sink {
 /// What a response costs against its watcher's budget: its events'
 /// encoded size plus a fixed overhead.
 fn response_bytes(resp: &WatchResponse) -> usize {
-    RESPONSE_OVERHEAD_BYTES
-        + resp
-            .events
-            .iter()
-            .map(|e| {
-                EVENT_OVERHEAD_BYTES
-                    + e.kv.0.encoded_len()
-                    + e.prev_kv.as_ref().map_or(0, |p| p.0.encoded_len())
-            })
-            .sum::<usize>()
+    RESPONSE_OVERHEAD_BYTES + events_bytes(&resp.events)
+}
+
+/// What events cost against their watcher's budget.
+fn events_bytes(events: &[Event]) -> usize {
+    events
+        .iter()
+        .map(|e| {
+            EVENT_OVERHEAD_BYTES
+                + e.kv.0.encoded_len()
+                + e.prev_kv.as_ref().map_or(0, |p| p.0.encoded_len())
+        })
+        .sum::<usize>()
 }
 
 impl Watcher {
@@ -329,8 +411,9 @@ impl Watcher {
     }
 
     /// Encoded bytes of the responses queued for this watcher and not yet
-    /// taken. At most the budget ([`ClientConfig::watcher_buffer_bytes`]),
-    /// or one response when that response alone is larger.
+    /// taken, plus the fragments of one being reassembled. At most the
+    /// budget ([`ClientConfig::watcher_buffer_bytes`]), or one response
+    /// when that response alone is larger.
     ///
     /// [`ClientConfig::watcher_buffer_bytes`]: super::ClientConfig::watcher_buffer_bytes
     pub fn buffered_bytes(&self) -> usize {
@@ -486,7 +569,22 @@ struct State {
     /// First revision not yet delivered; 0 until known ("from now").
     resume: i64,
     sink: Sink,
-    fragments: Vec<Event>,
+    /// The response being reassembled, with its share of the budget.
+    fragments: Fragments,
+    /// Its create was refused for its token and the stream re-authenticated
+    /// for it; a second refusal before a create succeeds ends it.
+    reauthed: bool,
+}
+
+/// The fragments of one response received so far, holding their bytes of
+/// the watcher's budget (module docs).
+#[derive(Default)]
+struct Fragments {
+    events: Vec<Event>,
+    /// Their bytes, as counted in `Watcher::buffered_bytes`.
+    bytes: usize,
+    /// Budget taken for them: `bytes`, at most the whole budget.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 fn create_msg(id: i64, st: &State) -> PbWatchRequest {
@@ -530,18 +628,40 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
-                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Vec::new() });
+                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Fragments::default(), reauthed: false });
                     }
                     Some(_) => {}
                     None => commands_open = false,
                 },
             }
         }
-        let _ = client.ensure_token().await;
+        if let Err(err) = client.ensure_token().await {
+            reconnects.fetch_add(1, Ordering::Relaxed);
+            if err.is_transient() {
+                // `authenticate` has already moved past unreachable members.
+                tracing::debug!(error = %err, "watch stream: authentication failed; retrying");
+                if !backoff.wait_unless(cancel.cancelled()).await {
+                    return;
+                }
+                continue;
+            }
+            // Refused: end the watchers rather than open without a token
+            // (module docs).
+            tracing::warn!(error = %err, watchers = watchers.len(), "watch stream: authentication refused; ending every watcher on the stream");
+            for (_, st) in watchers.drain() {
+                st.sink.send_err(auth_error(&err));
+            }
+            continue;
+        }
         // Queue every create before opening: etcd sends the response
         // headers only with its first message.
         let (out_tx, out_rx) = mpsc::unbounded_channel::<PbWatchRequest>();
+        // The creates the server has not answered yet, in the order sent:
+        // etcd 3.4 refuses one with a cancel for watch id -1 (see
+        // `dispatch`), so only the order says which it was.
+        let mut pending: VecDeque<i64> = VecDeque::new();
         for (id, st) in &watchers {
+            pending.push_back(*id);
             let _ = out_tx.send(create_msg(*id, st));
         }
         let (idx, svc) = client.svc();
@@ -591,7 +711,8 @@ async fn run(
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv(), if commands_open => match cmd {
                     Some(Cmd::Create { id, req, sink }) => {
-                        let st = State { resume: req.start_revision, req, sink, fragments: Vec::new() };
+                        let st = State { resume: req.start_revision, req, sink, fragments: Fragments::default(), reauthed: false };
+                        pending.push_back(id);
                         let _ = out_tx.send(create_msg(id, &st));
                         watchers.insert(id, st);
                     }
@@ -610,9 +731,22 @@ async fn run(
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
-                        dispatch(&mut watchers, resp, &out_tx).await;
+                        let reauth = dispatch(&mut watchers, &mut pending, resp, &out_tx).await;
                         if watchers.is_empty() && !commands_open {
                             return;
+                        }
+                        if reauth {
+                            // A create refused for its token (module docs):
+                            // a new token and a new stream, from where every
+                            // watcher is.
+                            tracing::debug!("watch create refused for its token; re-authenticating");
+                            client.clear_token();
+                            connected.store(false, Ordering::Relaxed);
+                            reconnects.fetch_add(1, Ordering::Relaxed);
+                            for st in watchers.values_mut() {
+                                st.sink.release(std::mem::take(&mut st.fragments));
+                            }
+                            break;
                         }
                     }
                     other => {
@@ -642,7 +776,7 @@ async fn run(
                         client.rotate(idx);
                         reconnects.fetch_add(1, Ordering::Relaxed);
                         for st in watchers.values_mut() {
-                            st.fragments.clear();
+                            st.sink.release(std::mem::take(&mut st.fragments));
                         }
                         if !backoff.wait_unless(cancel.cancelled()).await {
                             return;
@@ -655,12 +789,32 @@ async fn run(
     }
 }
 
+/// Hands one response to its watcher(s). True when a create was refused
+/// for its token and the stream should re-authenticate and reopen.
 async fn dispatch(
     watchers: &mut HashMap<i64, State>,
+    pending: &mut VecDeque<i64>,
     resp: PbWatchResponse,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
-) {
+) -> bool {
     let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+    if resp.created
+        && resp.watch_id != -1
+        && let Some(at) = pending.iter().position(|p| *p == resp.watch_id)
+    {
+        pending.remove(at);
+    }
+    if resp.watch_id == -1 && resp.canceled {
+        // etcd 3.4 refuses a create (a user without read permission on
+        // the range, an invalid token) with `created` and `canceled` for
+        // watch id -1, not the watcher's: it is the oldest create not yet
+        // answered, since the server answers creates in order. Taken for a
+        // progress notice, it used to leave that watcher waiting for ever.
+        let Some(id) = pending.pop_front() else {
+            return false;
+        };
+        return refused(watchers, id, &resp.cancel_reason);
+    }
     if resp.watch_id == -1 {
         // A broadcast progress notice (etcd 3.4's answer to a progress
         // request). It does not move resume revisions: in 3.4 it is sent
@@ -674,43 +828,52 @@ async fn dispatch(
                     revision,
                     events: Vec::new(),
                 },
+                Fragments::default(),
                 out,
             )
             .await;
         }
-        return;
+        return false;
     }
     let id = resp.watch_id;
     let Some(st) = watchers.get_mut(&id) else {
-        return;
+        return false;
     };
     if resp.canceled {
-        let err = if resp.compact_revision > 0 {
-            Error::Compacted {
-                compact_revision: Some(resp.compact_revision),
-            }
-        } else {
-            Error::WatchCanceled(resp.cancel_reason.clone())
-        };
-        st.sink.send_err(err);
+        if resp.compact_revision == 0 {
+            return refused(watchers, id, &resp.cancel_reason);
+        }
+        st.sink.release(std::mem::take(&mut st.fragments));
+        st.sink.send_err(Error::Compacted {
+            compact_revision: Some(resp.compact_revision),
+        });
         watchers.remove(&id);
-        return;
+        return false;
     }
     if resp.created {
+        st.reauthed = false;
         // A watch "from now" starts after the revision it was created at.
         if st.resume == 0 {
             st.resume = revision + 1;
         }
         if resp.events.is_empty() {
-            return;
+            return false;
         }
     }
-    let mut events: Vec<Event> = std::mem::take(&mut st.fragments);
-    events.extend(resp.events.into_iter().map(Event::from_pb));
+    let new: Vec<Event> = resp.events.into_iter().map(Event::from_pb).collect();
     if resp.fragment {
-        st.fragments = events;
-        return;
+        // Counted against the budget before it is kept (module docs).
+        if !st.sink.hold(&mut st.fragments, events_bytes(&new)).await {
+            watchers.remove(&id);
+            let _ = out.send(cancel_msg(id));
+            return false;
+        }
+        st.fragments.events.extend(new);
+        return false;
     }
+    let mut held = std::mem::take(&mut st.fragments);
+    let mut events = std::mem::take(&mut held.events);
+    events.extend(new);
     if events.first().is_some_and(|e| e.revision() < st.resume) {
         // The revision before the start, asked for by `create_msg`. Events
         // come in revision order, so they are a prefix.
@@ -718,7 +881,8 @@ async fn dispatch(
         events.drain(..keep);
         if events.is_empty() {
             // Not a progress notice: say nothing rather than look like one.
-            return;
+            st.sink.release(held);
+            return false;
         }
     }
     if let Some(last) = events.last() {
@@ -728,17 +892,67 @@ async fn dispatch(
         // watchers that have caught up, so nothing below it is pending.
         st.resume = revision + 1;
     }
-    deliver(watchers, id, WatchResponse { revision, events }, out).await;
+    deliver(watchers, id, WatchResponse { revision, events }, held, out).await;
+    false
+}
+
+/// A watch the server canceled (not for compaction) or refused to create.
+/// Refused for its token or for permission, and not yet since a
+/// re-authentication: kept, and true (the stream re-authenticates and
+/// re-creates it). Otherwise it ends with the reason's error.
+fn refused(watchers: &mut HashMap<i64, State>, id: i64, reason: &str) -> bool {
+    let Some(st) = watchers.get_mut(&id) else {
+        return false;
+    };
+    // 3.4 says "permission denied" for a dead token too, and so does 3.5
+    // at times just after a restart: worth one new token as well.
+    let maybe_token = is_token_refusal(reason) || reason.contains("etcdserver: permission denied");
+    if maybe_token && !st.reauthed {
+        st.reauthed = true;
+        return true;
+    }
+    if let Some(mut st) = watchers.remove(&id) {
+        st.sink.release(std::mem::take(&mut st.fragments));
+        st.sink.send_err(cancel_error(reason));
+    }
+    false
+}
+
+/// The error for a watch the server canceled, from its reason: etcd
+/// refuses a watch on keys the user may not read with "permission denied"
+/// (3.5 wraps it in the gRPC status text).
+fn cancel_error(reason: &str) -> Error {
+    if reason.contains("etcdserver: permission denied") {
+        Error::PermissionDenied
+    } else if is_token_refusal(reason) {
+        Error::Auth(reason.to_string())
+    } else if reason.is_empty() {
+        Error::WatchCanceled("the server refused the watch".into())
+    } else {
+        Error::WatchCanceled(reason.to_string())
+    }
+}
+
+/// The error each watcher gets when the stream's authentication was
+/// refused: `err` itself where it can be copied.
+fn auth_error(err: &Error) -> Error {
+    match err {
+        Error::Auth(m) => Error::Auth(m.clone()),
+        Error::PermissionDenied => Error::PermissionDenied,
+        Error::Status(s) => Error::Status(s.clone()),
+        other => Error::Auth(other.to_string()),
+    }
 }
 
 async fn deliver(
     watchers: &mut HashMap<i64, State>,
     id: i64,
     resp: WatchResponse,
+    held: Fragments,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
 ) {
     let Some(st) = watchers.get(&id) else { return };
-    if !st.sink.send(resp).await {
+    if !st.sink.send(resp, held).await {
         watchers.remove(&id);
         let _ = out.send(cancel_msg(id));
     }

@@ -50,6 +50,8 @@ struct Shared {
     bandwidth: AtomicU64,
     accepted: AtomicU64,
     active: AtomicU64,
+    /// Bytes forwarded from the upstream to clients.
+    to_client: AtomicU64,
 }
 
 impl Shared {
@@ -100,6 +102,7 @@ impl FaultProxy {
             bandwidth: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             active: AtomicU64::new(0),
+            to_client: AtomicU64::new(0),
         });
         let cancel = CancellationToken::new();
         tokio::spawn(accept_loop(
@@ -180,6 +183,12 @@ impl FaultProxy {
     pub fn active_connections(&self) -> u64 {
         self.shared.active.load(Ordering::Relaxed)
     }
+
+    /// Bytes forwarded from the upstream to clients so far: what the client
+    /// side has been sent, so a test can bound what a client took in.
+    pub fn bytes_to_client(&self) -> u64 {
+        self.shared.to_client.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for FaultProxy {
@@ -253,7 +262,10 @@ async fn connection(
         let (sr, sw) = server.into_split();
         // Any error (reset, broken pipe) tears down both directions; a clean
         // EOF is propagated as a half-close.
-        let _ = tokio::try_join!(pipe(cr, sw, &shared), pipe(sr, cw, &shared));
+        let _ = tokio::try_join!(
+            pipe(cr, sw, &shared, None),
+            pipe(sr, cw, &shared, Some(&shared.to_client))
+        );
     };
     // Dropping `forward` (cut / proxy dropped) closes both sockets.
     tokio::select! {
@@ -266,7 +278,12 @@ async fn connection(
 /// Copies `r` to `w`, delaying each chunk by the current latency and pacing
 /// writes to the current bandwidth. Reading and writing run concurrently, so
 /// latency does not reduce throughput.
-async fn pipe(mut r: OwnedReadHalf, mut w: OwnedWriteHalf, shared: &Shared) -> std::io::Result<()> {
+async fn pipe(
+    mut r: OwnedReadHalf,
+    mut w: OwnedWriteHalf,
+    shared: &Shared,
+    count: Option<&AtomicU64>,
+) -> std::io::Result<()> {
     let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(PIPE_DEPTH);
     let reader = async move {
         let mut buf = vec![0u8; CHUNK];
@@ -286,6 +303,9 @@ async fn pipe(mut r: OwnedReadHalf, mut w: OwnedWriteHalf, shared: &Shared) -> s
             let latency = shared.latency();
             if !latency.is_zero() {
                 sleep_until(read_at + latency).await;
+            }
+            if let Some(c) = count {
+                c.fetch_add(data.len() as u64, Ordering::Relaxed);
             }
             match shared.bandwidth() {
                 None => w.write_all(&data).await?,
