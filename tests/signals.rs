@@ -284,3 +284,67 @@ async fn a_new_leader_verifies_the_copy_it_adopts_at_once() {
         "the successor resumed the copy rather than re-syncing it"
     );
 }
+
+/// A leader that adopts a copy emptied out of band while no leader ran
+/// must not report it current before it has counted it: staleness keeps
+/// growing from the predecessor's last heartbeat until the copy is whole
+/// again (the soak's seed 11 found a new leader marking such a copy
+/// current on its first probe, which skipped the count while replaying).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_does_not_report_an_adopted_emptied_copy_fresh() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..30, "v").await;
+    // No verification: only the freshness probe's count can find it.
+    let cfg = fast(10);
+    let first = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    first.shutdown().await;
+    let emptied_at = std::time::Instant::now();
+    peer.delete(Delete::prefix(common::mirror::PREFIX))
+        .await
+        .unwrap();
+    // The source moves on meanwhile, so the successor resumes with a tail
+    // to replay (as after a crash, when the state key lags the source),
+    // long enough that its first probe goes out while it replays.
+    for round in 0..10 {
+        put_each(&src, 0..30, &format!("w{round}-")).await;
+    }
+    let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    let s = second.stats()[0].clone();
+    // From the claim on (it adopts the predecessor's lease and heartbeat).
+    eventually("the successor claimed the peer", async || {
+        s.lease_status().is_some()
+    })
+    .await;
+    let copy = async || {
+        peer.range(Range::prefix(common::mirror::PREFIX).count_only())
+            .await
+            .unwrap()
+            .count
+    };
+    let mut samples = 0;
+    loop {
+        // Staleness first, then the copy: the copy only fills up from
+        // here, so an incomplete copy now was incomplete then too, and
+        // nothing can have been counted current since it was emptied.
+        let (staleness, at) = (s.staleness(), std::time::Instant::now());
+        let held = copy().await;
+        if held >= 30 {
+            break;
+        }
+        let since_emptied = at - emptied_at;
+        assert!(
+            staleness + Duration::from_millis(50) >= since_emptied,
+            "the copy holds {held} of 30 keys, emptied {since_emptied:?} ago, yet reads {staleness:?} stale (sample {samples})"
+        );
+        samples += 1;
+        assert!(
+            emptied_at.elapsed() < CONVERGE,
+            "the emptied copy was never restored: it holds {held} keys after {samples} samples"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The replayed tail re-puts every key: the copy is whole again
+    // without a re-sync, and only then current.
+    converged(&src, &peer, &cfg).await;
+}

@@ -139,6 +139,13 @@ struct Probe {
     /// only the watermark can still resolve it, and the next probe may
     /// replace it.
     quiet_done: bool,
+    /// The copy's key count was checked against the source's and matched.
+    /// A probe that could not count (a resumed copy still replaying the
+    /// predecessor's tail, or a compacted watermark) may still advance an
+    /// idle watermark, but never marks the copy current: a new leader that
+    /// adopted a copy emptied out of band would otherwise report it fresh
+    /// before it has counted it (found by the soak, seed 11).
+    counted: bool,
 }
 
 /// What a probe read: the source's header, the peer's state key and header,
@@ -308,6 +315,7 @@ impl<'a> Live<'a> {
                 .front()
                 .map_or(self.launched_ops, |&(_, before)| before),
             quiet_done: false,
+            counted: false,
         };
         let floor = self.writer.peer_revision();
         // Read before the source is: the source's revision can be no lower.
@@ -390,11 +398,14 @@ impl<'a> Live<'a> {
         if read.stored.create_revision != w.fence {
             return Err(w.lost_claim(&read.stored));
         }
-        self.check_count(&read)?;
+        let counted = self.check_count(&read)?;
         // A pending probe keeps its place until its quiet period is over,
         // or a busy stream would never have one.
         if self.probe.is_none_or(|p| p.quiet_done) {
-            self.probe = Some(read.sent);
+            self.probe = Some(Probe {
+                counted,
+                ..read.sent
+            });
         }
         Ok(())
     }
@@ -404,13 +415,13 @@ impl<'a> Live<'a> {
     /// revoked lease, keys written by hand) must not read as current. The
     /// txns in flight, and those sent while the probe was out, may have
     /// moved the peer by at most their ops; keys too large for the peer are
-    /// absent there by design.
-    fn check_count(&self, read: &ProbeRead) -> Result<()> {
+    /// absent there by design. Returns whether it could count at all.
+    fn check_count(&self, read: &ProbeRead) -> Result<bool> {
         let Some(source) = read
             .source_count
             .filter(|_| read.applied >= self.replay_horizon)
         else {
-            return Ok(());
+            return Ok(false);
         };
         let oversized = self.writer.oversized_count() as i64;
         let expected = source - oversized;
@@ -421,7 +432,7 @@ impl<'a> Live<'a> {
             slack += self.pipeline.limits().max_ops as i64;
         }
         if (read.peer_count - expected).abs() <= slack {
-            return Ok(());
+            return Ok(true);
         }
         Err(Error::CopyChanged {
             peer: self.writer.region.clone(),
@@ -485,6 +496,9 @@ impl<'a> Live<'a> {
             self.window.advance_idle(p.source_revision);
         }
         self.probe = None;
+        if !p.counted {
+            return;
+        }
         let w = self.writer;
         w.stats.mark_current(p.at, p.at_unix_ms);
         w.marks.heartbeat_unix_ms.fetch_max(p.at_unix_ms, Relaxed);
