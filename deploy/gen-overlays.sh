@@ -167,9 +167,11 @@ overlay() { # DIR REGION
 
   {
     cat <<EOF
-# aether-replicator, region $r of the regions $all (written by \`$generator\`). Keys are the long
-# flag names in snake_case; flags and AETHER_REPLICATOR_* variables override them. The Deployment adds
-# --metrics-addr=\$(POD_IP):9464 and the replica id (the pod name). Secrets come from the mounted files only.
+# aether-replicator, region $r of the regions $all. Written by
+#   $generator
+# Keys are the long flag names in snake_case; flags and AETHER_REPLICATOR_* variables override them. The
+# Deployment adds --metrics-addr=\$(POD_IP):9464 and the replica id (the pod name). Secrets come from the
+# mounted files only.
 region = "$r"
 lease_ttl = "30s"
 log_format = "json"
@@ -196,8 +198,8 @@ EOF
 
   {
     cat <<EOF
-# Region $r of the regions $all (written by \`$generator\`): apply with \`kubectl apply -k\` in
-# region $r's cluster.
+# Region $r of the regions $all: apply with \`kubectl apply -k\` in region $r's cluster. Written by
+#   $generator
 # The Secrets below are generated from EXAMPLE PLACEHOLDER files (secrets/): replace their contents with the
 # real PEM files and passwords, or delete the secretGenerator and create Secrets of the same names yourself
 # (for example with cert-manager, whose Secrets carry ca.crt, tls.crt and tls.key).

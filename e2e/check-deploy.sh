@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks everything under deploy/ without a cluster or a registry:
-#   - both Kubernetes overlays render with `kubectl kustomize`, and tests/deploy.rs checks what they render
-#     and runs the replicator's --check-config on it (skipped with --no-cargo: e2e/test-all.sh has run it
-#     with the other cargo tests already);
+#   - the example overlays are what deploy/gen-overlays.sh writes, and every one renders with
+#     `kubectl kustomize`; tests/deploy.rs checks what they render, and what the generator writes for 3 and
+#     5 regions, and runs the replicator's --check-config on it (skipped with --no-cargo: e2e/test-all.sh
+#     has run it with the other cargo tests already);
 #   - the PrometheusRule is what deploy/gen-prometheusrule.sh makes of the rules file;
 #   - `promtool check rules` and `promtool test rules` on the rules and their unit tests;
 #   - every PromQL expression of the Grafana dashboard passes `promtool check rules`;
@@ -39,7 +40,14 @@ command -v python3 >/dev/null || {
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-for overlay in deploy/kubernetes/examples/two-region/region-*; do
+for example in deploy/kubernetes/examples/*/; do
+  # The examples were generated for their regions in order; region-* sorts the same way.
+  regions=$(cd "$example" && printf '%s\n' region-* | sed 's/^region-//')
+  echo "== deploy/gen-overlays.sh --check --out $example" $regions
+  # shellcheck disable=SC2086 # one argument per region
+  deploy/gen-overlays.sh --check --out "$example" $regions
+done
+for overlay in deploy/kubernetes/examples/*/region-*; do
   echo "== kubectl kustomize $overlay"
   kubectl kustomize "$overlay" >"$tmp/render.yaml"
   echo "   $(grep -c '^kind:' "$tmp/render.yaml") objects: $(grep '^kind:' "$tmp/render.yaml" | cut -d' ' -f2 | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}')"
