@@ -133,9 +133,9 @@ readonly base
 readonly generator="deploy/gen-overlays.sh${opts} ${regions[*]}"
 all=$(
   IFS=,
-  echo "${regions[*]}" | sed 's/,/, /g'
+  echo "${regions[*]}"
 )
-readonly all
+readonly all=${all//,/, }
 
 url_of() {
   echo "${etcd_url//\{region\}/$1}"

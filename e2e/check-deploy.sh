@@ -48,7 +48,7 @@ for example in deploy/kubernetes/examples/*/; do
   example=${example%/}
   # The examples were generated for their regions in order; region-* sorts the same way.
   regions=$(cd "$example" && printf '%s\n' region-* | sed 's/^region-//')
-  echo "== deploy/gen-overlays.sh --check --out $example" $regions
+  echo "== deploy/gen-overlays.sh --check --out $example" "${regions//$'\n'/ }"
   # shellcheck disable=SC2086 # one argument per region
   deploy/gen-overlays.sh --check --out "$example" $regions
 done
