@@ -3,8 +3,9 @@
 //! so keys and values move from a watch event into a put without a copy.
 //!
 //! Also records the git revision for `aether_replicator_build_info` in
-//! `AETHER_REPLICATOR_REVISION`: the variable itself if the build sets it
-//! (an image build without `.git`), else `git rev-parse --short HEAD` of this
+//! `AETHER_REPLICATOR_REVISION`: the variable itself if the build sets it to
+//! something other than blanks (the Containerfile's `REVISION` build argument:
+//! an image is built without `.git`), else `git rev-parse --short HEAD` of this
 //! checkout, else "unknown" (no git, or a crate tarball, possibly unpacked
 //! inside some other repository), which must not fail the build.
 
@@ -38,7 +39,13 @@ fn revision() {
             .filter(|s| !s.is_empty())
     };
     println!("cargo:rerun-if-env-changed=AETHER_REPLICATOR_REVISION");
-    if let Ok(revision) = std::env::var("AETHER_REPLICATOR_REVISION") {
+    // An explicit revision wins over git. Empty counts as unset: the
+    // Containerfile passes its `REVISION` argument, empty unless given.
+    let explicit = std::env::var("AETHER_REPLICATOR_REVISION")
+        .ok()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty());
+    if let Some(revision) = explicit {
         println!("cargo:rustc-env=AETHER_REPLICATOR_REVISION={revision}");
         return;
     }

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Checks everything under deploy/ without a cluster or a registry:
-#   - both Kubernetes overlays render with `kubectl kustomize`, and tests/deploy.rs checks what they render
-#     and runs the replicator's --check-config on it (skipped with --no-cargo: e2e/test-all.sh has run it
-#     with the other cargo tests already);
+#   - the example overlays are what deploy/gen-overlays.sh writes; every overlay of the examples and of
+#     what the generator writes for 3 and 5 regions renders with `kubectl kustomize`, and what it renders
+#     passes kubernetes-validate --strict against Kubernetes 1.27's schemas (the oldest the manifests
+#     support); tests/deploy.rs checks the same renders against each other and runs the replicator's
+#     --check-config on them (skipped with --no-cargo: e2e/test-all.sh has run it with the other cargo
+#     tests already);
 #   - the PrometheusRule is what deploy/gen-prometheusrule.sh makes of the rules file;
 #   - `promtool check rules` and `promtool test rules` on the rules and their unit tests;
 #   - every PromQL expression of the Grafana dashboard passes `promtool check rules`;
 #   - every aether_replicator_* metric named in the rules, tests and dashboard is one the replicator exports.
-# Installs Debian's `prometheus` (for promtool) when missing, as root; a missing kubectl is a failure.
+# Installs Debian's `prometheus` (for promtool) when missing, as root, and PyPI's kubernetes-validate into
+# a virtualenv of its own (e2e/install-kubernetes-validate.sh); a missing kubectl is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo_tests=1
@@ -38,11 +42,25 @@ command -v python3 >/dev/null || {
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+kubernetes_validate=$(bash e2e/install-kubernetes-validate.sh)
 
-for overlay in deploy/kubernetes/examples/two-region/region-*; do
+for example in deploy/kubernetes/examples/*/; do
+  example=${example%/}
+  # The examples were generated for their regions in order; region-* sorts the same way.
+  regions=$(cd "$example" && printf '%s\n' region-* | sed 's/^region-//')
+  echo "== deploy/gen-overlays.sh --check --out $example" "${regions//$'\n'/ }"
+  # shellcheck disable=SC2086 # one argument per region
+  deploy/gen-overlays.sh --check --out "$example" $regions
+done
+deploy/gen-overlays.sh --out "$tmp/three" eu-west us-east ap-south-1
+deploy/gen-overlays.sh --out "$tmp/five" r1 r2 r3 r4 r5
+for overlay in deploy/kubernetes/examples/*/region-* "$tmp"/three/region-* "$tmp"/five/region-*; do
   echo "== kubectl kustomize $overlay"
   kubectl kustomize "$overlay" >"$tmp/render.yaml"
   echo "   $(grep -c '^kind:' "$tmp/render.yaml") objects: $(grep '^kind:' "$tmp/render.yaml" | cut -d' ' -f2 | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}')"
+  # --strict: a field the schema does not have is an error. ServiceMonitor and PrometheusRule are CRDs it
+  # has no schema for; --no-warn leaves out saying so for every overlay.
+  "$kubernetes_validate" --strict --quiet --no-warn -k 1.27.0 "$tmp/render.yaml"
 done
 
 if ((cargo_tests)); then

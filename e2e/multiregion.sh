@@ -543,6 +543,9 @@ rule_files:
   - rules.yml
 scrape_configs:
   - job_name: aether-replicator
+    # As the ServiceMonitor: the series' own `region` wins over the target's (same value), not renamed
+    # to exported_region.
+    honor_labels: true
     file_sd_configs:
       - files: [targets.json]
         refresh_interval: 2s

@@ -4,6 +4,11 @@
 //! with the mounted files replaced by generated ones. The PrometheusRule must carry exactly the rules
 //! file, every alert must have a runbook section and promtool unit tests firing and not firing.
 //!
+//! The overlays are `deploy/gen-overlays.sh`'s output: the checked-in examples must be exactly what it
+//! writes, and what it writes for three and five regions (into a temp dir) passes the same checks, as a
+//! mesh: every region's peers are the others' own etcds, one user per origin on each etcd. The checks
+//! must catch a hand-edited overlay, and the generator must refuse bad region lists.
+//!
 //! `e2e/check-deploy.sh` runs promtool on the rules, their tests and the dashboard's expressions.
 
 mod common;
@@ -15,8 +20,12 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The two overlays of the example: (region, its peer).
-const REGIONS: [(&str, &str); 2] = [("a", "b"), ("b", "a")];
+/// The checked-in examples under deploy/kubernetes/examples/: (directory, the regions
+/// deploy/gen-overlays.sh was given, in order).
+const EXAMPLES: [(&str, &[&str]); 2] = [
+    ("two-region", &["a", "b"]),
+    ("three-region", &["a", "b", "c"]),
+];
 /// What the test substitutes for the downward API's `status.podIP`.
 const POD_IP: &str = "127.0.0.1";
 /// ... and for `metadata.name`.
@@ -27,10 +36,99 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn overlay_dir(region: &str) -> PathBuf {
-    repo().join(format!(
-        "deploy/kubernetes/examples/two-region/region-{region}"
-    ))
+fn example_dir(name: &str) -> PathBuf {
+    repo().join("deploy/kubernetes/examples").join(name)
+}
+
+/// `deploy/gen-overlays.sh ARGS...`: (exit code, stdout, stderr).
+fn gen_overlays<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
+    let out = Command::new("bash")
+        .arg(repo().join("deploy/gen-overlays.sh"))
+        .args(args)
+        .output()
+        .expect("run bash deploy/gen-overlays.sh");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Writes the overlays of `regions` under `out` with the generator, which must succeed.
+fn generate(out: &Path, regions: &[&str]) {
+    let mut args = vec!["--out".to_owned(), out.display().to_string()];
+    args.extend(regions.iter().map(|r| r.to_string()));
+    let (code, stdout, stderr) = gen_overlays(&args);
+    assert_eq!(
+        code,
+        Some(0),
+        "deploy/gen-overlays.sh {}: {stdout}{stderr}",
+        args.join(" ")
+    );
+}
+
+fn others<'a>(regions: &[&'a str], region: &str) -> Vec<&'a str> {
+    regions.iter().copied().filter(|r| *r != region).collect()
+}
+
+fn toml_str(v: &toml::Value) -> &str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {v:?}"))
+}
+
+fn read_config(overlay: &Path) -> toml::Table {
+    let path = overlay.join(CONFIG_KEY);
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The overlays under `root` (region-R for each of `regions`, nothing else) as one mesh: each region's
+/// peers are exactly the other regions, each pointing at that region's own etcd, and on every etcd each
+/// origin has a user of its own; then every overlay on its own (`check_overlay`).
+fn check_mesh(root: &Path, regions: &[&str]) {
+    let dirs: BTreeSet<String> = fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("read {}: {e}", root.display()))
+        .map(|e| {
+            e.expect("a directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let expected: BTreeSet<String> = regions.iter().map(|r| format!("region-{r}")).collect();
+    assert_eq!(dirs, expected, "{}: one overlay per region", root.display());
+    let configs: BTreeMap<&str, toml::Table> = regions
+        .iter()
+        .map(|r| (*r, read_config(&root.join(format!("region-{r}")))))
+        .collect();
+    for (region, config) in &configs {
+        for peer in others(regions, region) {
+            assert_eq!(
+                config["peers"][peer]["endpoints"], configs[peer]["local"]["endpoints"],
+                "region {region}'s [peers.{peer}] endpoints are not region {peer}'s own etcd"
+            );
+        }
+    }
+    // On region P's etcd: P's own replicator's user, and one per origin mirroring into it.
+    for (peer, config) in &configs {
+        let mut users = BTreeMap::new();
+        users.insert(toml_str(&config["local"]["username"]).to_owned(), *peer);
+        for origin in others(regions, peer) {
+            let user = toml_str(&configs[origin]["peers"][*peer]["username"]);
+            if let Some(other) = users.insert(user.to_owned(), origin) {
+                panic!(
+                    "regions {other} and {origin} both use the user {user:?} on region {peer}'s etcd"
+                );
+            }
+        }
+    }
+    for region in regions {
+        check_overlay(
+            &root.join(format!("region-{region}")),
+            region,
+            &others(regions, region),
+        );
+    }
 }
 
 /// `kubectl kustomize DIR`, parsed. A missing kubectl is a failure, with how to install it.
@@ -155,9 +253,9 @@ fn env_field_ref<'a>(container: &'a Value, name: &str) -> &'a str {
     s(&var["valueFrom"]["fieldRef"]["fieldPath"])
 }
 
-fn check_overlay(region: &str, peer: &str) {
+fn check_overlay(dir: &Path, region: &str, expected_peers: &[&str]) {
     let render = Render {
-        objects: kustomize(&overlay_dir(region)),
+        objects: kustomize(dir),
     };
     let namespace = format!("aether-{region}");
     for o in &render.objects {
@@ -222,7 +320,13 @@ fn check_overlay(region: &str, peer: &str) {
         .find(|p| p["name"] == "metrics")
         .expect("a container port named metrics");
     let metrics_port = port["containerPort"].as_u64().expect("containerPort");
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+    // The startup probe on /healthz: a failing one kills the container, and /readyz fails for what a
+    // restart cannot fix (the local etcd down, a leader in a long first sync).
+    for (probe, path) in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ] {
         let get = &c[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe} path");
         assert!(
@@ -231,6 +335,13 @@ fn check_overlay(region: &str, peer: &str) {
             get["port"]
         );
     }
+    let startup = &c["startupProbe"];
+    let budget = startup["periodSeconds"].as_u64().unwrap_or(10)
+        * startup["failureThreshold"].as_u64().unwrap_or(3);
+    assert!(
+        budget >= 30,
+        "startupProbe: {budget} s before the container is killed; give a slow start at least 30 s"
+    );
     let args = arr(&c["args"]);
     assert_eq!(
         flag(args, "metrics-addr"),
@@ -322,9 +433,9 @@ fn check_overlay(region: &str, peer: &str) {
     assert_eq!(config["region"].as_str(), Some(region));
     let peers = config["peers"].as_table().expect("[peers]");
     assert_eq!(
-        peers.keys().collect::<Vec<_>>(),
-        [peer],
-        "region {region}'s only peer is {peer}"
+        peers.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        expected_peers.iter().copied().collect(),
+        "region {region}'s peers"
     );
     // Every file the config names is a mounted Secret file.
     let mut tables = vec![(
@@ -334,13 +445,22 @@ fn check_overlay(region: &str, peer: &str) {
     for (p, t) in peers {
         tables.push((format!("peers.{p}"), t.as_table().expect("a peer table")));
     }
+    // ... and no two etcds share a Secret: each peer's material is its own.
+    let mut secret_of: BTreeMap<String, String> = BTreeMap::new();
     for (table, t) in &tables {
         for k in ["ca", "cert", "key", "password_file"] {
             let Some(path) = t.get(k) else { continue };
-            let (vol, (kind, _, _)) = file_at(path.as_str().expect("a path"));
+            let (vol, (kind, name, _)) = file_at(path.as_str().expect("a path"));
             assert_eq!(
                 kind, "Secret",
                 "[{table}] {k}: volume {vol} is not a Secret"
+            );
+            let owner = secret_of
+                .entry(name.clone())
+                .or_insert_with(|| table.clone());
+            assert_eq!(
+                owner, table,
+                "[{table}] {k}: Secret {name} also holds [{owner}]'s files"
             );
         }
     }
@@ -364,6 +484,11 @@ fn check_overlay(region: &str, peer: &str) {
         "ServiceMonitor port name"
     );
     assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(
+        endpoint["honorLabels"], true,
+        "ServiceMonitor: without honorLabels the `region` target label renames the series' own `region` \
+         (is_leader, the incoming side) to exported_region"
+    );
     // The `region` target label comes from a pod label carrying this region.
     let region_relabel = arr(&endpoint["relabelings"])
         .iter()
@@ -498,32 +623,254 @@ fn check_config_passes(
 }
 
 #[test]
-fn overlay_region_a_renders_consistent_objects_that_pass_check_config() {
-    let (region, peer) = REGIONS[0];
-    check_overlay(region, peer);
+fn two_region_example_renders_a_consistent_mesh_that_passes_check_config() {
+    let (name, regions) = EXAMPLES[0];
+    check_mesh(&example_dir(name), regions);
 }
 
 #[test]
-fn overlay_region_b_renders_consistent_objects_that_pass_check_config() {
-    let (region, peer) = REGIONS[1];
-    check_overlay(region, peer);
+fn three_region_example_renders_a_consistent_mesh_that_passes_check_config() {
+    let (name, regions) = EXAMPLES[1];
+    check_mesh(&example_dir(name), regions);
 }
 
-/// Each region's peer entry points at the other region's own etcd.
 #[test]
-fn the_two_regions_point_at_each_others_etcd() {
-    let config = |region: &str| -> toml::Table {
-        let text = fs::read_to_string(overlay_dir(region).join(CONFIG_KEY)).expect("config.toml");
-        toml::from_str(&text).expect("config.toml is TOML")
-    };
-    for (region, peer) in REGIONS {
-        let mine = config(region);
-        let theirs = config(peer);
+fn generated_three_regions_render_a_consistent_mesh_that_passes_check_config() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let regions = ["eu-west", "us-east", "ap-south-1"];
+    generate(tmp.path(), &regions);
+    check_mesh(tmp.path(), &regions);
+}
+
+#[test]
+fn generated_five_regions_render_a_consistent_mesh_that_passes_check_config() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let regions = ["r1", "r2", "r3", "r4", "r5"];
+    generate(tmp.path(), &regions);
+    check_mesh(tmp.path(), &regions);
+}
+
+/// The checked-in examples are exactly what deploy/gen-overlays.sh writes (its --check: `diff -r`).
+#[test]
+fn the_examples_are_exactly_what_the_generator_writes() {
+    for (name, regions) in EXAMPLES {
+        let dir = example_dir(name);
+        let mut args = vec![
+            "--check".to_owned(),
+            "--out".to_owned(),
+            dir.display().to_string(),
+        ];
+        args.extend(regions.iter().map(|r| r.to_string()));
+        let (code, stdout, stderr) = gen_overlays(&args);
         assert_eq!(
-            mine["peers"][peer]["endpoints"], theirs["local"]["endpoints"],
-            "region {region}'s [peers.{peer}] endpoints are not region {peer}'s own etcd"
+            code,
+            Some(0),
+            "{} is not what `deploy/gen-overlays.sh {}` writes: regenerate it with \
+             `deploy/gen-overlays.sh --force --out deploy/kubernetes/examples/{name} {}`\n{stdout}{stderr}",
+            dir.display(),
+            regions.join(" "),
+            regions.join(" ")
         );
     }
+}
+
+/// --check fails on an edited file and on an extra one (what the test above relies on).
+#[test]
+fn the_generators_check_catches_an_edited_or_extra_file() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().display().to_string();
+    generate(tmp.path(), &["a", "b", "c"]);
+    let check = || gen_overlays(&["--check", "--out", &out, "a", "b", "c"]);
+    assert_eq!(check().0, Some(0), "fresh output passes --check");
+
+    let edited = tmp.path().join("region-b/peer-c.yaml");
+    let original = fs::read_to_string(&edited).expect("peer-c.yaml");
+    fs::write(
+        &edited,
+        original.replace("readOnly: true", "readOnly: false"),
+    )
+    .expect("edit");
+    let (code, _, stderr) = check();
+    assert_eq!(code, Some(1), "--check passed an edited file: {stderr}");
+    assert!(stderr.contains("peer-c.yaml"), "{stderr}");
+    fs::write(&edited, original).expect("restore");
+
+    fs::write(tmp.path().join("region-a/extra.yaml"), "{}\n").expect("extra file");
+    let (code, _, stderr) = check();
+    assert_eq!(code, Some(1), "--check passed an extra file: {stderr}");
+    assert!(stderr.contains("extra.yaml"), "{stderr}");
+}
+
+/// Bad region lists: a one-line error naming the problem, exit 2, nothing written.
+#[test]
+fn the_generator_refuses_bad_region_lists() {
+    let long = "r".repeat(57);
+    let cases: &[(&[&str], &str)] = &[
+        (&["a"], "at least two regions"),
+        (&[], "at least two regions"),
+        (&["a", "b", "a"], "region \"a\" is given twice"),
+        (&["a", "b/c"], "region \"b/c\": must not contain '/'"),
+        (&["a", ""], "region \"\": must not be empty"),
+        (&["a", "B"], "region \"B\": must be lowercase letters"),
+        (&["a", "b.c"], "region \"b.c\": must be lowercase"),
+        (&["a", "b-"], "region \"b-\": must be lowercase"),
+        (&["a", "--", "-b"], "region \"-b\": must be lowercase"),
+        (&["a", &long], "at most 56 characters"),
+        (&["a", "b", "--bogus"], "unknown option --bogus"),
+    ];
+    for (regions, expected) in cases {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let out = tmp.path().join("out");
+        let mut args = vec!["--out".to_owned(), out.display().to_string()];
+        args.extend(regions.iter().map(|r| r.to_string()));
+        let (code, stdout, stderr) = gen_overlays(&args);
+        assert_eq!(code, Some(2), "{regions:?}: exit code; {stdout}{stderr}");
+        assert!(
+            stderr.starts_with("error: ")
+                && stderr.lines().count() == 1
+                && stderr.contains(expected),
+            "{regions:?}: expected one line `error: ...{expected}...`, got {stderr:?}"
+        );
+        assert!(!out.exists(), "{regions:?}: wrote {}", out.display());
+    }
+}
+
+/// --force replaces a previous output, but never a file under secrets/ that is no longer a placeholder.
+#[test]
+fn the_generator_never_overwrites_a_real_secret() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let out = tmp.path().display().to_string();
+    generate(tmp.path(), &["a", "b"]);
+    let (code, _, stderr) = gen_overlays(&["--out", &out, "a", "b"]);
+    assert_eq!(code, Some(2), "a second run without --force: {stderr}");
+    let (code, _, stderr) = gen_overlays(&["--force", "--out", &out, "a", "b", "c"]);
+    assert_eq!(code, Some(0), "--force over placeholders: {stderr}");
+    assert!(tmp.path().join("region-c/peer-a.yaml").exists());
+
+    let key = tmp.path().join("region-a/secrets/peer-b/tls.key");
+    fs::write(&key, "-----BEGIN PRIVATE KEY-----\n").expect("a real key");
+    let (code, _, stderr) = gen_overlays(&["--force", "--out", &out, "a", "b"]);
+    assert_eq!(code, Some(2), "--force over a real key: {stderr}");
+    assert!(stderr.contains("tls.key"), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(&key).expect("the key"),
+        "-----BEGIN PRIVATE KEY-----\n"
+    );
+    assert!(tmp.path().join("region-c").exists(), "nothing replaced");
+}
+
+/// The panic message of `f`, which must panic.
+fn panic_message(f: impl FnOnce()) -> String {
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .expect_err("the checks passed a broken overlay");
+    err.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| err.downcast_ref::<&str>().map(|m| m.to_string()))
+        .unwrap_or_default()
+}
+
+/// The checks are not vacuous: hand-edited overlays of a generated mesh fail them.
+#[test]
+fn the_checks_catch_a_hand_edited_overlay() {
+    let regions = ["a", "b", "c"];
+    // (file, text, its replacement, the overlay to check (None: the whole mesh), what the failure says)
+    let cases: &[(&str, &str, &str, Option<&str>, &str)] = &[
+        // Peer b's Secrets mounted where [peers.b] does not look.
+        (
+            "region-a/peer-b.yaml",
+            "mountPath: /etc/aether/peers/b",
+            "mountPath: /etc/aether/peers/x",
+            Some("a"),
+            "no volume is mounted at /etc/aether/peers/b",
+        ),
+        // A peer patch left out of the kustomization.
+        (
+            "region-b/kustomization.yaml",
+            "  - path: peer-c.yaml\n",
+            "",
+            Some("b"),
+            "no volume is mounted at /etc/aether/peers/c",
+        ),
+        // Two peers' tables reading one peer's Secret.
+        (
+            "region-c/config.toml",
+            "key = \"/etc/aether/peers/b/tls.key\"",
+            "key = \"/etc/aether/peers/a/tls.key\"",
+            Some("c"),
+            "also holds [peers.a]'s files",
+        ),
+        // A setting the binary refuses.
+        (
+            "region-a/config.toml",
+            "lease_ttl = \"30s\"",
+            "lease_ttl = \"30 parsecs\"",
+            Some("a"),
+            "fail the replicator's own validation",
+        ),
+        // A peer pointed at the wrong etcd.
+        (
+            "region-c/config.toml",
+            "https://etcd.region-a.",
+            "https://etcd.region-b.",
+            None,
+            "region c's [peers.a] endpoints are not region a's own etcd",
+        ),
+        // Two origins sharing a user on one etcd.
+        (
+            "region-c/config.toml",
+            "username = \"aether-replicator-c\"",
+            "username = \"aether-replicator-b\"",
+            None,
+            "both use the user \"aether-replicator-b\" on region a's etcd",
+        ),
+    ];
+    for (file, from, to, overlay, expected) in cases {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        generate(tmp.path(), &regions);
+        let path = tmp.path().join(file);
+        let text = fs::read_to_string(&path).expect("read");
+        assert!(text.contains(from), "{file} has no {from:?}");
+        fs::write(&path, text.replacen(from, to, 1)).expect("write");
+        let msg = panic_message(|| match overlay {
+            Some(r) => check_overlay(
+                &tmp.path().join(format!("region-{r}")),
+                r,
+                &others(&regions, r),
+            ),
+            None => check_mesh(tmp.path(), &regions),
+        });
+        assert!(
+            msg.contains(expected),
+            "{file}: {from:?} -> {to:?}: expected {expected:?}, got {msg}"
+        );
+    }
+}
+
+/// The image reports its git revision: the Containerfile's REVISION build argument reaches build.rs as
+/// AETHER_REPLICATOR_REVISION, since .git is not in the build context.
+#[test]
+fn the_containerfile_passes_the_revision_to_the_build() {
+    let text = fs::read_to_string(repo().join("Containerfile")).expect("Containerfile");
+    let stages: Vec<&str> = text.split("\nFROM ").skip(1).collect();
+    let build = stages
+        .iter()
+        .find(|st| st.lines().any(|l| l.contains("cargo build")))
+        .expect("a stage running cargo build");
+    assert!(
+        build
+            .lines()
+            .any(|l| l.trim_start().starts_with("ARG REVISION")),
+        "the build stage declares ARG REVISION:\n{build}"
+    );
+    assert!(
+        build.contains("AETHER_REPLICATOR_REVISION=\"$REVISION\" cargo build"),
+        "cargo build runs with AETHER_REPLICATOR_REVISION=\"$REVISION\":\n{build}"
+    );
+    let ignore = fs::read_to_string(repo().join(".containerignore")).expect(".containerignore");
+    assert!(
+        ignore.lines().any(|l| l.trim() == ".git"),
+        "if .git is in the build context again, build.rs can read it and REVISION is not needed"
+    );
 }
 
 fn rules() -> Value {
@@ -639,8 +986,7 @@ fn the_readme_config_example_is_the_example_overlays_config() {
         .and_then(|rest| rest.split("\n```").next())
         .expect("a ```toml block in README.md");
     let from_readme: toml::Table = toml::from_str(block).expect("README's config is TOML");
-    let text = fs::read_to_string(overlay_dir("a").join(CONFIG_KEY)).expect("config.toml");
-    let from_overlay: toml::Table = toml::from_str(&text).expect("config.toml is TOML");
+    let from_overlay = read_config(&example_dir("two-region").join("region-a"));
     assert_eq!(
         from_readme, from_overlay,
         "README's quick-start config differs from deploy/kubernetes/examples/two-region/region-a/config.toml"
