@@ -309,6 +309,19 @@ async fn dump(c: &Client, prefix: &str) -> Result<Vec<(String, String)>, String>
         .collect())
 }
 
+/// How many keys `key` is on each of `clients` (-1 where the read fails),
+/// from the sync condition of `wait_until_async`.
+fn copies_of(clients: &[Client], key: &str) -> Vec<i64> {
+    let rt = tokio::runtime::Handle::current();
+    clients
+        .iter()
+        .map(|c| {
+            tokio::task::block_in_place(|| rt.block_on(c.range(Range::key(key.to_string()))))
+                .map_or(-1, |r| r.kvs().len() as i64)
+        })
+        .collect()
+}
+
 fn assert_denied<T: std::fmt::Debug>(what: &str, r: Result<T, Error>) {
     assert!(matches!(r, Err(Error::PermissionDenied)), "{what}: {r:?}");
 }
@@ -416,11 +429,7 @@ async fn a_mesh_on_least_privilege_users_converges_and_nothing_else_is_writable(
         .await
         .unwrap();
     let gone = wait_until_async(Duration::from_secs(30), || {
-        let rt = tokio::runtime::Handle::current();
-        roots[1..].iter().all(|c| {
-            tokio::task::block_in_place(|| rt.block_on(c.range(Range::key(endpoint_key("a", 0)))))
-                .is_ok_and(|r| r.kvs().is_empty())
-        })
+        copies_of(&roots[1..], &endpoint_key("a", 0)) == [0, 0]
     })
     .await;
     assert!(gone, "the delete did not reach b and c");
@@ -457,6 +466,34 @@ async fn a_mesh_on_least_privilege_users_converges_and_nothing_else_is_writable(
     })
     .await;
     assert!(incoming, "incoming copies not reported: {last}");
+
+    // A handoff: region a's leader stops, the standby takes over (adopting
+    // the peer leases, re-claiming the state keys) and mirrors on.
+    let leader = (0..2)
+        .find(|n| replicators[*n].is_leader())
+        .expect("one of region a's replicas leads");
+    let status = replicators[leader].terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    let standby = 1 - leader;
+    let led = wait_until_async(Duration::from_secs(30), || replicators[standby].is_leader()).await;
+    assert!(
+        led,
+        "a's standby did not take over: {}",
+        replicators[standby].log_text()
+    );
+    roots[0]
+        .put(Put::new(endpoint_key("a", 50), "after handoff"))
+        .await
+        .unwrap();
+    let arrived = wait_until_async(Duration::from_secs(30), || {
+        copies_of(&roots[1..], &endpoint_key("a", 50)) == [1, 1]
+    })
+    .await;
+    assert!(
+        arrived,
+        "a write after the handoff did not reach b and c: {}",
+        replicators[standby].log_text()
+    );
 
     // Nothing was refused on the way: the plan is enough.
     for r in &replicators {

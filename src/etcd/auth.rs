@@ -454,11 +454,11 @@ mod tests {
         );
         let all = Permission::write("").with_prefix();
         assert_eq!(&all.range_end[..], &[0]);
-        let r = Permission::read_write("/a").with_range_end("/b");
+        let r = Permission::read_write("/a").with_range_end("/c");
         assert!(!r.is_prefix());
         assert_eq!(
             format!("{r:?}"),
-            r#"Permission { kind: ReadWrite, key: "/a", range_end: "/b" }"#
+            r#"Permission { kind: ReadWrite, key: "/a", range_end: "/c" }"#
         );
         assert_eq!(Permission::read("/k").with_from_key().range_end, &[0][..]);
         for kind in [
