@@ -347,6 +347,7 @@ async fn a_mesh_on_least_privilege_users_converges_and_nothing_else_is_writable(
         .collect();
 
     let mut replicators = Vec::new();
+    let mut files = Vec::new();
     for (i, region) in REGIONS.iter().enumerate() {
         let peers: Vec<(&str, &Etcd)> = REGIONS
             .iter()
@@ -355,6 +356,7 @@ async fn a_mesh_on_least_privilege_users_converges_and_nothing_else_is_writable(
             .map(|(r, e)| (*r, e))
             .collect();
         let file = region_file(dir.path(), region, &etcds[i], &peers);
+        files.push(file.clone());
         let mut args = vec![
             "setup-auth".to_string(),
             format!("--config={file}"),
@@ -494,6 +496,14 @@ async fn a_mesh_on_least_privilege_users_converges_and_nothing_else_is_writable(
         "a write after the handoff did not reach b and c: {}",
         replicators[standby].log_text()
     );
+
+    // The one-shot commands run on the same users: `check` compares b's
+    // subtree with its copies, `status` reads the election and the state
+    // keys and their leases.
+    for command in ["check", "status"] {
+        let (code, out, err) = run(&[command.to_string(), format!("--config={}", files[1])]);
+        assert_eq!(code, Some(0), "{command}: {out}{err}");
+    }
 
     // Nothing was refused on the way: the plan is enough.
     for r in &replicators {
