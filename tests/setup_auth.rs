@@ -119,6 +119,15 @@ fn bad_input_is_one_line_and_exit_2() {
             ],
             "error: --admin-password-file \"/nonexistent/pw\": ",
         ),
+        (
+            &[
+                "setup-auth",
+                "--region=a",
+                "--local-user=root",
+                "--local-password=x",
+            ],
+            "error: setup-auth: the replicator's user on the local etcd is \"root\", an admin: give it a user of its own",
+        ),
     ];
     for (args, want) in cases {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();

@@ -163,6 +163,18 @@ impl SetupAuthArgs {
             })
             .collect();
         let plans = setup_auth::plan(&layout, local, peers);
+        for plan in &plans {
+            if plan.user == "root" || (self.apply && plan.user == self.admin_user) {
+                return Err(ConfigError::new(
+                    "--config",
+                    format!(
+                        "setup-auth: the replicator's user on {} is {:?}, an admin: give it a user of its own",
+                        etcd_name(&plan.name),
+                        plan.user
+                    ),
+                ));
+            }
+        }
 
         let mut per_peer = std::collections::BTreeMap::new();
         for spec in &self.peer_admin_password_file {
