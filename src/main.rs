@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         Some(Command::Endpoints(args)) => return endpoints(args),
         Some(Command::Migrate(args)) => return migrate(args),
         Some(Command::Status(args)) => return status(args),
+        Some(Command::SetupAuth(args)) => return setup_auth(args),
         Some(Command::Check(_)) | None => {}
     }
     let config = match cli.run_args().validate() {
@@ -147,6 +148,46 @@ fn status(args: &aether_replicator::app::config::StatusArgs) -> ExitCode {
         }
         report.healthy()
     })
+}
+
+/// `setup-auth`: print the etcdctl commands, or with `--apply` make every
+/// etcd match the plan and print what changed. Exit 0, 1 on an etcd error
+/// (after the etcds before it are done), 2 on invalid flags.
+fn setup_auth(args: &aether_replicator::app::config::SetupAuthArgs) -> ExitCode {
+    use aether_replicator::app::setup_auth;
+    let (config, runtime) = match one_shot(args.validate()) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    let Some(targets) = config.apply else {
+        print!("{}", setup_auth::render(&config.region, &config.plans));
+        return ExitCode::SUCCESS;
+    };
+    let result = runtime.block_on(async {
+        for (plan, (admin, user)) in config.plans.iter().zip(targets) {
+            let which = match plan.name.as_str() {
+                "local" => format!("region {}'s own etcd", config.region),
+                peer => format!("peer {peer}'s etcd"),
+            };
+            let applied = async {
+                let client = Client::connect(admin)?;
+                setup_auth::apply(&client, plan, &user.password).await
+            }
+            .await
+            .map_err(|e| format!("{which}: {e}"))?;
+            if applied.changes.is_empty() {
+                println!("{which}: user {} up to date", plan.user);
+            }
+            for change in &applied.changes {
+                println!("{which}: {change}");
+            }
+            for note in &applied.notes {
+                println!("{which}: note: {note}");
+            }
+        }
+        Ok::<_, String>(())
+    });
+    exit(result, |()| true)
 }
 
 /// The set-up of the one-shot commands (`endpoints`, `migrate`, `status`): refuse

@@ -19,6 +19,8 @@
 //!   copies on the peers, as a table or JSON, exit 1 when unhealthy.
 //! - [`migrate`]: `aether-replicator migrate`, the cutover from the legacy
 //!   flat layout.
+//! - [`setup_auth`]: `aether-replicator setup-auth`, the least-privilege
+//!   etcd users and roles the replicator needs, printed or applied.
 //!
 //! Behind the default `app` feature, so the client and the engine can be
 //! used without clap and the HTTP server.
@@ -35,6 +37,7 @@ pub mod parse;
 pub mod process;
 pub mod reload;
 pub mod replicator;
+pub mod setup_auth;
 pub mod status;
 
 pub use replicator::run;

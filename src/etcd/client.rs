@@ -6,7 +6,9 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
-use super::auth::AuthClient;
+use super::auth::{
+    AuthClient, AuthStatus, NameList, Permission, RoleInfo, UserAddOptions, UserInfo,
+};
 use super::cluster::{ClusterClient, MemberList};
 use super::endpoint_sync;
 use super::error::Result;
@@ -117,6 +119,142 @@ impl Client {
     /// Fetches a fresh token with the configured credentials.
     pub async fn authenticate(&self) -> Result<()> {
         self.inner.auth.authenticate().await
+    }
+
+    /// Turns auth on. etcd refuses unless user `root` exists and has the
+    /// `root` role. From then on every request needs a token: this client
+    /// (without credentials) can make no more calls, not even to turn it off.
+    pub async fn auth_enable(&self) -> Result<Header> {
+        self.inner.auth.auth_enable().await
+    }
+
+    /// Turns auth off (needs the `root` role).
+    pub async fn auth_disable(&self) -> Result<Header> {
+        self.inner.auth.auth_disable().await
+    }
+
+    /// Whether auth is on, and the auth store's revision. etcd 3.4 has no
+    /// such call: it answers [`Error::Unimplemented`](super::Error::Unimplemented).
+    pub async fn auth_status(&self) -> Result<AuthStatus> {
+        self.inner.auth.auth_status().await
+    }
+
+    /// Adds a user with a password (etcdctl `user add NAME:PASSWORD`).
+    /// [`Error::UserAlreadyExists`](super::Error::UserAlreadyExists) if the
+    /// name is taken.
+    ///
+    /// ```no_run
+    /// # async fn demo(root: aether_replicator::etcd::Client)
+    /// # -> aether_replicator::etcd::Result<()> {
+    /// use aether_replicator::etcd::Permission;
+    ///
+    /// root.role_add("reader").await?;
+    /// root.role_grant_permission("reader", &Permission::read("/app/").with_prefix()).await?;
+    /// root.user_add("alice", "s3cret").await?;
+    /// root.user_grant_role("alice", "reader").await?;
+    /// assert_eq!(root.user_get("alice").await?.roles, ["reader"]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn user_add(&self, name: &str, password: &str) -> Result<Header> {
+        self.user_add_with_options(name, password, UserAddOptions::default())
+            .await
+    }
+
+    /// Adds a user with options: [`UserAddOptions::no_password`] makes a
+    /// user who authenticates by TLS client certificate only (etcdctl
+    /// `user add --no-password`).
+    pub async fn user_add_with_options(
+        &self,
+        name: &str,
+        password: &str,
+        options: UserAddOptions,
+    ) -> Result<Header> {
+        self.inner.auth.user_add(name, password, options).await
+    }
+
+    /// Deletes a user.
+    pub async fn user_delete(&self, name: &str) -> Result<Header> {
+        self.inner.auth.user_delete(name).await
+    }
+
+    /// A user's roles; [`Error::UserNotFound`](super::Error::UserNotFound)
+    /// if there is no such user.
+    pub async fn user_get(&self, name: &str) -> Result<UserInfo> {
+        self.inner.auth.user_get(name).await
+    }
+
+    /// Every user's name.
+    pub async fn user_list(&self) -> Result<NameList> {
+        self.inner.auth.user_list().await
+    }
+
+    /// Sets a user's password. Tokens already issued stay valid until they
+    /// expire.
+    pub async fn user_change_password(&self, name: &str, password: &str) -> Result<Header> {
+        self.inner.auth.user_change_password(name, password).await
+    }
+
+    /// Grants `role` to `user` (granting it again is no error).
+    pub async fn user_grant_role(&self, user: &str, role: &str) -> Result<Header> {
+        self.inner.auth.user_grant_role(user, role).await
+    }
+
+    /// Revokes `role` from `user`;
+    /// [`Error::RoleNotGranted`](super::Error::RoleNotGranted) if the user
+    /// did not have it.
+    pub async fn user_revoke_role(&self, user: &str, role: &str) -> Result<Header> {
+        self.inner.auth.user_revoke_role(user, role).await
+    }
+
+    /// Adds a role, with no permissions.
+    pub async fn role_add(&self, name: &str) -> Result<Header> {
+        self.inner.auth.role_add(name).await
+    }
+
+    /// Deletes a role (and revokes it from every user).
+    pub async fn role_delete(&self, name: &str) -> Result<Header> {
+        self.inner.auth.role_delete(name).await
+    }
+
+    /// A role's permissions; [`Error::RoleNotFound`](super::Error::RoleNotFound)
+    /// if there is no such role.
+    pub async fn role_get(&self, name: &str) -> Result<RoleInfo> {
+        self.inner.auth.role_get(name).await
+    }
+
+    /// Every role's name.
+    pub async fn role_list(&self) -> Result<NameList> {
+        self.inner.auth.role_list().await
+    }
+
+    /// Grants `permission` to `role`. A permission on the same key and
+    /// range end replaces the one there (so granting `Read` over a
+    /// `ReadWrite` narrows it).
+    pub async fn role_grant_permission(
+        &self,
+        role: &str,
+        permission: &Permission,
+    ) -> Result<Header> {
+        self.inner
+            .auth
+            .role_grant_permission(role, permission)
+            .await
+    }
+
+    /// Revokes `role`'s permission on exactly `[key, range_end)` (empty
+    /// `range_end`: the one key; pass a [`Permission`]'s fields to revoke
+    /// it). [`Error::PermissionNotGranted`](super::Error::PermissionNotGranted)
+    /// if the role has none there.
+    pub async fn role_revoke_permission(
+        &self,
+        role: &str,
+        key: impl Into<Bytes>,
+        range_end: impl Into<Bytes>,
+    ) -> Result<Header> {
+        self.inner
+            .auth
+            .role_revoke_permission(role, key.into(), range_end.into())
+            .await
     }
 
     /// How many tokens this client has fetched (for tests of renewal).

@@ -76,6 +76,32 @@ pub enum Error {
     /// The user lacks permission for the request.
     #[error("permission denied")]
     PermissionDenied,
+    /// Auth is not enabled on the cluster (a token was asked for, or a
+    /// call needs auth on).
+    #[error("authentication is not enabled")]
+    AuthNotEnabled,
+    /// A user of that name exists already.
+    #[error("user name already exists")]
+    UserAlreadyExists,
+    /// No user of that name.
+    #[error("user name not found")]
+    UserNotFound,
+    /// A role of that name exists already.
+    #[error("role name already exists")]
+    RoleAlreadyExists,
+    /// No role of that name.
+    #[error("role name not found")]
+    RoleNotFound,
+    /// The user does not have that role (revoking it).
+    #[error("role is not granted to the user")]
+    RoleNotGranted,
+    /// The role has no permission on that key or range (revoking it).
+    #[error("permission is not granted to the role")]
+    PermissionNotGranted,
+    /// The server does not implement the call: an etcd older than the API
+    /// (3.4 has no `AuthStatus`).
+    #[error("not implemented by this etcd: {0}")]
+    Unimplemented(String),
     /// The cluster has no leader.
     #[error("etcd has no leader")]
     NoLeader,
@@ -180,6 +206,14 @@ impl From<tonic::Status> for Error {
             }
             _ if has("requested lease not found") => Error::LeaseNotFound,
             _ if has("no leader") => Error::NoLeader,
+            _ if has("authentication is not enabled") => Error::AuthNotEnabled,
+            _ if has("user name already exists") => Error::UserAlreadyExists,
+            _ if has("user name not found") => Error::UserNotFound,
+            _ if has("role name already exists") => Error::RoleAlreadyExists,
+            _ if has("role name not found") => Error::RoleNotFound,
+            _ if has("role is not granted to the user") => Error::RoleNotGranted,
+            _ if has("permission is not granted to the role") => Error::PermissionNotGranted,
+            Code::Unimplemented => Error::Unimplemented(msg.to_string()),
             Code::Unauthenticated => Error::Auth(msg.to_string()),
             _ if has("authentication failed") || TOKEN_REFUSALS.iter().any(|r| has(r)) => {
                 Error::Auth(msg.to_string())
@@ -243,6 +277,15 @@ mod tests {
             (Code::Unauthenticated, "etcdserver: invalid auth token"),
             (Code::PermissionDenied, "etcdserver: permission denied"),
             (
+                Code::FailedPrecondition,
+                "etcdserver: user name already exists",
+            ),
+            (Code::FailedPrecondition, "etcdserver: role name not found"),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: authentication is not enabled",
+            ),
+            (
                 Code::ResourceExhausted,
                 "etcdserver: mvcc: database space exceeded",
             ),
@@ -260,6 +303,9 @@ mod tests {
             "NoLeader",
             "Auth(\"etcdserver: invalid auth token\")",
             "PermissionDenied",
+            "UserAlreadyExists",
+            "RoleNotFound",
+            "AuthNotEnabled",
             "NoSpace",
         ];
         assert_eq!(got, want);

@@ -29,7 +29,8 @@
 //!   `service`, the calls; `scan`, paginated scans), `lease` (grant,
 //!   revoke, TTL, and the keep-alive actor), `cluster` (member listing),
 //!   `maintenance` (status, alarms, defragment, KV hash) and `auth`
-//!   (fetching a token).
+//!   (fetching a token; users, roles, permissions, enable/disable/status;
+//!   its prefix helper borrows `kv`'s `prefix_end`, a pure function).
 //! - What builds on a service's types or calls: `watch` (the watch
 //!   service and its stream actor, with resume across reconnects; its
 //!   events carry `kv`'s key-values), `batch` (packing writes into the
@@ -63,6 +64,9 @@ mod task;
 mod transport;
 mod watch;
 
+pub use auth::{
+    AuthStatus, NameList, Permission, PermissionKind, RoleInfo, UserAddOptions, UserInfo,
+};
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 pub use batch::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,

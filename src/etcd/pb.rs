@@ -49,6 +49,25 @@ pub(crate) use etcdserverpb::{
     cluster_client::ClusterClient as PbClusterClient, range_request::SortOrder as PbSortOrder,
     range_request::SortTarget as PbSortTarget,
 };
+// The auth service's management calls, in `auth.rs`.
+pub(crate) use authpb::{
+    Permission as PbPermission, UserAddOptions as PbUserAddOptions,
+    permission::Type as PbPermissionType,
+};
+pub(crate) use etcdserverpb::{
+    AuthDisableRequest as PbAuthDisableRequest, AuthEnableRequest as PbAuthEnableRequest,
+    AuthRoleAddRequest as PbAuthRoleAddRequest, AuthRoleDeleteRequest as PbAuthRoleDeleteRequest,
+    AuthRoleGetRequest as PbAuthRoleGetRequest,
+    AuthRoleGrantPermissionRequest as PbAuthRoleGrantPermissionRequest,
+    AuthRoleListRequest as PbAuthRoleListRequest,
+    AuthRoleRevokePermissionRequest as PbAuthRoleRevokePermissionRequest,
+    AuthStatusRequest as PbAuthStatusRequest, AuthUserAddRequest as PbAuthUserAddRequest,
+    AuthUserChangePasswordRequest as PbAuthUserChangePasswordRequest,
+    AuthUserDeleteRequest as PbAuthUserDeleteRequest, AuthUserGetRequest as PbAuthUserGetRequest,
+    AuthUserGrantRoleRequest as PbAuthUserGrantRoleRequest,
+    AuthUserListRequest as PbAuthUserListRequest,
+    AuthUserRevokeRoleRequest as PbAuthUserRevokeRoleRequest,
+};
 pub(crate) use mvccpb::{
     Event as PbEvent, KeyValue as PbKeyValue, event::EventType as PbEventType,
 };

@@ -49,6 +49,7 @@ impl Cli {
         match &self.command {
             Some(Command::Check(check)) => &check.run,
             Some(Command::Status(status)) => &status.run,
+            Some(Command::SetupAuth(setup)) => &setup.run,
             Some(Command::Endpoints(_) | Command::Migrate(_)) | None => &self.run,
         }
     }
@@ -74,6 +75,10 @@ pub enum Command {
     /// there (lease left, applied revision, lag, staleness, synced). Exit 1
     /// when something is wrong, with the reason on the row.
     Status(StatusArgs),
+    /// Print the etcd users, roles and permissions this region's replicator
+    /// needs (on its own etcd and on each peer's) as etcdctl commands, or
+    /// with --apply create them, as --admin-user.
+    SetupAuth(SetupAuthArgs),
 }
 
 /// The flags of `check`.
@@ -418,4 +423,49 @@ pub struct RunArgs {
     /// The settings that are one flag and one file key each.
     #[command(flatten)]
     pub settings: Settings,
+}
+
+/// The flags of `setup-auth`: a run's (whose users and password files it
+/// sets up), and the admin credential `--apply` connects with.
+///
+/// `--apply` has no environment variable: what writes is asked for on the
+/// command line.
+#[derive(Debug, Args)]
+pub struct SetupAuthArgs {
+    /// The connection and mirror flags, as for a run.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Create the users, roles and permissions (idempotent: a role ends
+    /// with exactly the planned permissions, a user with the password from
+    /// the run's password file). Without it, print etcdctl commands.
+    #[arg(long, help_heading = "Setup auth")]
+    pub apply: bool,
+    /// The user --apply connects as, on every etcd: one with the root role.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ADMIN_USER",
+        value_name = "USER",
+        default_value = "root",
+        help_heading = "Setup auth"
+    )]
+    pub admin_user: String,
+    /// File holding --admin-user's password, for the local etcd and every
+    /// peer without its own --peer-admin-password-file.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_ADMIN_PASSWORD_FILE",
+        value_name = "PATH",
+        help_heading = "Setup auth"
+    )]
+    pub admin_password_file: Option<String>,
+    /// File holding --admin-user's password on one peer's etcd. Once per
+    /// peer; several separated by ';'.
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_PEER_ADMIN_PASSWORD_FILE",
+        value_name = "REGION=PATH",
+        value_delimiter = ';',
+        help_heading = "Setup auth"
+    )]
+    pub peer_admin_password_file: Vec<String>,
 }

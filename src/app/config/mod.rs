@@ -6,6 +6,7 @@
 //! aether-replicator endpoints [FLAGS]  print (or --watch) the merged registry
 //! aether-replicator migrate [FLAGS]    move the legacy flat layout to v1 keys
 //! aether-replicator status [FLAGS]     the region's leader and its copies; exit 1 if unhealthy
+//! aether-replicator setup-auth [FLAGS] the etcd users and roles the replicator needs (print, or --apply)
 //! ```
 //!
 //! `endpoints` ([`EndpointsArgs`]) and `migrate` ([`MigrateArgs`]) talk to
@@ -158,7 +159,7 @@ mod subcommands;
 
 pub use args::{
     CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, MigrateArgs, RootArg, RunArgs, Secret,
-    StatusArgs,
+    SetupAuthArgs, StatusArgs,
 };
 pub(crate) use connection::read_password;
 pub use connection::{DEFAULT_LOCAL_ETCD, PasswordFile};
@@ -168,7 +169,7 @@ pub use limits::{
 };
 pub use run::Config;
 pub use settings::{DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, LogFormat, Settings};
-pub use subcommands::{EndpointsConfig, MigrateConfig};
+pub use subcommands::{EndpointsConfig, MigrateConfig, SetupAuthConfig};
 
 /// Prefix of every flag's environment variable.
 pub const ENV_PREFIX: &str = "AETHER_REPLICATOR_";

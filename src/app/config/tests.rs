@@ -1444,6 +1444,10 @@ fn every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned() {
             "what deletes is asked for on the command line",
         ),
         ("status --output", "how to print this one call"),
+        (
+            "setup-auth --apply",
+            "what writes is asked for on the command line",
+        ),
         ("status --max-staleness", "how to judge this one call"),
     ];
     /// Flags of a run without a file key.
