@@ -91,6 +91,8 @@ async fn roles(etcd: &Etcd) -> BTreeMap<String, Vec<String>> {
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
     let dir = tempfile::tempdir().unwrap();
+    // Passwords come from files only: PWFILE stands for this one.
+    let pwfile = write_file(dir.path(), "replicator.pw", "x\n");
     let cases: &[(&[&str], &str)] = &[
         (&["setup-auth"], "--region"),
         (
@@ -124,13 +126,13 @@ fn bad_input_is_one_line_and_exit_2() {
                 "setup-auth",
                 "--region=a",
                 "--local-user=root",
-                "--local-password=x",
+                "--local-password-file=PWFILE",
             ],
             "error: setup-auth: the replicator's user on the local etcd is \"root\", an admin: give it a user of its own",
         ),
     ];
     for (args, want) in cases {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let args: Vec<String> = args.iter().map(|s| s.replace("PWFILE", &pwfile)).collect();
         let (code, out, err) = run(&args);
         assert_eq!(code, Some(2), "{args:?}: {err}");
         assert_eq!(out, "", "{args:?}");
@@ -461,7 +463,7 @@ async fn a_mesh_on_least_privilege_users_converges_and_nothing_else_is_writable(
                 );
                 let ttl = metric(
                     &page,
-                    &format!("aether_replicator_origin_lease_ttl_seconds{{origin=\"{o}\"}}"),
+                    &format!("aether_replicator_origin_lease_remaining_seconds{{origin=\"{o}\"}}"),
                 );
                 present == Some(1.0) && ttl.is_some_and(|t| t > 0.0)
             });
