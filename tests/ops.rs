@@ -91,6 +91,26 @@ fn metrics_page_passes_promtool_and_names_origin_build_and_process() {
         metric(&page, "aether_replicator_is_leader{region=\"a\"}"),
         Some(1.0)
     );
+    // The ServiceMonitor honours the series' own labels (so `region` is
+    // not renamed `exported_region`): that is safe only while no series
+    // carries a label that Prometheus or the operator sets on the target.
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        for target in [
+            "job",
+            "instance",
+            "pod",
+            "namespace",
+            "service",
+            "endpoint",
+            "container",
+        ] {
+            assert!(
+                !line.contains(&format!("{{{target}=\""))
+                    && !line.contains(&format!(",{target}=\"")),
+                "a series carries the target label {target}, which honorLabels would let override the target's: {line}"
+            );
+        }
+    }
     for line in page.lines().filter(|l| l.contains("peer=\"")) {
         assert!(
             line.contains("{origin=\"a\",peer=\"b\""),
