@@ -1445,9 +1445,13 @@ churn_ok() {
 # if the churn dies meanwhile.
 SLEEP_STEP=""
 sleep_until() {
-  while (($(now_ms) < $1)); do
+  local left
+  while :; do
+    left=$(($1 - $(now_ms)))
+    ((left > 0)) || return 0
     churn_ok || fail "$SLEEP_STEP" "the churn (e2e/churn.py) died: $(tail -n3 "$STATE/logs/churn.log" 2>/dev/null | paste -sd' ' -)"
-    if (($1 - $(now_ms) > 1000)); then sleep 1; else sleep 0.1; fi
+    ((left < 1000)) || left=1000
+    sleep "$((left / 1000)).$(printf '%03d' $((left % 1000)))"
   done
 }
 
