@@ -7,7 +7,8 @@
 #     --check-config on them (skipped with --no-cargo: e2e/test-all.sh has run it with the other cargo
 #     tests already);
 #   - the PrometheusRule is what deploy/gen-prometheusrule.sh makes of the rules file;
-#   - `promtool check rules` and `promtool test rules` on the rules and their unit tests;
+#   - `promtool check rules` and `promtool test rules` on the rules and their unit tests, constructed
+#     (tests.yml) and recorded from real runs (recorded/*.yml);
 #   - every PromQL expression of the Grafana dashboard passes `promtool check rules`;
 #   - every aether_replicator_* metric named in the rules, tests and dashboard is one the replicator exports.
 # Installs Debian's `prometheus` (for promtool) when missing, as root, and PyPI's kubernetes-validate into
@@ -81,12 +82,18 @@ promtool check rules deploy/prometheus/aether-replicator.rules.yml
 echo "== promtool test rules"
 promtool test rules deploy/prometheus/tests.yml
 
+# Series recorded from real runs (e2e/multiregion.sh record), with expectations written by hand:
+# deploy/prometheus/README.md says how to regenerate them and what each expects.
+echo "== promtool test rules, recorded runs"
+promtool test rules deploy/prometheus/recorded/*.yml
+
 echo "== dashboard expressions"
 python3 deploy/grafana/check-exprs.py rules deploy/grafana/aether-replicator.json "$tmp/dashboard.rules.yml"
 promtool check rules "$tmp/dashboard.rules.yml"
 
 echo "== metric names"
 python3 deploy/grafana/check-exprs.py names deploy/prometheus/aether-replicator.rules.yml \
-  deploy/prometheus/tests.yml deploy/grafana/aether-replicator.json
+  deploy/prometheus/tests.yml deploy/grafana/aether-replicator.json deploy/prometheus/recorded/*.yml \
+  deploy/prometheus/recorded/expect/*.yml
 
 echo "== deploy checks passed"

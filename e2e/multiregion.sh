@@ -3,10 +3,15 @@
 # per region one etcd and two replicator replicas (one leads, one stands by).
 #
 #   e2e/multiregion.sh up      [--state DIR] [--regions 2|3] [--ttl SECONDS] [--bin PATH] [--prometheus]
+#                              [--link-delay MS] [--link-jitter MS]
 #   e2e/multiregion.sh verify  [--state DIR]
 #   e2e/multiregion.sh alerts  [--state DIR]
+#   e2e/multiregion.sh quiet   [--state DIR] [--seconds N]
+#   e2e/multiregion.sh record  [--state DIR] --scenario healthy|link-cut|region-down --out FILE
 #   e2e/multiregion.sh down    [--state DIR]
 #   e2e/multiregion.sh restart REGION [--state DIR]
+#   e2e/multiregion.sh cut     REGION PEER [--state DIR]
+#   e2e/multiregion.sh heal    REGION PEER [--state DIR]
 #   e2e/multiregion.sh burst   [--state DIR] [--revisions N] [--writers W] [--rounds K]
 #
 # up       starts everything and returns once every region has exactly one
@@ -18,10 +23,32 @@
 #          asserts through Prometheus's HTTP API that AetherReplicatorNoLeader
 #          fires for a and AetherReplicatorOriginCopyLapsed for origin a in
 #          every other region, then restarts them and asserts both resolve.
+# quiet    (needs `up --prometheus`) N seconds (default 180) of moderate
+#          churn in every region (e2e/churn.py: 3 puts or deletes of
+#          endpoint keys per second per region), then asserts through
+#          Prometheus's HTTP API that no alert was firing at any evaluation
+#          of the window (max_over_time of ALERTS) nor is now, and that
+#          every target was up throughout. The harness's `for:` is 2s, so
+#          this is stricter than production. On failure prints each alert
+#          that fired, its labels and when.
+# record   (needs `up --prometheus --link-delay MS`, 3 regions) runs a
+#          scenario under the same churn and writes FILE, a promtool test:
+#          every series the shipped rules read (aether_replicator_* and up),
+#          from Prometheus's query_range at a 15 s step over the scenario's
+#          window, with the hand-written expectations of
+#          deploy/prometheus/recorded/expect/SCENARIO.yml (see
+#          deploy/prometheus/README.md). Scenarios (t=0 is the window start):
+#            healthy      180 s of churn;
+#            link-cut     cut a->b at 60 s, heal it at 480 s, end at 600 s;
+#            region-down  stop both replicas of a at 60 s, start them again
+#                         at 240 s, end at 360 s.
 # down     stops every process the harness started (by pid) and removes the
 #          state dir. Idempotent.
 # restart  starts again whichever replicas of REGION are not running (after
 #          a manual `kill`, as the demo suggests).
+# cut      stops the delay proxy of the link REGION->PEER (REGION's replicas
+#          to PEER's etcd): the replicas' connections break and new ones are
+#          refused. heal starts it again on the same port.
 # burst    (issue 14's many-regions case) K rounds: every region's etcd takes
 #          N single-put revisions from W writers at once (examples/loadgen),
 #          then every peer is waited for until it holds all of them; prints
@@ -46,9 +73,19 @@
 #                   loopback that scrapes every replica (target label
 #                   `region`) with deploy/prometheus/aether-replicator.rules.yml
 #                   loaded, `for:` shortened to 2s. up only.
+#   --link-delay MS put every link R->P (R's replicas to P's etcd, each
+#                   ordered pair) through its own delay proxy
+#                   (e2e/delay-proxy.py) adding MS each way. up only.
+#   --link-jitter MS  plus a uniform random 0..MS per chunk, order kept
+#                   (implies the proxies; delay 0 unless --link-delay).
+#   --seconds N     quiet's window; default 180.
+#   --scenario S, --out FILE   record's scenario and output file.
 #
 # $STATE/env is a sourceable file with every port, pid and URL, for example
-# ETCD_URL_a, REPLICA_PID_a_1, REPLICA_PORT_a_1 (metrics), E2E_BIN, PROM_URL.
+# ETCD_URL_a, REPLICA_PID_a_1, REPLICA_PORT_a_1 (metrics), LINK_PORT_a_b and
+# LINK_PID_a_b (the proxy a's replicas reach b's etcd through), E2E_BIN,
+# PROM_URL. $STATE/instances maps every replica's metrics port to its
+# region and slot, in start order (record names instances from it).
 # Everything listens on 127.0.0.1 only.
 set -euo pipefail
 
@@ -383,6 +420,120 @@ wait_etcds() {
   done
 }
 
+# ---------------------------------------------------------------- links
+
+# peer_url R P: where R's replicas reach P's etcd: the link's delay proxy if
+# there is one, else P's etcd itself.
+peer_url() {
+  local port
+  port=$(getv "LINK_PORT_$1_$2")
+  if [[ -n $port ]]; then
+    echo "http://127.0.0.1:$port"
+  else
+    getv "ETCD_URL_$2"
+  fi
+}
+
+link_start() { # R P: the proxy of R->P on LINK_PORT_R_P, to P's etcd
+  local r=$1 p=$2 port log pid
+  port=$(getv "LINK_PORT_${r}_$p")
+  log="$STATE/logs/link-$r-$p.log"
+  echo "--- $(date -u +%FT%TZ) start link $r->$p :$port -> :$(getv "ETCD_CLIENT_PORT_$p") (${E2E_LINK_DELAY}ms + 0..${E2E_LINK_JITTER}ms)" >>"$log"
+  setsid python3 "$STATE/bin/delay-proxy.py" "$port" "$(getv "ETCD_CLIENT_PORT_$p")" \
+    "$E2E_LINK_DELAY" "$E2E_LINK_JITTER" </dev/null >>"$log" 2>&1 &
+  pid=$!
+  disown "$pid"
+  setv "LINK_PID_${r}_$p" "$pid"
+  record_pid "link-$r-$p" "$pid"
+}
+
+# wait_link FRESH R P: start R->P's proxy (FRESH=1: on a new port) and wait
+# until it listens; one that exited (port taken) is started again, on a new
+# port if FRESH, else on the same port after a second.
+wait_link() {
+  local fresh=$1 r=$2 p=$3 pid deadline attempt=1
+  ((fresh)) && setv "LINK_PORT_${r}_$p" "$(free_ports 1)"
+  link_start "$r" "$p"
+  deadline=$(($(now_ms) + 10000))
+  while :; do
+    pid=$(getv "LINK_PID_${r}_$p")
+    if alive "$pid" && listens "$pid" "$(getv "LINK_PORT_${r}_$p")"; then
+      save_env
+      return 0
+    fi
+    if ! alive "$pid"; then
+      ((attempt++ < 5)) || {
+        echo "link $r->$p did not start after 5 attempts" >&2
+        return 1
+      }
+      echo "  link $r->$p exited (port taken?); starting it again (attempt $attempt)" >&2
+      if ((fresh)); then setv "LINK_PORT_${r}_$p" "$(free_ports 1)"; else sleep 1; fi
+      link_start "$r" "$p"
+      deadline=$(($(now_ms) + 10000))
+    elif (($(now_ms) >= deadline)); then
+      echo "link $r->$p did not listen within 10s" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+
+start_links() {
+  local r p
+  for r in "${REGIONS[@]}"; do
+    for p in $(peers_of "$r"); do
+      wait_link 1 "$r" "$p" || return 1
+    done
+  done
+  echo "  links: every R->P through its own proxy, ${E2E_LINK_DELAY}ms + 0..${E2E_LINK_JITTER}ms each way ($(for r in "${REGIONS[@]}"; do for p in $(peers_of "$r"); do printf '%s->%s :%s ' "$r" "$p" "$(getv "LINK_PORT_${r}_$p")"; done; done | sed 's/ $//'))"
+}
+
+# link_args R P: both regions exist and R->P has a proxy.
+link_args() {
+  local r=$1 p=$2
+  [[ -n $r && -n $p && $r != "$p" ]] || die "cut/heal need two different regions: REGION PEER"
+  [[ " ${REGIONS[*]} " == *" $r "* && " ${REGIONS[*]} " == *" $p "* ]] ||
+    die "no link $r->$p (regions: ${REGIONS[*]})"
+  [[ -n $(getv "LINK_PORT_${r}_$p") ]] ||
+    die "$STATE has no link proxies: run up with --link-delay MS"
+}
+
+link_cut() { # R P
+  local pid
+  pid=$(getv "LINK_PID_$1_$2")
+  if ours "$pid"; then
+    stop_pids "$pid"
+    alive "$pid" && return 1
+  fi
+  rm -f "$STATE/pids/link-$1-$2.pid"
+  echo "cut $1->$2 (proxy :$(getv "LINK_PORT_$1_$2"), pid $pid stopped)"
+}
+
+link_heal() { # R P
+  if ours "$(getv "LINK_PID_$1_$2")"; then
+    echo "link $1->$2 is not cut (proxy pid $(getv "LINK_PID_$1_$2"))"
+    return 0
+  fi
+  wait_link 0 "$1" "$2" || return 1
+  echo "healed $1->$2 (proxy :$(getv "LINK_PORT_$1_$2"), pid $(getv "LINK_PID_$1_$2"))"
+}
+
+cmd_cut() {
+  if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
+    die "$STATE is not up"
+  fi
+  link_args "$1" "$2"
+  link_cut "$1" "$2" || die "the proxy of $1->$2 did not stop"
+}
+
+cmd_heal() {
+  if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
+    die "$STATE is not up"
+  fi
+  link_args "$1" "$2"
+  link_heal "$1" "$2" || die "the proxy of $1->$2 did not start again"
+}
+
 # ---------------------------------------------------------------- replicas
 
 replica_start() {
@@ -392,8 +543,9 @@ replica_start() {
   setv "REPLICA_PORT_${r}_$s" "$port"
   args=(--region "$r" --local-etcd "$(getv "ETCD_URL_$r")")
   for p in $(peers_of "$r"); do
-    args+=(--peer-etcd "$p=$(getv "ETCD_URL_$p")")
+    args+=(--peer-etcd "$p=$(peer_url "$r" "$p")")
   done
+  echo "$port $r $s" >>"$STATE/instances"
   args+=(--lease-ttl "${TTL}s" --election-ttl "${ELECTION_TTL}s" --metrics-addr "127.0.0.1:$port")
   log="$STATE/logs/replica-$r-$s.log"
   echo "--- $(date -u +%FT%TZ) start replica $r/$s metrics :$port" >>"$log"
@@ -658,6 +810,7 @@ harness_pids() {
     ((${#argv[@]})) || continue
     exe=${argv[0]}
     if [[ $exe == "$STATE/bin/aether-replicator" ]] ||
+      [[ ${exe##*/} == python3* && ${argv[1]-} == "$STATE/bin/"*.py ]] ||
       [[ ${exe##*/} == etcd && " ${argv[*]} " == *" --data-dir $STATE/"* ]] ||
       [[ ${exe##*/} == prometheus && " ${argv[*]} " == *" --storage.tsdb.path=$STATE/"* ]]; then
       seen[$pid]=1
@@ -699,6 +852,8 @@ cmd_up() {
     command -v "$c" >/dev/null || die "$c is not installed"
   done
   [[ $NREGIONS =~ ^[2-5]$ ]] || die "--regions must be 2 to 5"
+  [[ -z $LINK_DELAY || $LINK_DELAY =~ ^[0-9]+$ ]] || die "--link-delay $LINK_DELAY: not a whole number of ms"
+  [[ -z $LINK_JITTER || $LINK_JITTER =~ ^[0-9]+$ ]] || die "--link-jitter $LINK_JITTER: not a whole number of ms"
   [[ $TTL =~ ^[0-9]+$ ]] || die "--ttl $TTL: not a whole number of seconds"
   ((TTL >= 2 * ELECTION_TTL)) ||
     die "--ttl must be at least twice the election TTL (${ELECTION_TTL}s)"
@@ -723,6 +878,7 @@ cmd_up() {
   : >"$STATE/$MARKER"
 
   cp -f "$bin" "$STATE/bin/aether-replicator"
+  cp -f "$SCRIPT_DIR/delay-proxy.py" "$SCRIPT_DIR/churn.py" "$STATE/bin/"
 
   REGIONS=("${ALL_REGIONS[@]:0:NREGIONS}")
   setv E2E_STATE "$STATE"
@@ -730,6 +886,8 @@ cmd_up() {
   setv E2E_TTL "$TTL"
   setv E2E_ELECTION_TTL "$ELECTION_TTL"
   setv E2E_BIN "$STATE/bin/aether-replicator"
+  setv E2E_LINK_DELAY "${LINK_DELAY:-0}"
+  setv E2E_LINK_JITTER "${LINK_JITTER:-0}"
   save_env
 
   echo "== up: ${#REGIONS[@]} regions (${REGIONS[*]}), lease TTL ${TTL}s, state $STATE"
@@ -738,6 +896,9 @@ cmd_up() {
     up_failed
   fi
   save_env
+  if [[ -n $LINK_DELAY || -n $LINK_JITTER ]]; then
+    start_links || up_failed
+  fi
   for r in "${REGIONS[@]}"; do
     for s in "${SLOTS[@]}"; do rs+=("$r/$s"); done
   done
@@ -1182,7 +1343,7 @@ a_down_alerts_gone() {
 }
 
 cmd_alerts() {
-  local s up total t0 t_fire t_resolve fired deadline
+  local s t0 t_fire t_resolve fired
   if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
     die "$STATE is not up: run '$0 up --prometheus --state $STATE' first"
   fi
@@ -1192,13 +1353,7 @@ cmd_alerts() {
   step_start
   wait_ready 30 "${REGIONS[@]}" || fail alerts "regions not ready: $NOT_READY"
   # Every replica scraped, and neither alert active, before anything is stopped.
-  deadline=$(($(now_ms) + 20000))
-  while :; do
-    read -r up total <<<"$(prom_targets_up)"
-    [[ $up == "$total" && $total == $((${#REGIONS[@]} * ${#SLOTS[@]})) ]] && break
-    (($(now_ms) < deadline)) || fail alerts "Prometheus scrapes $up of $total targets (want $((${#REGIONS[@]} * ${#SLOTS[@]})))"
-    sleep 0.5
-  done
+  wait_targets_up alerts
   wait_alerts alerts 20 a_down_alerts_gone "a healthy start (no NoLeader for a, no lapse of a)"
   # The lapse alert needs the incoming-side metric from every other region;
   # without it the alert can never fire, so say that instead of timing out.
@@ -1222,6 +1377,230 @@ cmd_alerts() {
   wait_alerts alerts 60 a_down_alerts_gone "resolution of both alerts after the restart"
   t_resolve=$(($(now_ms) - t0))
   ok alerts "stopped both a replicas: firing after $(fmt_ms "$t_fire") (lease TTL ${TTL}s, for: 2s): $fired; restarted: both resolved after $(fmt_ms "$t_resolve")"
+}
+
+# ---------------------------------------------------------------- quiet
+
+indent() { # PREFIX: stdin with PREFIX before every line
+  local line
+  while IFS= read -r line; do printf '%s%s\n' "$1" "$line"; done
+}
+
+# wait_targets_up STEP: within 20 s, Prometheus scrapes every replica.
+wait_targets_up() {
+  local up total deadline want=$((${#REGIONS[@]} * ${#SLOTS[@]}))
+  deadline=$(($(now_ms) + 20000))
+  while :; do
+    read -r up total <<<"$(prom_targets_up)"
+    [[ $up == "$total" && $total == "$want" ]] && return 0
+    (($(now_ms) < deadline)) || fail "$1" "Prometheus scrapes $up of $total targets (want $want)"
+    sleep 0.5
+  done
+}
+
+# prom_query EXPR [TIME]: one line per series of the instant query's answer,
+# "<labels> <value>" (labels sorted, __name__ first); fails if Prometheus
+# does not answer.
+prom_query() {
+  local -a args=(--data-urlencode "query=$1")
+  [[ -z ${2:-} ]] || args+=(--data-urlencode "time=$2")
+  curl -s --max-time 10 -G "$PROM_URL/api/v1/query" "${args[@]}" 2>/dev/null | python3 -c '
+import json, sys
+try:
+    res = json.load(sys.stdin)["data"]["result"]
+except Exception:
+    sys.exit(1)
+for r in res:
+    m = r["metric"]
+    name = m.pop("__name__", "")
+    print(name + "{" + ", ".join(f"{k}=\"{v}\"" for k, v in sorted(m.items())) + "}", r["value"][1])'
+}
+
+# The churn of e2e/churn.py in every region, in the background (recorded
+# pid, so `down` stops it too); churn_stop stops it and sets CHURN_COUNTS.
+CHURN_PID=""
+CHURN_COUNTS=""
+churn_start() { # OPS_PER_SECOND_PER_REGION
+  local r
+  local -a targets=()
+  for r in "${REGIONS[@]}"; do targets+=("$r=$(getv "ETCD_URL_$r")"); done
+  setsid python3 "$STATE/bin/churn.py" "$STATE" "$1" "${targets[@]}" \
+    </dev/null >"$STATE/churn.out" 2>>"$STATE/logs/churn.log" &
+  CHURN_PID=$!
+  disown "$CHURN_PID"
+  record_pid churn "$CHURN_PID"
+}
+
+churn_stop() {
+  [[ -n $CHURN_PID ]] || return 0
+  stop_pids "$CHURN_PID"
+  rm -f "$STATE/pids/churn.pid"
+  CHURN_PID=""
+  CHURN_COUNTS=$(tail -n1 "$STATE/churn.out" 2>/dev/null || true)
+}
+
+# churn_ok: the churn is still running.
+churn_ok() {
+  [[ -n $CHURN_PID ]] && ours "$CHURN_PID"
+}
+
+# sleep_until MS: sleeps until now_ms reaches MS, failing STEP (in SLEEP_STEP)
+# if the churn dies meanwhile.
+SLEEP_STEP=""
+sleep_until() {
+  local left
+  while :; do
+    left=$(($1 - $(now_ms)))
+    ((left > 0)) || return 0
+    churn_ok || fail "$SLEEP_STEP" "the churn (e2e/churn.py) died: $(tail -n3 "$STATE/logs/churn.log" 2>/dev/null | paste -sd' ' -)"
+    ((left < 1000)) || left=1000
+    sleep "$((left / 1000)).$(printf '%03d' $((left % 1000)))"
+  done
+}
+
+need_prom() { # COMMAND
+  if [[ ! -e $STATE/$MARKER ]] || ! load_env; then
+    die "$STATE is not up: run '$0 up --prometheus --state $STATE' first"
+  fi
+  [[ -n $(getv PROM_PORT) ]] || die "$STATE has no Prometheus: run up with --prometheus"
+  ours "$PROM_PID" || fail "$1" "prometheus (pid $PROM_PID) is not running"
+}
+
+cmd_quiet() {
+  local n t0 t1 secs fired now_firing targets down_targets want links
+  need_prom quiet
+  if [[ ! $QUIET_SECONDS =~ ^[0-9]+$ ]] || ((QUIET_SECONDS < 10)); then
+    die "--seconds must be a whole number, at least 10"
+  fi
+  trap churn_stop EXIT
+  VERIFY_T0=$(now_ms)
+  step_start
+  wait_ready 30 "${REGIONS[@]}" || fail quiet "regions not ready: $NOT_READY"
+  wait_targets_up quiet
+  want=$((${#REGIONS[@]} * ${#SLOTS[@]}))
+  churn_start 3
+  t0=$(now_ms)
+  SLEEP_STEP=quiet
+  sleep_until $((t0 + QUIET_SECONDS * 1000))
+  churn_stop
+  t1=$(now_ms)
+  [[ $CHURN_COUNTS == *errors=0 ]] || fail quiet "the churn had failures ($CHURN_COUNTS): $(tail -n3 "$STATE/logs/churn.log" | paste -sd' ' -)"
+  # The load got through: every copy matches its source again.
+  wait_mirrored quiet 30 "${REGIONS[@]}"
+  # One more evaluation and scrape past the window's end.
+  sleep 2
+  secs=$(((t1 - t0 + 999) / 1000))
+  n=$(prom_query "count(max_over_time(ALERTS{alertstate=\"firing\"}[${secs}s])) or vector(0)" "$((t1 / 1000)).$((t1 % 1000))") ||
+    fail quiet "Prometheus does not answer"
+  fired=$(python3 "$SCRIPT_DIR/prom-fixture.py" fired "$PROM_URL" "$((t0 / 1000))" "$((t1 / 1000 + 1))") ||
+    fail quiet "Prometheus does not answer"
+  now_firing=$(prom_alerts | grep '^firing' || true)
+  targets=$(prom_query "min_over_time(up{job=\"aether-replicator\"}[${secs}s])" "$((t1 / 1000)).$((t1 % 1000))") ||
+    fail quiet "Prometheus does not answer"
+  down_targets=$(awk '$NF != 1' <<<"$targets")
+  links="links direct"
+  [[ -z $(getv LINK_PORT_a_b) ]] || links="links ${E2E_LINK_DELAY}ms + 0..${E2E_LINK_JITTER}ms jitter each way"
+  if [[ ${n##* } != 0 || -n $fired || -n $now_firing ]]; then
+    printf 'FAIL quiet: alerts fired during %ss of churn (%s; for: shortened to 2s in this harness, so stricter than production):\n' "$secs" "$links"
+    if [[ -n $fired ]]; then indent '  ' <<<"$fired"; fi
+    if [[ -n $now_firing ]]; then indent '  now: ' <<<"$now_firing"; fi
+    exit 1
+  fi
+  [[ $(grep -c . <<<"$targets") == "$want" && -z $down_targets ]] ||
+    fail quiet "not every target up throughout the window (want $want): $(paste -sd';' <<<"$targets")"
+  ok quiet "${secs}s of churn in ${REGIONS[*]} (3 ops/s/region: ${CHURN_COUNTS% errors=0}; $links), copies converged after; no alert firing at any evaluation of the window nor now (every for: shortened to 2s here, so stricter than production), $want/$want targets up throughout"
+}
+
+# ---------------------------------------------------------------- record
+
+# record_at STEP MS WHAT CMD...: at MS (now_ms) runs CMD, failing STEP if it
+# fails; appends "+<seconds into the window> WHAT" to TIMELINE.
+TIMELINE=""
+RECORD_T0=0
+record_at() {
+  local step=$1 at=$2 what=$3 t
+  shift 3
+  sleep_until "$at"
+  t=$(now_ms)
+  "$@" >/dev/null || fail "$step" "$what failed"
+  TIMELINE+="${TIMELINE:+; }+$(fmt_ms $((t - RECORD_T0))) $what (done at +$(fmt_ms $(($(now_ms) - RECORD_T0))))"
+}
+
+stop_region() { # R
+  local s
+  for s in "${SLOTS[@]}"; do
+    stop_pids "$(getv "REPLICA_PID_${1}_$s")"
+  done
+}
+
+restart_region() { # R
+  start_replicas "$1/1" "$1/2" && wait_ready 30 "$1"
+}
+
+cmd_record() {
+  local expect end rc summary fired
+  need_prom record
+  case $SCENARIO in
+  healthy | link-cut | region-down) ;;
+  *) die "--scenario must be healthy, link-cut or region-down" ;;
+  esac
+  [[ -n $OUT_ARG ]] || die "record needs --out FILE"
+  [[ " ${REGIONS[*]} " == *" a b c "* ]] || die "record needs 3 regions (up --regions 3)"
+  [[ -n $(getv LINK_PORT_a_b) ]] || die "record needs the link proxies: up --prometheus --regions 3 --link-delay 5 --link-jitter 20"
+  expect=$REPO/deploy/prometheus/recorded/expect/$SCENARIO.yml
+  [[ -f $expect ]] || die "no expectations for $SCENARIO: $expect"
+  trap churn_stop EXIT
+  VERIFY_T0=$(now_ms)
+  step_start
+  wait_ready 30 "${REGIONS[@]}" || fail record "regions not ready: $NOT_READY"
+  wait_targets_up record
+  churn_start 3
+  SLEEP_STEP=record
+  # The window starts on a whole second, a few seconds into the churn.
+  RECORD_T0=$((($(now_ms) / 1000 + 3) * 1000))
+  sleep_until "$RECORD_T0"
+  echo "== record $SCENARIO: window from $(date -u -d "@$((RECORD_T0 / 1000))" +%T) UTC"
+  case $SCENARIO in
+  healthy)
+    end=$((RECORD_T0 + 180000))
+    ;;
+  link-cut)
+    record_at record $((RECORD_T0 + 60000)) "cut a->b" link_cut a b
+    record_at record $((RECORD_T0 + 480000)) "heal a->b" link_heal a b
+    end=$((RECORD_T0 + 600000))
+    ;;
+  region-down)
+    record_at record $((RECORD_T0 + 60000)) "stop a/1 and a/2 (SIGTERM)" stop_region a
+    record_at record $((RECORD_T0 + 240000)) "start a/1 and a/2 again" restart_region a
+    end=$((RECORD_T0 + 360000))
+    ;;
+  esac
+  sleep_until "$end"
+  churn_stop
+  # The last scrape and evaluation of the window in.
+  sleep 3
+  mkdir -p "$(dirname "$OUT_ARG")"
+  python3 "$SCRIPT_DIR/prom-fixture.py" fixture "$PROM_URL" "$((RECORD_T0 / 1000))" "$((end / 1000))" \
+    "$REPO/deploy/prometheus/aether-replicator.rules.yml" "$STATE/instances" "$expect" "$OUT_ARG" \
+    "$(printf '%s\n' \
+      "Scenario $SCENARIO, recorded $(date -u -d "@$((RECORD_T0 / 1000))" +%FT%TZ) with e2e/multiregion.sh: ${#REGIONS[@]} regions (${REGIONS[*]})," \
+      "two replicas each (instances a1, a2, ...; a1.2 is a1's slot started again), lease TTL ${TTL}s, election TTL ${ELECTION_TTL}s," \
+      "links ${E2E_LINK_DELAY}ms + 0..${E2E_LINK_JITTER}ms jitter each way, churn 3 ops/s/region (${CHURN_COUNTS}), 1 s scrapes." \
+      "Timeline: ${TIMELINE:-load only}; window $(((end - RECORD_T0) / 1000))s.")" ||
+    fail record "writing $OUT_ARG failed"
+  # What the harness's Prometheus (for: 2s) saw firing: for comparison only.
+  fired=$(python3 "$SCRIPT_DIR/prom-fixture.py" fired "$PROM_URL" "$((RECORD_T0 / 1000))" "$((end / 1000))" || true)
+  echo "   firing in the harness's Prometheus (every for: 2s) during the window:"
+  if [[ -n $fired ]]; then indent '     ' <<<"$fired"; else echo "     none"; fi
+  rc=0
+  summary=$(promtool test rules "$OUT_ARG" 2>&1) || rc=$?
+  if ((rc == 0)); then
+    ok record "$SCENARIO in $(step_time) (${TIMELINE:-load only}); $OUT_ARG passes promtool test rules"
+  else
+    indent '   ' <<<"$summary"
+    printf 'FAIL record: %s written (%s), but promtool test rules fails on it (above)\n' "$OUT_ARG" "$SCENARIO"
+    exit 1
+  fi
 }
 
 # ---------------------------------------------------------------- down
@@ -1346,6 +1725,12 @@ cmd_burst() {
 
 CMD=""
 REGION_ARG=""
+PEER_ARG=""
+LINK_DELAY=""
+LINK_JITTER=""
+QUIET_SECONDS=180
+SCENARIO=""
+OUT_ARG=""
 STATE="${TMPDIR:-/tmp}/aether-e2e"
 NREGIONS=2
 TTL=6
@@ -1357,13 +1742,18 @@ ROUNDS=3
 REGIONS=()
 while (($#)); do
   case $1 in
-  up | verify | alerts | down | restart | burst)
+  up | verify | alerts | quiet | record | down | restart | cut | heal | burst)
     [[ -z $CMD ]] || die "one command at a time"
     CMD=$1
     if [[ $1 == restart ]]; then
       (($# >= 2)) || die "restart needs a region"
       REGION_ARG=$2
       shift
+    elif [[ $1 == cut || $1 == heal ]]; then
+      (($# >= 3)) || die "$1 needs a region and a peer: $1 REGION PEER"
+      REGION_ARG=$2
+      PEER_ARG=$3
+      shift 2
     fi
     ;;
   --state) (($# >= 2)) || die "--state needs a value"; STATE=$2; shift ;;
@@ -1375,6 +1765,11 @@ while (($#)); do
   --bin) (($# >= 2)) || die "--bin needs a value"; BIN_ARG=$2; shift ;;
   --bin=*) BIN_ARG=${1#*=} ;;
   --prometheus) WITH_PROM=1 ;;
+  --link-delay) (($# >= 2)) || die "--link-delay needs a value"; LINK_DELAY=$2; shift ;;
+  --link-jitter) (($# >= 2)) || die "--link-jitter needs a value"; LINK_JITTER=$2; shift ;;
+  --seconds) (($# >= 2)) || die "--seconds needs a value"; QUIET_SECONDS=$2; shift ;;
+  --scenario) (($# >= 2)) || die "--scenario needs a value"; SCENARIO=$2; shift ;;
+  --out) (($# >= 2)) || die "--out needs a value"; OUT_ARG=$2; shift ;;
   --revisions) (($# >= 2)) || die "--revisions needs a value"; REVISIONS=$2; shift ;;
   --writers) (($# >= 2)) || die "--writers needs a value"; WRITERS=$2; shift ;;
   --rounds) (($# >= 2)) || die "--rounds needs a value"; ROUNDS=$2; shift ;;
@@ -1385,14 +1780,19 @@ while (($#)); do
 done
 resolve_state
 if [[ -n $BIN_ARG && $BIN_ARG != /* ]]; then BIN_ARG="$PWD/$BIN_ARG"; fi
+if [[ -n $OUT_ARG && $OUT_ARG != /* ]]; then OUT_ARG="$PWD/$OUT_ARG"; fi
 TTL=${TTL%s}
 
 case $CMD in
 up) cmd_up ;;
 verify) cmd_verify ;;
 alerts) cmd_alerts ;;
+quiet) cmd_quiet ;;
+record) cmd_record ;;
 down) cmd_down ;;
 restart) cmd_restart "$REGION_ARG" ;;
+cut) cmd_cut "$REGION_ARG" "$PEER_ARG" ;;
+heal) cmd_heal "$REGION_ARG" "$PEER_ARG" ;;
 burst) cmd_burst ;;
 *) usage >&2; exit 2 ;;
 esac
