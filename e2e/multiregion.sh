@@ -65,8 +65,8 @@
 #   --ttl SECONDS   mirror lease TTL, at least 4; default 6. The election TTL
 #                   is 2s (at most half the lease TTL). up only.
 #   --bin PATH      the aether-replicator binary (default
-#                   target/release/aether-replicator, built with
-#                   `cargo build --release` if missing). up only; it is
+#                   target/release/aether-replicator, brought up to date
+#                   with `cargo build --release`). up only; it is
 #                   copied into the state dir so every replica runs the same
 #                   build and its command line names the state dir.
 #   --prometheus    also run a Prometheus server (Debian `prometheus`) on
@@ -859,8 +859,12 @@ cmd_up() {
     die "--ttl must be at least twice the election TTL (${ELECTION_TTL}s)"
 
   bin=${BIN_ARG:-$REPO/target/release/aether-replicator}
-  if [[ ! -x $bin ]]; then
-    [[ -z $BIN_ARG ]] || die "--bin $BIN_ARG: not an executable"
+  if [[ -n $BIN_ARG ]]; then
+    [[ -x $bin ]] || die "--bin $BIN_ARG: not an executable"
+  else
+    # Always, not only when missing: a binary left from an older checkout
+    # would run the e2e against old code (cargo returns at once when it is
+    # up to date).
     echo "== building $bin (cargo build --release)"
     (cd "$REPO" && cargo build --release) || die "cargo build --release failed"
   fi
