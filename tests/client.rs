@@ -839,9 +839,22 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
     let g = c.lease_grant(2, 0).await.unwrap();
     let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
-    let (stream, mut watcher) = c.watch(WatchOptions::prefix("/owner/")).unwrap();
+    // From a known revision: a watch "from now" starts wherever the server
+    // is when the pipelined create arrives, which can be after the put
+    // below (CI lost the first event that way under load).
+    let rev = observer
+        .range(Range::key("/owner/"))
+        .await
+        .unwrap()
+        .header
+        .revision;
+    let (stream, mut watcher) = c
+        .watch(WatchOptions::prefix("/owner/").start_revision(rev + 1))
+        .unwrap();
     c.put(Put::new("/owner/a", "1")).await.unwrap();
-    let first = tokio::time::timeout(T, watcher.next()).await.unwrap();
+    let first = tokio::time::timeout(T, watcher.next())
+        .await
+        .expect("the first event within T");
     assert_eq!(first.unwrap().unwrap().events.len(), 1);
     assert!(proxy.active_connections() >= 1);
 
@@ -1478,10 +1491,26 @@ async fn a_watch_the_user_may_not_read_ends_with_permission_denied() {
         etcd.etcdctl_ok(args);
     }
     let alice = Client::connect(etcd.client_config_as("alice", "secret")).unwrap();
+    // From a known revision: creates are pipelined, so a watch "from now"
+    // may start after the put below (allowed2's create can still be on its
+    // way when the refusal of the one before it arrives).
+    let from = alice
+        .range(Range::key("/a/"))
+        .await
+        .unwrap()
+        .header
+        .revision
+        + 1;
     let stream = alice.watch_stream();
-    let mut allowed = stream.watch(WatchOptions::prefix("/a/")).unwrap();
-    let mut denied = stream.watch(WatchOptions::prefix("/b/")).unwrap();
-    let mut allowed2 = stream.watch(WatchOptions::prefix("/a/x")).unwrap();
+    let mut allowed = stream
+        .watch(WatchOptions::prefix("/a/").start_revision(from))
+        .unwrap();
+    let mut denied = stream
+        .watch(WatchOptions::prefix("/b/").start_revision(from))
+        .unwrap();
+    let mut allowed2 = stream
+        .watch(WatchOptions::prefix("/a/x").start_revision(from))
+        .unwrap();
     let r = tokio::time::timeout(T, denied.next())
         .await
         .expect("refused");
