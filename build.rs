@@ -1,30 +1,12 @@
-//! Compiles the vendored etcd protos with `protox` (pure Rust, so no `protoc`
-//! is needed) and generates tonic clients. Bytes fields become `bytes::Bytes`
-//! so keys and values move from a watch event into a put without a copy.
-//!
-//! Also records the git revision for `aether_replicator_build_info` in
+//! Records the git revision for `aether_replicator_build_info` in
 //! `AETHER_REPLICATOR_REVISION`: the variable itself if the build sets it to
 //! something other than blanks (the Containerfile's `REVISION` build argument:
 //! an image is built without `.git`), else `git rev-parse --short HEAD` of this
 //! checkout, else "unknown" (no git, or a crate tarball, possibly unpacked
 //! inside some other repository), which must not fail the build.
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["etcd/api/etcdserverpb/rpc.proto"];
-    for dir in [
-        "proto/etcd/api/etcdserverpb",
-        "proto/etcd/api/mvccpb",
-        "proto/etcd/api/authpb",
-    ] {
-        println!("cargo:rerun-if-changed={dir}");
-    }
+fn main() {
     revision();
-    let fds = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure()
-        .build_server(false)
-        .bytes(".")
-        .compile_fds(fds)?;
-    Ok(())
 }
 
 fn revision() {

@@ -33,14 +33,14 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
 echo "== cargo clippy"
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 
 # The whole suite against Debian's etcd 3.4.23, then against 3.5.1.
 suite() {
   if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --no-fail-fast
+    cargo nextest run --workspace --no-fail-fast
   else
-    cargo test --no-fail-fast --tests --lib
+    cargo test --workspace --no-fail-fast --tests --lib
   fi
 }
 echo "== cargo tests (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
@@ -65,19 +65,22 @@ echo "== fault soak (real etcd 3.5.1)"
 SEED=${SOAK_SEED_35:-6} DURATION=${SOAK_DURATION:-90s} \
   ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" soak
 echo "== doc tests"
-cargo test --doc
+cargo test --workspace --doc
 
 echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
 bash e2e/check-deploy.sh --no-cargo
 
 echo "== docs (broken links are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-echo "== client crate alone (no app feature)"
+echo "== the client crate alone, with each TLS provider and with none; the engine without the app"
+cargo check -p aether-etcd --no-default-features
+cargo check -p aether-etcd --no-default-features --features tls-aws-lc
+cargo check -p aether-etcd
 cargo check --lib --no-default-features
 
 echo "== benches compile"
-cargo bench --no-run
+cargo bench --workspace --no-run
 
 # The harness must not leave anything behind, whether verify passed or not.
 leftovers() {

@@ -44,9 +44,9 @@ impl Client {
     /// the namespace, and keys come back without the prefix.
     ///
     /// ```no_run
-    /// # async fn demo(client: aether_replicator::etcd::Client)
-    /// # -> aether_replicator::etcd::Result<()> {
-    /// use aether_replicator::etcd::{Put, Range};
+    /// # async fn demo(client: aether_etcd::Client)
+    /// # -> aether_etcd::Result<()> {
+    /// use aether_etcd::{Put, Range};
     /// let tenant = client.with_namespace("/tenants/acme");
     /// tenant.put(Put::new("/config", "v1")).await?; // writes /tenants/acme/config
     /// let all = tenant.range(Range::prefix("")).await?; // only acme's keys

@@ -5,9 +5,7 @@ use bytes::Bytes;
 use super::Session;
 use super::election::{queue_dir, session_key};
 use super::wait::{first_created, range_kvs, wait_deletes};
-use crate::etcd::{
-    Compare, CompareOp, Delete, Error, Header, Op, Put, Range, Result, Txn, TxnResponse,
-};
+use crate::{Compare, CompareOp, Delete, Error, Header, Op, Put, Range, Result, Txn, TxnResponse};
 
 /// A lock on a key prefix, held by at most one session at a time.
 ///
@@ -21,9 +19,9 @@ use crate::etcd::{
 /// both "hold" it, and either's `unlock` releases it.
 ///
 /// ```no_run
-/// # async fn demo() -> aether_replicator::etcd::Result<()> {
-/// use aether_replicator::etcd::{Client, ClientConfig};
-/// use aether_replicator::etcd::concurrency::{Mutex, Session};
+/// # async fn demo() -> aether_etcd::Result<()> {
+/// use aether_etcd::{Client, ClientConfig};
+/// use aether_etcd::concurrency::{Mutex, Session};
 ///
 /// let client = Client::connect(ClientConfig::new(["http://127.0.0.1:2379"]))?;
 /// let session = Session::new(&client).await?;

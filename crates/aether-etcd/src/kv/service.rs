@@ -1,10 +1,10 @@
 //! The KV service's calls.
 
-use crate::etcd::error::Result;
-use crate::etcd::header::Header;
-use crate::etcd::pb::PbCompactionRequest;
-use crate::etcd::pb::PbKvClient;
-use crate::etcd::transport::{Svc, Transport};
+use crate::error::Result;
+use crate::header::Header;
+use crate::pb::PbCompactionRequest;
+use crate::pb::PbKvClient;
+use crate::transport::{Svc, Transport};
 
 use super::types::{
     Delete, DeleteResponse, Put, PutResponse, Range, RangeResponse, Txn, TxnResponse,

@@ -6,7 +6,7 @@
 //! answers without returning the rest of the prefix.
 
 use super::types::Range;
-use crate::etcd::pb::{PbSortOrder, PbSortTarget};
+use crate::pb::{PbSortOrder, PbSortTarget};
 
 /// The field a [`Range`] is sorted by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +37,7 @@ impl Range {
     /// so `.sort(..).limit(1)` is the first or last key by that field).
     ///
     /// ```
-    /// use aether_replicator::etcd::{Range, SortOrder, SortTarget};
+    /// use aether_etcd::{Range, SortOrder, SortTarget};
     /// // The oldest key under /queue/: the head of a queue.
     /// let head = Range::prefix("/queue/")
     ///     .sort(SortTarget::CreateRevision, SortOrder::Ascend)

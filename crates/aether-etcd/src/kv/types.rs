@@ -6,8 +6,8 @@
 
 use bytes::Bytes;
 
-use crate::etcd::header::Header;
-use crate::etcd::pb::{
+use crate::header::Header;
+use crate::pb::{
     PbCompare, PbDeleteRangeRequest, PbDeleteRangeResponse, PbKeyValue, PbOp, PbOpResponse,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRequestOp, PbTxnRequest,
     PbTxnResponse, pb_compare,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::etcd::{Client, LeaseHandle, LeaseStatus, Result};
+use crate::{Client, LeaseHandle, LeaseStatus, Result};
 
 /// The session TTL when none is given: Go's default.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(60);
@@ -46,7 +46,7 @@ impl SessionOptions {
     }
 }
 
-/// A lease kept alive through the client's [`LeaseKeeper`](crate::etcd::LeaseKeeper).
+/// A lease kept alive through the client's [`LeaseKeeper`](crate::LeaseKeeper).
 /// Cheap to clone; clones share the lease.
 ///
 /// The session is *lost* when the server says the lease is gone or when no
@@ -63,10 +63,10 @@ impl SessionOptions {
 /// revoke at once.
 ///
 /// ```no_run
-/// # async fn demo() -> aether_replicator::etcd::Result<()> {
+/// # async fn demo() -> aether_etcd::Result<()> {
 /// use std::time::Duration;
-/// use aether_replicator::etcd::{Client, ClientConfig, Put};
-/// use aether_replicator::etcd::concurrency::{Session, SessionOptions};
+/// use aether_etcd::{Client, ClientConfig, Put};
+/// use aether_etcd::concurrency::{Session, SessionOptions};
 ///
 /// let client = Client::connect(ClientConfig::new(["http://127.0.0.1:2379"]))?;
 /// let session =
@@ -174,7 +174,7 @@ impl Session {
         self.0.lost.send_replace(true);
         match res {
             // Already gone: the session's keys are gone too.
-            Err(crate::etcd::Error::LeaseNotFound) => Ok(()),
+            Err(crate::Error::LeaseNotFound) => Ok(()),
             other => other,
         }
     }

@@ -9,7 +9,7 @@ use futures_util::Stream;
 
 use super::Session;
 use super::wait::{first_created, range_kvs, wait_deletes};
-use crate::etcd::{
+use crate::{
     Client, Compare, CompareOp, Delete, Error, EventKind, Header, KeyValue, Put, Range, Result,
     Txn, WatchOptions, Watcher,
 };
@@ -23,9 +23,9 @@ use crate::etcd::{
 /// session ended), watching only the one just before it.
 ///
 /// ```no_run
-/// # async fn demo() -> aether_replicator::etcd::Result<()> {
-/// use aether_replicator::etcd::{Client, ClientConfig};
-/// use aether_replicator::etcd::concurrency::{Election, Session};
+/// # async fn demo() -> aether_etcd::Result<()> {
+/// use aether_etcd::{Client, ClientConfig};
+/// use aether_etcd::concurrency::{Election, Session};
 ///
 /// let client = Client::connect(ClientConfig::new(["http://127.0.0.1:2379"]))?;
 /// let session = Session::new(&client).await?;
@@ -243,8 +243,8 @@ impl Election {
     /// and no task: dropping it stops everything.
     ///
     /// ```no_run
-    /// # async fn demo(election: aether_replicator::etcd::concurrency::Election)
-    /// # -> aether_replicator::etcd::Result<()> {
+    /// # async fn demo(election: aether_etcd::concurrency::Election)
+    /// # -> aether_etcd::Result<()> {
     /// use futures_util::StreamExt;
     /// let mut leaders = election.observe();
     /// while let Some(kv) = leaders.next().await {

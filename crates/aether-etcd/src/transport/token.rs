@@ -11,7 +11,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::config::Credentials;
-use crate::etcd::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The gRPC service every generated client is built on.
 pub(crate) type Svc = InterceptedService<Channel, TokenInterceptor>;

@@ -3,13 +3,13 @@
 use bytes::Bytes;
 
 use super::Session;
-use crate::etcd::{
+use crate::{
     Error, EventKind, Header, OpResponse, Range, Result, SortOrder, SortTarget, Txn, TxnResponse,
     WatchOptions,
 };
 
 /// The keys returned by op `i` of a txn.
-pub(super) fn range_kvs(resp: &TxnResponse, i: usize) -> &[crate::etcd::KeyValue] {
+pub(super) fn range_kvs(resp: &TxnResponse, i: usize) -> &[crate::KeyValue] {
     match resp.responses.get(i) {
         Some(OpResponse::Range(r)) => r.kvs(),
         _ => &[],
@@ -69,7 +69,7 @@ async fn wait_delete(session: &Session, pred: Bytes, mine: Bytes, from: i64) -> 
     let stream = session.client().watch_stream();
     let mut pred = stream.watch(WatchOptions::key(pred).start_revision(from))?;
     let mut mine = stream.watch(WatchOptions::key(mine).start_revision(from))?;
-    let deleted = |msg: Option<Result<crate::etcd::WatchResponse>>| match msg {
+    let deleted = |msg: Option<Result<crate::WatchResponse>>| match msg {
         Some(Ok(r)) => Ok(r.events.iter().any(|e| e.kind == EventKind::Delete)),
         Some(Err(e)) => Err(e),
         None => Err(Error::Closed),

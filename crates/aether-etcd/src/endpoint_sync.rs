@@ -67,7 +67,7 @@ fn client_urls(list: &MemberList) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::{Header, Member};
+    use crate::{Header, Member};
 
     #[test]
     fn client_urls_skip_learners_and_duplicates() {

@@ -257,9 +257,9 @@ impl WatchOptions {
 /// A `Watcher` is a [`Stream`](futures_util::Stream) of responses:
 ///
 /// ```no_run
-/// # async fn demo(client: aether_replicator::etcd::Client) -> aether_replicator::etcd::Result<()> {
+/// # async fn demo(client: aether_etcd::Client) -> aether_etcd::Result<()> {
 /// use futures_util::StreamExt;
-/// use aether_replicator::etcd::WatchOptions;
+/// use aether_etcd::WatchOptions;
 ///
 /// let (_, watcher) = client.watch(WatchOptions::prefix("/k/"))?;
 /// let mut puts = watcher.map(|r| r.map(|resp| resp.events.len())).take(3);

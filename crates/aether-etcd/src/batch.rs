@@ -145,7 +145,7 @@ fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
 /// ([`TxnBatcher::pop`]) for a caller that builds the txn itself.
 ///
 /// ```
-/// use aether_replicator::etcd::{TxnBatcher, TxnLimits};
+/// use aether_etcd::{TxnBatcher, TxnLimits};
 ///
 /// let mut b = TxnBatcher::new(TxnLimits { max_ops: 2, ..TxnLimits::default() });
 /// b.put("a", "1", 0).put("b", "2", 0).put("a", "3", 0).delete("c");
@@ -158,7 +158,7 @@ fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
 /// Streaming, with room kept for an op the caller adds to each txn:
 ///
 /// ```
-/// use aether_replicator::etcd::{Put, Txn, TxnBatcher, TxnLimits};
+/// use aether_etcd::{Put, Txn, TxnBatcher, TxnLimits};
 ///
 /// let mut b = TxnBatcher::new(TxnLimits::default()).with_reserved(1, 256);
 /// let mut sent = 0;
@@ -415,7 +415,7 @@ impl TxnBatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::pb::PbOp;
+    use crate::pb::PbOp;
 
     #[test]
     fn op_sizes_add_up_to_the_encoded_txn() {

@@ -32,8 +32,8 @@ use super::watch::{WatchClient, WatchOptions, WatchStream, Watcher};
 /// A watcher keeps its own stream alive.
 ///
 /// ```no_run
-/// # async fn demo() -> aether_replicator::etcd::Result<()> {
-/// use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
+/// # async fn demo() -> aether_etcd::Result<()> {
+/// use aether_etcd::{Client, ClientConfig, Put, Range};
 ///
 /// let client = Client::connect(ClientConfig::new(["http://127.0.0.1:2379"]))?;
 /// client.put(Put::new("/greeting", "hello")).await?;
@@ -144,9 +144,9 @@ impl Client {
     /// name is taken.
     ///
     /// ```no_run
-    /// # async fn demo(root: aether_replicator::etcd::Client)
-    /// # -> aether_replicator::etcd::Result<()> {
-    /// use aether_replicator::etcd::Permission;
+    /// # async fn demo(root: aether_etcd::Client)
+    /// # -> aether_etcd::Result<()> {
+    /// use aether_etcd::Permission;
     ///
     /// root.role_add("reader").await?;
     /// root.role_grant_permission("reader", &Permission::read("/app/").with_prefix()).await?;
@@ -348,8 +348,8 @@ impl Client {
     /// members' client URLs.
     ///
     /// ```no_run
-    /// # async fn demo(client: aether_replicator::etcd::Client)
-    /// # -> aether_replicator::etcd::Result<()> {
+    /// # async fn demo(client: aether_etcd::Client)
+    /// # -> aether_etcd::Result<()> {
     /// let list = client.member_list().await?;
     /// for m in &list.members {
     ///     println!("{:x} {} {:?}", m.id, m.name, m.client_urls);
@@ -368,9 +368,9 @@ impl Client {
     /// The alarms raised anywhere in the cluster.
     ///
     /// ```no_run
-    /// # async fn demo(client: aether_replicator::etcd::Client)
-    /// # -> aether_replicator::etcd::Result<()> {
-    /// use aether_replicator::etcd::AlarmKind;
+    /// # async fn demo(client: aether_etcd::Client)
+    /// # -> aether_etcd::Result<()> {
+    /// use aether_etcd::AlarmKind;
     /// for alarm in client.alarm_list().await? {
     ///     if alarm.kind == AlarmKind::NoSpace {
     ///         // Free space first, or the alarm is raised again at once.

@@ -85,7 +85,7 @@ impl std::fmt::Display for PermissionKind {
 /// A role's permission on one key or one range `[key, range_end)`.
 ///
 /// ```
-/// use aether_replicator::etcd::{Permission, PermissionKind};
+/// use aether_etcd::{Permission, PermissionKind};
 ///
 /// // Like Go's `clientv3.WithPrefix()`: every key starting with the prefix.
 /// let p = Permission::read_write("/aether/v1/regions/a/").with_prefix();

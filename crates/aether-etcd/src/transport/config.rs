@@ -109,7 +109,7 @@ pub struct ClientConfig {
     pub watch_require_leader: bool,
     /// Refresh the endpoints from the cluster's member list this often
     /// (`None`: never). See
-    /// [`Client::member_list`](crate::etcd::Client::member_list); the task
+    /// [`Client::member_list`](crate::Client::member_list); the task
     /// ends with the last `Client` clone.
     pub auto_sync_interval: Option<Duration>,
     /// Bytes of responses each watcher may hold unread before its stream

@@ -2,13 +2,13 @@
 
 use bytes::Bytes;
 
-use crate::etcd::error::{Error, Result};
+use crate::error::{Error, Result};
 
 use super::service::KvClient;
 use super::types::{KeyValue, Range, prefix_end};
 
 /// A paginated scan at a fixed revision; see
-/// [`Client::scan`](crate::etcd::Client::scan).
+/// [`Client::scan`](crate::Client::scan).
 ///
 /// etcd 3.4 answers a range with a limit only after walking the index over
 /// the whole rest of the range, so plain pagination costs O(n²/page): a
@@ -35,7 +35,7 @@ use super::types::{KeyValue, Range, prefix_end};
 /// page, before any estimate, or values much larger than those read so
 /// far) is asked again at half the limit, down to one key; only one key
 /// over the decode limit fails the scan, with
-/// [`Error::ResponseTooLarge`](crate::etcd::Error::ResponseTooLarge).
+/// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge).
 pub struct Scan {
     kv: KvClient,
     next: Option<Bytes>,
@@ -185,7 +185,7 @@ impl Scan {
     /// the byte budget's worth of them (see [`Scan`]).
     ///
     /// A scan whose revision has been compacted away fails with
-    /// [`Error::Compacted`](crate::etcd::Error::Compacted).
+    /// [`Error::Compacted`](crate::Error::Compacted).
     pub async fn next_page(&mut self) -> Result<Option<Page>> {
         loop {
             let Some(from) = self.next.take() else {

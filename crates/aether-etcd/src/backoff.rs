@@ -19,7 +19,7 @@ pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Duration;
-/// use aether_replicator::etcd::Backoff;
+/// use aether_etcd::Backoff;
 ///
 /// let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 /// let first = b.next_delay();

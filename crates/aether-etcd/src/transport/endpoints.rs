@@ -6,7 +6,7 @@
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::config::{ClientConfig, TlsConfig};
-use crate::etcd::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// One set of endpoints and their lazily connected channels. Replaced as a
 /// whole by [`Transport::set_endpoints`](super::Transport::set_endpoints)
