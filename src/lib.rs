@@ -12,9 +12,15 @@
 //!   the registry in one region's etcd.
 //! - [`error`]: the error type above the client.
 //! - `app` (feature `app`, on by default): the replicator binary's
-//!   config, leader election, metrics and `run`.
+//!   config, leader election, metrics and `run`. Hidden from these docs
+//!   and not part of the library's API: it is public only for the binary
+//!   and the tests.
 
+// Public only so that the binary (src/main.rs) and the integration tests
+// reach it; hidden from the docs and outside the semver promise. Library
+// users want `etcd` (the `aether-etcd` crate), `mirror`, `view` and `schema`.
 #[cfg(feature = "app")]
+#[doc(hidden)]
 pub mod app;
 pub mod error;
 pub use aether_etcd as etcd;

@@ -185,6 +185,18 @@ pub struct TxnBatcher {
     sealed: VecDeque<Sealed>,
 }
 
+impl std::fmt::Debug for TxnBatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnBatcher")
+            .field("limits", &self.limits)
+            .field("compares", &self.compares)
+            .field("open_ops", &self.open_len())
+            .field("open_bytes", &self.open_bytes())
+            .field("sealed_txns", &self.sealed.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl TxnBatcher {
     /// A batcher for a server with these limits.
     pub fn new(limits: TxnLimits) -> Self {

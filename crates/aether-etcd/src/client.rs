@@ -48,6 +48,16 @@ pub struct Client {
 
 /// What the `Client` clones share: the transport, a client per service on
 /// it, and the tasks that only live as long as some clone does.
+impl std::fmt::Debug for Client {
+    // The transport's state is behind locks and tasks; what identifies a
+    // client to someone debugging is how many clones share it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("clones", &Arc::strong_count(&self.inner))
+            .finish_non_exhaustive()
+    }
+}
+
 struct Handle {
     transport: Transport,
     kv: KvClient,

@@ -276,6 +276,21 @@ enum Cmd {
     Remove { id: i64, reg: u64 },
 }
 
+impl std::fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("id", &self.id)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for LeaseKeeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseKeeper").finish_non_exhaustive()
+    }
+}
+
 /// Handle to the keep-alive task; cheap to clone. The task stops when the
 /// last clone, the last [`LeaseHandle`] and the last `Client` clone are
 /// dropped: it holds the client's connections, never the client.

@@ -105,6 +105,9 @@
 //!
 //! Works against etcd 3.4 and later.
 
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod auth;
 mod backoff;
 mod batch;

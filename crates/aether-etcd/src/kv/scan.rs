@@ -64,6 +64,16 @@ pub struct Scan {
     started: bool,
 }
 
+impl std::fmt::Debug for Scan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scan")
+            .field("next", &self.next)
+            .field("end", &self.end)
+            .field("page_size", &self.page_size)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How much more an empty window grows the next one than the last empty
 /// window did: a byte's worth, so the k-th empty window in a row reaches
 /// about k bytes further up the key than the one before. A window
