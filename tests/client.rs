@@ -1171,8 +1171,7 @@ async fn calls_are_spread_over_the_configured_connections() {
         .unwrap();
     assert_eq!(got.count, 8);
     let err = Client::connect(ClientConfig::new([proxy.endpoint()]).with_connections(0))
-        .err()
-        .expect("0 connections is refused");
+        .expect_err("0 connections is refused");
     assert!(err.to_string().contains("at least 1"), "{err}");
 }
 
