@@ -380,6 +380,20 @@ impl Client {
     /// [`Error::UnhealthyCluster`](super::Error::UnhealthyCluster) while
     /// the member asked has not been connected to every voting member for
     /// 5 s.
+    ///
+    /// # One change at a time
+    ///
+    /// etcd's raft takes a membership change (add, remove, update,
+    /// promote) only once the previous one has been applied in its own
+    /// bookkeeping, which can lag the answer to that previous change. A
+    /// change proposed in between is dropped without a word, and the call
+    /// waits until the request timeout ([`Error::Timeout`](super::Error::Timeout))
+    /// having changed nothing (etcd-io/etcd#15528; 3.4 and 3.5 alike). So
+    /// does a change right after one etcd refused while applying it (an
+    /// unknown id, a peer URL in use, too many learners). Any write that
+    /// completes after the previous change has answered (a put) proves
+    /// the bookkeeping has caught up. Before retrying a change that timed
+    /// out, list the members to see whether it happened.
     pub async fn member_add<I, S>(&self, peer_urls: I) -> Result<MemberAdded>
     where
         I: IntoIterator<Item = S>,
@@ -424,7 +438,8 @@ impl Client {
     }
 
     /// Removes member `id` (etcdctl `member remove`) and returns the
-    /// membership after it. [`Error::MemberNotFound`](super::Error::MemberNotFound)
+    /// membership after it. One change at a time: see
+    /// [`Client::member_add`]. [`Error::MemberNotFound`](super::Error::MemberNotFound)
     /// for an unknown (or already removed) id;
     /// [`Error::UnhealthyCluster`](super::Error::UnhealthyCluster) when
     /// the members left would not have an active quorum, as the member
@@ -434,7 +449,8 @@ impl Client {
     }
 
     /// Replaces member `id`'s peer URLs (etcdctl `member update`) and
-    /// returns the membership after it. The member must already listen
+    /// returns the membership after it (one change at a time: see
+    /// [`Client::member_add`]). The member must already listen
     /// there: its peers reach it at the new URLs from now on.
     /// [`Error::MemberNotFound`](super::Error::MemberNotFound) for an
     /// unknown id, [`Error::PeerUrlExists`](super::Error::PeerUrlExists)
@@ -449,7 +465,8 @@ impl Client {
     }
 
     /// Makes learner `id` a voting member (etcdctl `member promote`) and
-    /// returns the membership after it.
+    /// returns the membership after it (one change at a time: see
+    /// [`Client::member_add`]).
     /// [`Error::LearnerNotReady`](super::Error::LearnerNotReady) until it
     /// has caught up with the leader (retry: see
     /// [`Client::member_add_as_learner`]),

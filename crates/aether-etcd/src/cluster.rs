@@ -8,6 +8,10 @@
 //! [`TooManyLearners`](super::Error::TooManyLearners),
 //! [`UnhealthyCluster`](super::Error::UnhealthyCluster) and the others next
 //! to them.
+//!
+//! etcd drops a membership change proposed too soon after the previous
+//! one: [`Client::member_add`](super::Client::member_add) says what the
+//! caller sees and does about it.
 
 use super::error::{Error, Result};
 use super::header::Header;
@@ -148,7 +152,11 @@ impl ClusterClient {
         Ok(MemberList::new(resp.header, resp.members))
     }
 
-    pub(crate) async fn member_update(&self, id: u64, peer_urls: Vec<String>) -> Result<MemberList> {
+    pub(crate) async fn member_update(
+        &self,
+        id: u64,
+        peer_urls: Vec<String>,
+    ) -> Result<MemberList> {
         let req = PbMemberUpdateRequest {
             id,
             peer_ur_ls: peer_urls,

@@ -354,8 +354,14 @@ mod tests {
                 Code::ResourceExhausted,
                 "etcdserver: mvcc: database space exceeded",
             ),
-            (Code::FailedPrecondition, "etcdserver: member ID already exist"),
-            (Code::FailedPrecondition, "etcdserver: Peer URLs already exists"),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: member ID already exist",
+            ),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: Peer URLs already exists",
+            ),
             (
                 Code::InvalidArgument,
                 "etcdserver: given member URLs are invalid",
@@ -380,7 +386,10 @@ mod tests {
             ),
             (Code::Unavailable, "etcdserver: unhealthy cluster"),
             (Code::FailedPrecondition, "etcdserver: not leader"),
-            (Code::FailedPrecondition, "etcdserver: bad leader transferee"),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: bad leader transferee",
+            ),
         ];
         let got: Vec<String> = cases
             .iter()

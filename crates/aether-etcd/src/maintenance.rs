@@ -5,15 +5,8 @@
 //! endpoint). To defragment or hash every member, connect one client per
 //! member URL (from [`Client::member_list`](super::Client::member_list)).
 //!
-//! # The snapshot is a stream, held back by HTTP/2
-//!
-//! [`Snapshot`] reads the gRPC stream as its consumer polls it: no task
-//! reads ahead and nothing is collected, so a consumer that writes each
-//! chunk to disk holds one chunk (etcd sends 32 KiB) plus what HTTP/2 has
-//! received and not yet handed on, at most the stream window
-//! ([`ClientConfig::stream_window`](super::ClientConfig::stream_window)).
-//! A consumer that stops reading stops etcd, which waits for the window
-//! to open again. `tests/client_cluster.rs` measures it through a proxy.
+//! The snapshot is read as its consumer polls it, so that memory is
+//! bounded by the HTTP/2 window: see [`Snapshot`].
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -27,8 +20,8 @@ use super::error::{Error, Result};
 use super::header::Header;
 use super::pb::{
     PbAlarmAction, PbAlarmRequest, PbAlarmType, PbDefragmentRequest, PbHashKvRequest,
-    PbHashRequest, PbMaintenanceClient, PbMoveLeaderRequest, PbSnapshotRequest,
-    PbSnapshotResponse, PbStatusRequest,
+    PbHashRequest, PbMaintenanceClient, PbMoveLeaderRequest, PbSnapshotRequest, PbSnapshotResponse,
+    PbStatusRequest,
 };
 use super::transport::Transport;
 
@@ -127,9 +120,17 @@ pub struct SnapshotChunk {
     pub is_checksum: bool,
 }
 
-/// A member's backend as a stream of [`SnapshotChunk`]s, read as it is
-/// polled; see [`Client::snapshot`](super::Client::snapshot) and the
-/// [module docs](self) for what it holds in memory.
+/// A member's backend as a stream of [`SnapshotChunk`]s; see
+/// [`Client::snapshot`](super::Client::snapshot).
+///
+/// It reads the gRPC stream as it is polled: no task reads ahead and
+/// nothing is collected. A consumer that writes each chunk out holds one
+/// chunk (etcd sends 32 KiB) plus what HTTP/2 has received and not yet
+/// handed on, at most the stream window
+/// ([`ClientConfig::stream_window`](super::ClientConfig::stream_window)).
+/// A consumer that stops reading stops etcd, which waits for the window
+/// to open again (`tests/client_cluster.rs` measures it through a proxy:
+/// one window sent, then nothing, of a 30 MB snapshot).
 ///
 /// It ends after the checksum; a stream that ends before etcd has sent
 /// every database byte yields an [`Error::Unavailable`] first, so a
@@ -379,14 +380,18 @@ impl MaintenanceClient {
                     .await
             })
             .await?;
-        Ok(Snapshot::new(inner, self.transport.config().request_timeout))
+        Ok(Snapshot::new(
+            inner,
+            self.transport.config().request_timeout,
+        ))
     }
 
     pub(crate) async fn move_leader(&self, target: u64) -> Result<()> {
         self.transport
-            .unary(PbMoveLeaderRequest { target_id: target }, |svc, r| async move {
-                PbMaintenanceClient::new(svc).move_leader(r).await
-            })
+            .unary(
+                PbMoveLeaderRequest { target_id: target },
+                |svc, r| async move { PbMaintenanceClient::new(svc).move_leader(r).await },
+            )
             .await?;
         Ok(())
     }

@@ -74,9 +74,9 @@ pub(crate) use mvccpb::{
 // Membership changes, the snapshot stream, leader transfer, the backend
 // hash (`cluster.rs`, `maintenance.rs`) and the lease list (`lease.rs`).
 pub(crate) use etcdserverpb::{
-    HashRequest as PbHashRequest, LeaseLeasesRequest as PbLeaseLeasesRequest,
-    Member as PbMember, MemberAddRequest as PbMemberAddRequest,
-    MemberPromoteRequest as PbMemberPromoteRequest, MemberRemoveRequest as PbMemberRemoveRequest,
-    MemberUpdateRequest as PbMemberUpdateRequest, MoveLeaderRequest as PbMoveLeaderRequest,
-    SnapshotRequest as PbSnapshotRequest, SnapshotResponse as PbSnapshotResponse,
+    HashRequest as PbHashRequest, LeaseLeasesRequest as PbLeaseLeasesRequest, Member as PbMember,
+    MemberAddRequest as PbMemberAddRequest, MemberPromoteRequest as PbMemberPromoteRequest,
+    MemberRemoveRequest as PbMemberRemoveRequest, MemberUpdateRequest as PbMemberUpdateRequest,
+    MoveLeaderRequest as PbMoveLeaderRequest, SnapshotRequest as PbSnapshotRequest,
+    SnapshotResponse as PbSnapshotResponse,
 };
