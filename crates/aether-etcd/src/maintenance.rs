@@ -93,8 +93,9 @@ pub struct HashKv {
 pub struct Hash {
     /// CRC-32C over every bucket of the backend: every revision of every
     /// key still kept, the leases, the membership, the auth store, the
-    /// alarms, the compaction marks. Only the raft index and term the
-    /// backend records are left out, as they differ between members.
+    /// alarms, the compaction marks. Only the raft index the backend
+    /// records (and on 3.5 the raft term) is left out, as it may differ
+    /// between members.
     pub hash: u32,
     /// The response header; its revision is the store's revision read
     /// after the hash was computed (etcd takes no lock between the two).
