@@ -82,32 +82,7 @@ impl EtcdBuilder {
     /// Starts etcd and waits until it is ready; panics (with the log tail) if
     /// it cannot be started.
     pub fn start(self) -> Etcd {
-        crate::common::init_logging();
-        let bin = etcd_bin();
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let name = self
-            .name
-            .unwrap_or_else(|| format!("etcd-{}-{id}", std::process::id()));
-        let dir = tempfile::Builder::new()
-            .prefix("aether-etcd-")
-            .tempdir()
-            .expect("create etcd temp dir");
-        let data_dir = self.data_dir.unwrap_or_else(|| dir.path().join("data"));
-        let log_path = dir.path().join("etcd.log");
-        let mut etcd = Etcd {
-            bin,
-            name,
-            ports: Ports::pick(),
-            tls: self.tls,
-            extra_args: self.extra_args,
-            data_dir,
-            log_path,
-            proc: None,
-            last_pid: 0,
-            cluster: None,
-            advertise_peer: None,
-            dir,
-        };
+        let mut etcd = self.unstarted();
         // Only a data dir that holds no member yet may be wiped between
         // attempts (a failed attempt may have initialised it with the wrong
         // peer URL).
@@ -127,6 +102,39 @@ impl EtcdBuilder {
             }
         }
         etcd.fail("start", &failures)
+    }
+
+    /// The etcd, its name and ports picked, not started: a member to add
+    /// to a running cluster (`member add` with its [`Etcd::peer_url`]),
+    /// then start with [`Etcd::join`]. Dropping it kills whatever it
+    /// started.
+    pub fn unstarted(self) -> Etcd {
+        crate::common::init_logging();
+        let bin = etcd_bin();
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let name = self
+            .name
+            .unwrap_or_else(|| format!("etcd-{}-{id}", std::process::id()));
+        let dir = tempfile::Builder::new()
+            .prefix("aether-etcd-")
+            .tempdir()
+            .expect("create etcd temp dir");
+        let data_dir = self.data_dir.unwrap_or_else(|| dir.path().join("data"));
+        let log_path = dir.path().join("etcd.log");
+        Etcd {
+            bin,
+            name,
+            ports: Ports::pick(),
+            tls: self.tls,
+            extra_args: self.extra_args,
+            data_dir,
+            log_path,
+            proc: None,
+            last_pid: 0,
+            cluster: None,
+            advertise_peer: None,
+            dir,
+        }
     }
 }
 
@@ -214,6 +222,9 @@ struct ClusterArgs {
     /// `name=http://127.0.0.1:peer,...` for every member.
     initial: String,
     token: String,
+    /// `--initial-cluster-state existing`: a member added to a running
+    /// cluster ([`Etcd::join`]).
+    existing: bool,
 }
 
 impl Etcd {
@@ -355,6 +366,33 @@ impl Etcd {
         self.etcdctl_ok(&["snapshot", "save", &path.display().to_string()]);
     }
 
+    /// The peer URL it advertises (`--initial-advertise-peer-urls`).
+    pub fn peer_url(&self) -> String {
+        self.advertise_peer
+            .clone()
+            .unwrap_or_else(|| format!("http://127.0.0.1:{}", self.ports.peer))
+    }
+
+    /// Starts an [`EtcdBuilder::unstarted`] member that `member add` has
+    /// added, with `--initial-cluster-state existing` and `initial` as
+    /// `--initial-cluster` (`name=peer-url,...` for every member, this one
+    /// included, as `etcdctl member add` prints it), on the ports picked
+    /// when it was built (its peer URL is in the membership already), and
+    /// waits until it is ready.
+    pub fn join(&mut self, initial: &str) {
+        self.cluster = Some(ClusterArgs {
+            initial: initial.to_string(),
+            token: self.name.clone(),
+            existing: true,
+        });
+        self.relaunch("join");
+    }
+
+    /// Its `/metrics` text, if the metrics port answers.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.ports.metrics, "/metrics").map(|(_, body)| body)
+    }
+
     /// Kills etcd, replaces its data dir with the snapshot at `path` and
     /// starts it again: what an operator's restore from a backup does. With
     /// the same name, peer URL and cluster token, the store keeps its
@@ -462,7 +500,13 @@ impl Etcd {
                 "--initial-cluster-token={}",
                 self.cluster.as_ref().map_or(&self.name, |c| &c.token)
             ),
-            "--initial-cluster-state=new".into(),
+            format!(
+                "--initial-cluster-state={}",
+                match &self.cluster {
+                    Some(c) if c.existing => "existing",
+                    _ => "new",
+                }
+            ),
             format!("--listen-metrics-urls=http://127.0.0.1:{}", p.metrics),
             "--logger=zap".into(),
             "--log-outputs=stderr".into(),
@@ -920,6 +964,7 @@ impl Cluster {
                 m.cluster = Some(ClusterArgs {
                     initial: initial.clone(),
                     token: token.clone(),
+                    existing: false,
                 });
                 m.spawn(attempt);
             }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::auth::{
     AuthClient, AuthStatus, NameList, Permission, RoleInfo, UserAddOptions, UserInfo,
 };
-use super::cluster::{ClusterClient, MemberList};
+use super::cluster::{ClusterClient, MemberAdded, MemberList};
 use super::endpoint_sync;
 use super::error::Result;
 use super::header::Header;
@@ -17,8 +17,8 @@ use super::kv::{
     Delete, DeleteResponse, KvClient, Put, PutResponse, Range, RangeResponse, Scan, Txn,
     TxnResponse, prefix_range,
 };
-use super::lease::{LeaseClient, LeaseGrant, LeaseKeeper, LeaseTtl};
-use super::maintenance::{Alarm, HashKv, MaintenanceClient, Status};
+use super::lease::{LeaseClient, LeaseGrant, LeaseKeeper, LeaseList, LeaseTtl};
+use super::maintenance::{Alarm, Hash, HashKv, MaintenanceClient, Snapshot, Status};
 use super::transport::{ClientConfig, Credentials, Transport};
 use super::watch::{WatchClient, WatchOptions, WatchStream, Watcher};
 
@@ -346,6 +346,13 @@ impl Client {
         self.inner.lease.time_to_live(id, keys).await
     }
 
+    /// Lists every lease that exists (etcd `LeaseLeases`, etcdctl `lease
+    /// list`): granted and neither revoked nor expired. The member that
+    /// answers reads its own lease table.
+    pub async fn lease_list(&self) -> Result<LeaseList> {
+        self.inner.lease.list().await
+    }
+
     /// The client's shared keep-alive actor, started on first use.
     pub fn lease_keeper(&self) -> LeaseKeeper {
         let inner = &self.inner;
@@ -368,6 +375,116 @@ impl Client {
     /// ```
     pub async fn member_list(&self) -> Result<MemberList> {
         self.inner.cluster.member_list().await
+    }
+
+    /// Adds a voting member that will serve at `peer_urls` (etcdctl
+    /// `member add`), then start it with `--initial-cluster-state
+    /// existing`. Until it starts the cluster counts it in the quorum
+    /// without it answering: prefer [`Client::member_add_as_learner`] and
+    /// [`Client::member_promote`].
+    ///
+    /// Refusals: [`Error::InvalidPeerUrls`](super::Error::InvalidPeerUrls),
+    /// [`Error::PeerUrlExists`](super::Error::PeerUrlExists),
+    /// [`Error::NotEnoughStartedMembers`](super::Error::NotEnoughStartedMembers)
+    /// (an added member has not started yet), and
+    /// [`Error::UnhealthyCluster`](super::Error::UnhealthyCluster) while
+    /// the member asked has not been connected to every voting member for
+    /// 5 s.
+    ///
+    /// # One change at a time
+    ///
+    /// etcd's raft takes a membership change (add, remove, update,
+    /// promote) only once the previous one has been applied in its own
+    /// bookkeeping, which can lag the answer to that previous change. A
+    /// change proposed in between is dropped without a word, and the call
+    /// waits until the request timeout ([`Error::Timeout`](super::Error::Timeout))
+    /// having changed nothing (etcd-io/etcd#15528; 3.4 and 3.5 alike). So
+    /// does a change right after one etcd refused while applying it (an
+    /// unknown id, a peer URL in use, too many learners). Any write that
+    /// completes after the previous change has answered (a put) proves
+    /// the bookkeeping has caught up. Before retrying a change that timed
+    /// out, list the members to see whether it happened.
+    pub async fn member_add<I, S>(&self, peer_urls: I) -> Result<MemberAdded>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls = peer_urls.into_iter().map(Into::into).collect();
+        self.inner.cluster.member_add(urls, false).await
+    }
+
+    /// Adds a learner, a member that receives the log without voting
+    /// (etcdctl `member add --learner`); promote it with
+    /// [`Client::member_promote`] once it has caught up. etcd allows one
+    /// learner at a time: another is refused with
+    /// [`Error::TooManyLearners`](super::Error::TooManyLearners). The
+    /// other refusals are [`Client::member_add`]'s.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_etcd::Client)
+    /// # -> aether_etcd::Result<()> {
+    /// use aether_etcd::Error;
+    ///
+    /// let added = client.member_add_as_learner(["http://10.0.0.4:2380"]).await?;
+    /// // ... start the new etcd with --initial-cluster-state existing ...
+    /// for _ in 0..50 {
+    ///     match client.member_promote(added.member.id).await {
+    ///         Ok(list) => break,
+    ///         Err(Error::LearnerNotReady) => {
+    ///             tokio::time::sleep(std::time::Duration::from_millis(200)).await
+    ///         }
+    ///         Err(e) => return Err(e),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn member_add_as_learner<I, S>(&self, peer_urls: I) -> Result<MemberAdded>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls = peer_urls.into_iter().map(Into::into).collect();
+        self.inner.cluster.member_add(urls, true).await
+    }
+
+    /// Removes member `id` (etcdctl `member remove`) and returns the
+    /// membership after it. One change at a time: see
+    /// [`Client::member_add`]. [`Error::MemberNotFound`](super::Error::MemberNotFound)
+    /// for an unknown (or already removed) id;
+    /// [`Error::UnhealthyCluster`](super::Error::UnhealthyCluster) when
+    /// the members left would not have an active quorum, as the member
+    /// asked sees it (a member counts as active once connected for 5 s).
+    pub async fn member_remove(&self, id: u64) -> Result<MemberList> {
+        self.inner.cluster.member_remove(id).await
+    }
+
+    /// Replaces member `id`'s peer URLs (etcdctl `member update`) and
+    /// returns the membership after it (one change at a time: see
+    /// [`Client::member_add`]). The member must already listen
+    /// there: its peers reach it at the new URLs from now on.
+    /// [`Error::MemberNotFound`](super::Error::MemberNotFound) for an
+    /// unknown id, [`Error::PeerUrlExists`](super::Error::PeerUrlExists)
+    /// for another member's URL.
+    pub async fn member_update<I, S>(&self, id: u64, peer_urls: I) -> Result<MemberList>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let urls = peer_urls.into_iter().map(Into::into).collect();
+        self.inner.cluster.member_update(id, urls).await
+    }
+
+    /// Makes learner `id` a voting member (etcdctl `member promote`) and
+    /// returns the membership after it (one change at a time: see
+    /// [`Client::member_add`]).
+    /// [`Error::LearnerNotReady`](super::Error::LearnerNotReady) until it
+    /// has caught up with the leader (retry: see
+    /// [`Client::member_add_as_learner`]),
+    /// [`Error::MemberNotLearner`](super::Error::MemberNotLearner) for a
+    /// voting member, [`Error::MemberNotFound`](super::Error::MemberNotFound)
+    /// for an unknown id.
+    pub async fn member_promote(&self, id: u64) -> Result<MemberList> {
+        self.inner.cluster.member_promote(id).await
     }
 
     /// The status of the member this client is talking to.
@@ -419,5 +536,52 @@ impl Client {
     /// corruption check.
     pub async fn hash_kv(&self, revision: i64) -> Result<HashKv> {
         self.inner.maintenance.hash_kv(revision).await
+    }
+
+    /// The hash of the whole backend of the member this client talks to
+    /// (etcd `Hash`): the keys with their history, and the leases,
+    /// membership, auth and alarms. etcd meant it for tests: it takes no
+    /// lock, so under writes the hash and the header's revision need not
+    /// match; [`Client::hash_kv`] is the consistency check. With no writes
+    /// under way, members that have applied the same log report the same
+    /// hash, and any write changes it.
+    pub async fn hash(&self) -> Result<Hash> {
+        self.inner.maintenance.hash().await
+    }
+
+    /// Streams a snapshot of the backend of the member this client talks
+    /// to, chunk by chunk as it is read (never whole in memory; see
+    /// [`Snapshot`]). Write every chunk, the final checksum too, to get
+    /// what `etcdctl snapshot save` writes and `snapshot restore` takes.
+    /// The request timeout bounds the opening and each wait for a chunk,
+    /// not the whole transfer. Needs the `root` role when auth is on.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_etcd::Client)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::io::Write;
+    /// use futures_util::StreamExt;
+    ///
+    /// let mut file = std::fs::File::create("/backup/etcd.db")?;
+    /// let mut snapshot = client.snapshot().await?;
+    /// while let Some(chunk) = snapshot.next().await {
+    ///     file.write_all(&chunk?.blob)?;
+    /// }
+    /// file.sync_all()?;
+    /// println!("{:?} bytes", snapshot.size());
+    /// # Ok(()) }
+    /// ```
+    pub async fn snapshot(&self) -> Result<Snapshot> {
+        self.inner.maintenance.snapshot().await
+    }
+
+    /// Hands the raft leadership to voting member `target` (etcdctl
+    /// `move-leader`), returning once it leads. The request must reach
+    /// the leader: a client talking to another member gets
+    /// [`Error::NotRaftLeader`](super::Error::NotRaftLeader) (find the
+    /// leader with [`Client::status`]: `leader == member_id`). A learner
+    /// or unknown target is [`Error::BadLeaderTransferee`](super::Error::BadLeaderTransferee).
+    pub async fn move_leader(&self, target: u64) -> Result<()> {
+        self.inner.maintenance.move_leader(target).await
     }
 }

@@ -98,6 +98,54 @@ pub enum Error {
     /// The role has no permission on that key or range (revoking it).
     #[error("permission is not granted to the role")]
     PermissionNotGranted,
+    /// A membership change was refused because of the member id: an
+    /// add whose new id collides with an existing member's (ids are
+    /// derived from the peer URLs and the time).
+    #[error("member id already exists")]
+    MemberExists,
+    /// A member add or update names a peer URL another member already
+    /// has.
+    #[error("peer URLs already exist")]
+    PeerUrlExists,
+    /// A member add names no peer URL, or one that does not parse (etcd
+    /// does not check the URLs of an update).
+    #[error("given member URLs are invalid")]
+    InvalidPeerUrls,
+    /// No member has that id (remove, update, promote).
+    #[error("member not found")]
+    MemberNotFound,
+    /// Promoting a member that is not a learner.
+    #[error("can only promote a learner member")]
+    MemberNotLearner,
+    /// Promoting a learner that has not caught up with the leader's log
+    /// yet (its log is under 90% of the leader's). Retry once it has: a
+    /// learner that was just started catches up in moments, one that is
+    /// not running never does.
+    #[error("learner is not in sync with the leader yet")]
+    LearnerNotReady,
+    /// Adding a learner while the cluster has one already (etcd allows
+    /// one at a time): promote or remove it first.
+    #[error("too many learner members in cluster")]
+    TooManyLearners,
+    /// A membership change that would leave fewer started voting members
+    /// than a quorum: adding a voter while an added one has not started,
+    /// promoting or removing with too few members started.
+    #[error("re-configuration failed due to not enough started members")]
+    NotEnoughStartedMembers,
+    /// A membership change refused to protect the quorum: the member that
+    /// got it has not been connected to every voting member for the last
+    /// 5 s (add), or would be left without an active quorum (remove). It
+    /// may pass once the members have been connected for that long.
+    #[error("etcd: unhealthy cluster")]
+    UnhealthyCluster,
+    /// The member that answered is not the raft leader, and the request
+    /// must be sent to it ([`Client::move_leader`](super::Client::move_leader)).
+    /// Not [`Error::NotLeader`], the election's.
+    #[error("etcd member is not the raft leader")]
+    NotRaftLeader,
+    /// A leader transfer to a member that does not exist or is a learner.
+    #[error("bad leader transferee")]
+    BadLeaderTransferee,
     /// The server does not implement the call: an etcd older than the API
     /// (3.4 has no `AuthStatus`).
     #[error("not implemented by this etcd: {0}")]
@@ -213,6 +261,23 @@ impl From<tonic::Status> for Error {
             _ if has("role name not found") => Error::RoleNotFound,
             _ if has("role is not granted to the user") => Error::RoleNotGranted,
             _ if has("permission is not granted to the role") => Error::PermissionNotGranted,
+            // Membership changes (`rpctypes`), the same text on 3.4 and 3.5.
+            // The promote refusals share a prefix: the longer one first.
+            _ if has("can only promote a learner member which is in sync with leader") => {
+                Error::LearnerNotReady
+            }
+            _ if has("can only promote a learner member") => Error::MemberNotLearner,
+            _ if has("etcdserver: member ID already exist") => Error::MemberExists,
+            _ if has("etcdserver: Peer URLs already exists") => Error::PeerUrlExists,
+            _ if has("etcdserver: given member URLs are invalid") => Error::InvalidPeerUrls,
+            _ if has("etcdserver: member not found") => Error::MemberNotFound,
+            _ if has("etcdserver: too many learner members in cluster") => Error::TooManyLearners,
+            _ if has("not enough started members") => Error::NotEnoughStartedMembers,
+            // Code Unavailable, but not a connection failure: another
+            // member would refuse the same, so it is no reason to fail over.
+            _ if has("etcdserver: unhealthy cluster") => Error::UnhealthyCluster,
+            _ if has("etcdserver: not leader") => Error::NotRaftLeader,
+            _ if has("etcdserver: bad leader transferee") => Error::BadLeaderTransferee,
             Code::Unimplemented => Error::Unimplemented(msg.to_string()),
             Code::Unauthenticated => Error::Auth(msg.to_string()),
             _ if has("authentication failed") || TOKEN_REFUSALS.iter().any(|r| has(r)) => {
@@ -289,6 +354,42 @@ mod tests {
                 Code::ResourceExhausted,
                 "etcdserver: mvcc: database space exceeded",
             ),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: member ID already exist",
+            ),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: Peer URLs already exists",
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: given member URLs are invalid",
+            ),
+            (Code::NotFound, "etcdserver: member not found"),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: can only promote a learner member",
+            ),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: too many learner members in cluster",
+            ),
+            // etcd maps this one to a plain error, which gRPC sends as Unknown.
+            (
+                Code::Unknown,
+                "etcdserver: re-configuration failed due to not enough started members",
+            ),
+            (Code::Unavailable, "etcdserver: unhealthy cluster"),
+            (Code::FailedPrecondition, "etcdserver: not leader"),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: bad leader transferee",
+            ),
         ];
         let got: Vec<String> = cases
             .iter()
@@ -307,6 +408,17 @@ mod tests {
             "RoleNotFound",
             "AuthNotEnabled",
             "NoSpace",
+            "MemberExists",
+            "PeerUrlExists",
+            "InvalidPeerUrls",
+            "MemberNotFound",
+            "MemberNotLearner",
+            "LearnerNotReady",
+            "TooManyLearners",
+            "NotEnoughStartedMembers",
+            "UnhealthyCluster",
+            "NotRaftLeader",
+            "BadLeaderTransferee",
         ];
         assert_eq!(got, want);
         assert!(
@@ -339,6 +451,8 @@ mod tests {
         ] {
             assert!(!e.is_invalid_token(), "{e:?}");
         }
+        // A quorum refusal is no reason to fail over to another member.
+        assert!(!Error::from(Status::unavailable("etcdserver: unhealthy cluster")).is_transient());
         assert!(Error::from(Status::unavailable("x")).is_transient());
         assert!(!Error::TooManyOps.is_transient());
     }

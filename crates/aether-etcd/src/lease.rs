@@ -80,9 +80,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::backoff::Backoff;
 use super::error::{Error, Result};
+use super::header::Header;
 use super::pb::{
-    PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseRevokeRequest,
-    PbLeaseTimeToLiveRequest,
+    PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseLeasesRequest,
+    PbLeaseRevokeRequest, PbLeaseTimeToLiveRequest,
 };
 use super::task::spawn_until_dropped;
 use super::transport::Transport;
@@ -114,6 +115,18 @@ pub struct LeaseTtl {
     pub granted_ttl: i64,
     /// Keys attached, when asked for.
     pub keys: Vec<bytes::Bytes>,
+}
+
+/// The leases that exist; see [`Client::lease_list`](super::Client::lease_list).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseList {
+    /// The response header.
+    pub header: Header,
+    /// Every lease's id, in no particular order. etcd sends nothing else
+    /// about them: [`Client::lease_time_to_live`](super::Client::lease_time_to_live)
+    /// tells a lease's TTL.
+    pub ids: Vec<i64>,
 }
 
 /// The lease service on a transport.
@@ -175,6 +188,19 @@ impl LeaseClient {
             }),
             Err(e) => Err(e),
         }
+    }
+
+    pub(crate) async fn list(&self) -> Result<LeaseList> {
+        let resp = self
+            .transport
+            .unary(PbLeaseLeasesRequest {}, |svc, r| async move {
+                PbLeaseClient::new(svc).lease_leases(r).await
+            })
+            .await?;
+        Ok(LeaseList {
+            header: resp.header.into(),
+            ids: resp.leases.into_iter().map(|l| l.id).collect(),
+        })
     }
 
     /// A new keep-alive actor on this transport.

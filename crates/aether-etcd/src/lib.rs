@@ -78,7 +78,8 @@
 //!   make calls: `config` (what the caller sets), `endpoints` (the channels
 //!   per member URL and the TLS they were built with, replaced as a whole),
 //!   `token` (the auth token every request carries), and in its `mod.rs`
-//!   the failover, the re-authentication and the unary call path. It knows
+//!   the failover, the re-authentication, the unary call path and the
+//!   opening of a server stream (the snapshot). It knows
 //!   no service: the token fetch is the one call it makes itself, because
 //!   every other call may need it midway.
 //! - `header`: the response header, the one type every service returns.
@@ -86,8 +87,10 @@
 //!   importing another: `kv/` (`types`, the requests and answers as plain
 //!   values; `range_opts`, sorted and create-revision-bounded ranges;
 //!   `service`, the calls; `scan`, paginated scans), `lease` (grant,
-//!   revoke, TTL, and the keep-alive actor), `cluster` (member listing),
-//!   `maintenance` (status, alarms, defragment, KV hash) and `auth`
+//!   revoke, TTL, list, and the keep-alive actor), `cluster` (member
+//!   listing and membership changes), `maintenance` (status, alarms,
+//!   defragment, KV and backend hashes, the snapshot stream, leader
+//!   transfer) and `auth`
 //!   (fetching a token; users, roles, permissions, enable/disable/status;
 //!   its prefix helper borrows `kv`'s `prefix_end`, a pure function).
 //! - What builds on a service's types or calls: `watch` (the watch
@@ -134,7 +137,7 @@ pub use batch::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, REQUEST_OVERHEAD_BYTES, TxnBatcher, TxnLimits,
 };
 pub use client::Client;
-pub use cluster::{Member, MemberList};
+pub use cluster::{Member, MemberAdded, MemberList};
 pub use error::{Error, Result};
 pub use header::Header;
 pub use kv::{
@@ -142,8 +145,10 @@ pub use kv::{
     PAGE_DECODE_SHARE, Page, Put, PutResponse, Range, RangeResponse, Scan, SortOrder, SortTarget,
     Txn, TxnResponse, prefix_end,
 };
-pub use lease::{LeaseGrant, LeaseHandle, LeaseKeeper, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL};
-pub use maintenance::{Alarm, AlarmKind, HashKv, Status};
+pub use lease::{
+    LeaseGrant, LeaseHandle, LeaseKeeper, LeaseList, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL,
+};
+pub use maintenance::{Alarm, AlarmKind, Hash, HashKv, Snapshot, SnapshotChunk, Status};
 pub use namespace::{Namespace, NamespaceWatcher};
 pub use transport::{
     ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,

@@ -71,3 +71,12 @@ pub(crate) use etcdserverpb::{
 pub(crate) use mvccpb::{
     Event as PbEvent, KeyValue as PbKeyValue, event::EventType as PbEventType,
 };
+// Membership changes, the snapshot stream, leader transfer, the backend
+// hash (`cluster.rs`, `maintenance.rs`) and the lease list (`lease.rs`).
+pub(crate) use etcdserverpb::{
+    HashRequest as PbHashRequest, LeaseLeasesRequest as PbLeaseLeasesRequest, Member as PbMember,
+    MemberAddRequest as PbMemberAddRequest, MemberPromoteRequest as PbMemberPromoteRequest,
+    MemberRemoveRequest as PbMemberRemoveRequest, MemberUpdateRequest as PbMemberUpdateRequest,
+    MoveLeaderRequest as PbMoveLeaderRequest, SnapshotRequest as PbSnapshotRequest,
+    SnapshotResponse as PbSnapshotResponse,
+};

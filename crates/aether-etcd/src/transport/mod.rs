@@ -165,13 +165,37 @@ impl Transport {
         F: Fn(Svc, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        self.request(req, call, true).await
+    }
+
+    /// Opens a server stream (the snapshot) the way [`Transport::unary`]
+    /// sends a request, except that the per-request timeout bounds only
+    /// the opening: the server is not told a deadline, which would cut a
+    /// stream that takes longer than that to read. The stream's own pace
+    /// is its caller's to bound.
+    pub(crate) async fn open_stream<Req, Resp, F, Fut>(&self, req: Req, call: F) -> Result<Resp>
+    where
+        Req: Clone,
+        F: Fn(Svc, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        self.request(req, call, false).await
+    }
+
+    /// [`Transport::unary`], telling the server the deadline or not.
+    async fn request<Req, Resp, F, Fut>(&self, req: Req, call: F, deadline: bool) -> Result<Resp>
+    where
+        Req: Clone,
+        F: Fn(Svc, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         self.ensure_token().await?;
         let timeout = self.0.config.request_timeout;
         let mut reauthed = false;
         let mut failovers = 0;
         loop {
             let (idx, svc) = self.svc();
-            let err = match attempt(timeout, req.clone(), |r| call(svc, r)).await {
+            let err = match attempt(timeout, deadline, req.clone(), |r| call(svc, r)).await {
                 Ok(resp) => return Ok(resp),
                 // A deadline the server reports is the same timeout.
                 Err(Error::Timeout(_)) => Error::Timeout(timeout),
@@ -218,7 +242,7 @@ impl Transport {
             let idx = self.current(&eps);
             // Authenticate on a bare channel: a stale token must not be sent.
             let mut auth = PbAuthClient::new(eps.channels[idx][0].clone());
-            match attempt(timeout, req.clone(), |r| auth.authenticate(r)).await {
+            match attempt(timeout, true, req.clone(), |r| auth.authenticate(r)).await {
                 Ok(resp) => return self.0.auth.store(resp.token),
                 Err(e) if e.is_transient() => {
                     self.rotate(idx);
@@ -247,10 +271,11 @@ impl Transport {
 }
 
 /// One try of a unary call, bounded by `timeout` at both ends: the server
-/// is told the deadline, and the client stops waiting at it even when the
-/// server never answers.
+/// is told the deadline (with `deadline`), and the client stops waiting at
+/// it even when the server never answers.
 async fn attempt<Req, Resp, Fut>(
     timeout: Duration,
+    deadline: bool,
     req: Req,
     call: impl FnOnce(tonic::Request<Req>) -> Fut,
 ) -> Result<Resp>
@@ -258,7 +283,9 @@ where
     Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
 {
     let mut request = tonic::Request::new(req);
-    request.set_timeout(timeout);
+    if deadline {
+        request.set_timeout(timeout);
+    }
     match tokio::time::timeout(timeout, call(request)).await {
         Ok(Ok(resp)) => Ok(resp.into_inner()),
         Ok(Err(status)) => Err(Error::from(status)),
