@@ -90,9 +90,11 @@
 //!   `maintenance` (status, alarms, defragment, KV hash) and `auth`
 //!   (fetching a token; users, roles, permissions, enable/disable/status;
 //!   its prefix helper borrows `kv`'s `prefix_end`, a pure function).
-//! - What builds on a service's types or calls: `watch` (the watch
-//!   service and its stream actor, with resume across reconnects; its
-//!   events carry `kv`'s key-values), `batch` (packing writes into the
+//! - What builds on a service's types or calls: `watch/` (the watch
+//!   service, with resume across reconnects: `types`, the events, which
+//!   carry `kv`'s key-values; `options`, what to watch; `watcher`, the
+//!   consumer's stream and its byte budget; `stream`, the handles;
+//!   `actor`, the task behind a stream), `batch` (packing writes into the
 //!   fewest txns etcd accepts) and `endpoint_sync` (the optional task that
 //!   points the transport at the members `cluster` lists; here, not in the
 //!   transport, so the transport never depends on a service).
