@@ -84,7 +84,7 @@
 //! - `header`: the response header, the one type every service returns.
 //! - The services, each a small client over a `Transport` clone, none
 //!   importing another: `kv/` (`types`, the requests and answers as plain
-//!   values; `range_opts`, sorted and create-revision-bounded ranges;
+//!   values; `range_opts`, sorted and revision-bounded ranges;
 //!   `service`, the calls; `scan`, paginated scans), `lease` (grant,
 //!   revoke, TTL, and the keep-alive actor), `cluster` (member listing),
 //!   `maintenance` (status, alarms, defragment, KV hash) and `auth`

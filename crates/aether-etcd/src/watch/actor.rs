@@ -415,3 +415,65 @@ async fn deliver(
         let _ = out.send(cancel_msg(id));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use tokio::sync::{Semaphore, mpsc};
+
+    use super::*;
+    use crate::pb::PbWatchFilter;
+    use crate::watch::WatchOptions;
+
+    fn state(opts: WatchOptions, resume: i64) -> State {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        State {
+            req: opts.0,
+            resume,
+            sink: Sink {
+                tx,
+                budget: Arc::new(Semaphore::new(1)),
+                capacity: 1,
+                buffered: Arc::new(AtomicUsize::new(0)),
+            },
+            fragments: Fragments::default(),
+            reauthed: false,
+        }
+    }
+
+    fn create(msg: PbWatchRequest) -> PbWatchCreateRequest {
+        match msg.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(c)) => c,
+            other => panic!("not a create: {other:?}"),
+        }
+    }
+
+    /// A resume re-sends the watcher's own request: range, filters and
+    /// extras carry over, only the start moves (to one before the resume
+    /// revision, see `create_msg`).
+    #[test]
+    fn a_resumed_create_keeps_the_range_and_filters() {
+        let opts = WatchOptions::between("/b", "/d")
+            .no_put()
+            .prev_kv()
+            .start_revision(5);
+        let req = create(create_msg(9, &state(opts, 40)));
+        assert_eq!((&req.key[..], &req.range_end[..]), (&b"/b"[..], &b"/d"[..]));
+        assert_eq!(req.filters, [PbWatchFilter::Noput as i32]);
+        assert!(req.prev_kv);
+        assert_eq!((req.watch_id, req.start_revision), (9, 39));
+
+        let opts = WatchOptions::from_key("/m").no_delete();
+        let first = create(create_msg(3, &state(opts.clone(), 0)));
+        assert_eq!(
+            first.start_revision, 0,
+            "from now until a revision is known"
+        );
+        let resumed = create(create_msg(3, &state(opts, 12)));
+        assert_eq!(&resumed.range_end[..], [0]);
+        assert_eq!(resumed.filters, [PbWatchFilter::Nodelete as i32]);
+        assert_eq!(resumed.start_revision, 11);
+    }
+}
