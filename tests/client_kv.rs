@@ -486,8 +486,10 @@ async fn ranges_bounded_by_mod_revision() {
     // From-key ranges, and a from-key delete, on the same keys.
     let r = c.range(Range::from_key("/m/4")).await.unwrap();
     assert_eq!(keys(&r), ["/m/4", "/m/5"]);
+    // An empty key or prefix is every key (etcd refuses an empty key).
     let all = c.range(Range::from_key("")).await.unwrap();
     assert_eq!(all.count, 6);
+    assert_eq!(c.range(Range::prefix("")).await.unwrap().count, 6);
     let d = c.delete(Delete::from_key("/m/3").prev_kv()).await.unwrap();
     assert_eq!(d.deleted, 3);
     assert_eq!(
@@ -497,6 +499,7 @@ async fn ranges_bounded_by_mod_revision() {
             .collect::<Vec<_>>(),
         ["/m/3", "/m/4", "/m/5"]
     );
+    assert_eq!(c.delete(Delete::prefix("")).await.unwrap().deleted, 3);
 }
 
 /// `ignore_value` keeps the value and moves the key to another lease;

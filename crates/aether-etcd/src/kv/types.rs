@@ -39,8 +39,9 @@ pub(crate) fn prefix_range(prefix: impl Into<Bytes>) -> (Bytes, Bytes) {
 /// The range end that means "every key from the start on" (etcd's `"\0"`).
 const FROM_KEY_END: Bytes = Bytes::from_static(&[0]);
 
-/// The start of a from-key range: etcd refuses an empty key in a range or
-/// delete ("key is not provided"), and `[0]` is the smallest key there is.
+/// The start of a from-key or prefix range: etcd refuses an empty key in a
+/// range or delete ("key is not provided"), and `[0]` is the smallest key
+/// there is.
 fn from_key_start(key: Bytes) -> Bytes {
     if key.is_empty() {
         Bytes::from_static(&[0])
@@ -104,10 +105,10 @@ impl Range {
     pub fn key(key: impl Into<Bytes>) -> Range {
         Range::between(key, Bytes::new())
     }
-    /// Every key starting with `prefix`.
+    /// Every key starting with `prefix`; an empty `prefix` is every key.
     pub fn prefix(prefix: impl Into<Bytes>) -> Range {
         let (key, range_end) = prefix_range(prefix);
-        Range::between(key, range_end)
+        Range::between(from_key_start(key), range_end)
     }
     /// Every key at or after `key` (byte order), to the end of the
     /// keyspace; inside a [`Namespace`](crate::Namespace), to the end of
@@ -280,10 +281,10 @@ impl Delete {
     pub fn key(key: impl Into<Bytes>) -> Delete {
         Delete::between(key, Bytes::new())
     }
-    /// Every key starting with `prefix`.
+    /// Every key starting with `prefix`; an empty `prefix` is every key.
     pub fn prefix(prefix: impl Into<Bytes>) -> Delete {
         let (key, range_end) = prefix_range(prefix);
-        Delete::between(key, range_end)
+        Delete::between(from_key_start(key), range_end)
     }
     /// Every key at or after `key` (byte order), to the end of the
     /// keyspace; inside a [`Namespace`](crate::Namespace), to the end of
@@ -649,7 +650,13 @@ mod tests {
             d.bounds(),
             (&Bytes::from_static(&[0]), &Bytes::from_static(&[0]))
         );
+        let d = Delete::prefix("");
+        assert_eq!(
+            d.bounds(),
+            (&Bytes::from_static(&[0]), &Bytes::from_static(&[0]))
+        );
         let r = Range::prefix("/p/").min_mod_revision(3).max_mod_revision(9);
+        assert_eq!(&r.0.key[..], b"/p/");
         assert_eq!((r.0.min_mod_revision, r.0.max_mod_revision), (3, 9));
     }
 }
