@@ -421,11 +421,13 @@ pub enum Op {
     Put(Put),
     /// A delete.
     Delete(Delete),
-    /// A nested txn: its compares are evaluated when the outer branch
-    /// runs, and its result is an [`OpResponse::Txn`]. etcd refuses it if
-    /// it writes a key that another op of the same branch writes
-    /// ([`Error::DuplicateKey`](crate::Error::DuplicateKey)); each of its
-    /// branches counts against `--max-txn-ops` on its own.
+    /// A nested txn, run if its branch runs; its result is an
+    /// [`OpResponse::Txn`]. etcd evaluates the compares of every level
+    /// first, against the store as it was before the outer txn: a nested
+    /// compare does not see the writes of the ops before it (its ranges
+    /// do). etcd refuses it if it writes a key that another op of the same
+    /// branch writes ([`Error::DuplicateKey`](crate::Error::DuplicateKey));
+    /// each of its branches counts against `--max-txn-ops` on its own.
     Txn(Txn),
 }
 
