@@ -293,7 +293,10 @@ impl TxnBatcher {
     }
 
     /// Adds any op: puts and single-key deletes de-duplicate by key; a
-    /// range delete drops the writes it supersedes in the open txn.
+    /// range delete drops the writes it supersedes in the open txn. A
+    /// nested txn goes into a txn of its own (with its guard, if any): what
+    /// it writes is known only to the server, and etcd refuses a branch in
+    /// which it writes a key another op writes.
     pub fn push(&mut self, op: impl Into<Op>) -> &mut Self {
         self.push_inner(op.into(), None)
     }
@@ -308,6 +311,10 @@ impl TxnBatcher {
     }
 
     fn push_inner(&mut self, op: Op, guard: Option<Compare>) -> &mut Self {
+        let alone = matches!(op, Op::Txn(_));
+        if alone {
+            self.flush();
+        }
         let guard_len = guard.as_ref().map_or(0, Compare::encoded_len);
         if guard.is_some()
             && !self.open.ops.is_empty()
@@ -341,6 +348,9 @@ impl TxnBatcher {
         if let Some(g) = guard {
             self.open.bytes += guard_len;
             self.open.guards.push(g);
+        }
+        if alone {
+            self.flush();
         }
         self
     }
@@ -617,5 +627,50 @@ mod tests {
         let txns = b.finish();
         assert_eq!(txns.len(), 2);
         assert!(txns.iter().all(|t| t.0.compare.len() == 1));
+    }
+
+    /// A nested txn is sent in a txn of its own, with its guard, between
+    /// the writes pushed before and after it.
+    #[test]
+    fn a_nested_txn_goes_alone_and_in_order() {
+        let nested = Txn::new()
+            .when([Compare::version("k", super::super::kv::CompareOp::Equal, 0)])
+            .and_then([Put::new("k", "inner")]);
+        let mut b = TxnBatcher::new(TxnLimits::default());
+        b.put("a", "1", 0).put("k", "outer", 0);
+        b.push_guarded(
+            nested.clone(),
+            Compare::version("g", super::super::kv::CompareOp::Equal, 0),
+        );
+        b.put("k", "after", 0);
+        let mut parts = Vec::new();
+        b.flush();
+        while let Some((guards, ops)) = b.pop_parts() {
+            parts.push((guards.len(), ops));
+        }
+        let shape: Vec<(usize, Vec<&str>)> = parts
+            .iter()
+            .map(|(g, ops)| {
+                let kinds = ops
+                    .iter()
+                    .map(|op| match op {
+                        Op::Txn(_) => "txn",
+                        Op::Put(_) => "put",
+                        _ => "other",
+                    })
+                    .collect();
+                (*g, kinds)
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [(0, vec!["put", "put"]), (1, vec!["txn"]), (0, vec!["put"])]
+        );
+        // Its size is counted like any op's.
+        let one = Op::from(nested);
+        assert_eq!(
+            Txn::new().and_then([one.clone()]).encoded_len(),
+            one.encoded_len()
+        );
     }
 }

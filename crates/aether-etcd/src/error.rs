@@ -60,6 +60,23 @@ pub enum Error {
         /// The decode limit in force.
         limit: usize,
     },
+    /// A put with [`Put::ignore_value`] or [`Put::ignore_lease`] on a key
+    /// that does not exist: there is nothing to keep.
+    ///
+    /// [`Put::ignore_value`]: crate::Put::ignore_value
+    /// [`Put::ignore_lease`]: crate::Put::ignore_lease
+    #[error("key not found")]
+    KeyNotFound,
+    /// A put with [`Put::ignore_value`] that also gives a value.
+    ///
+    /// [`Put::ignore_value`]: crate::Put::ignore_value
+    #[error("a value is provided with ignore_value")]
+    ValueProvided,
+    /// A put with [`Put::ignore_lease`] that also gives a lease.
+    ///
+    /// [`Put::ignore_lease`]: crate::Put::ignore_lease
+    #[error("a lease is provided with ignore_lease")]
+    LeaseProvided,
     /// A txn writes the same key twice.
     #[error("duplicate key given in txn request")]
     DuplicateKey,
@@ -240,6 +257,10 @@ impl From<tonic::Status> for Error {
             _ if has("request is too large") => Error::RequestTooLarge,
             Code::ResourceExhausted if has("larger than max") => Error::RequestTooLarge,
             _ if has("duplicate key given in txn request") => Error::DuplicateKey,
+            // The full texts: "not found" alone is in several other messages.
+            Code::InvalidArgument if has("etcdserver: key not found") => Error::KeyNotFound,
+            Code::InvalidArgument if has("etcdserver: value is provided") => Error::ValueProvided,
+            Code::InvalidArgument if has("etcdserver: lease is provided") => Error::LeaseProvided,
             _ if has("database space exceeded") => Error::NoSpace,
             Code::OutOfRange | Code::ResourceExhausted | Code::Internal
                 if has("decoded message length too large") =>
@@ -455,5 +476,29 @@ mod tests {
         assert!(!Error::from(Status::unavailable("etcdserver: unhealthy cluster")).is_transient());
         assert!(Error::from(Status::unavailable("x")).is_transient());
         assert!(!Error::TooManyOps.is_transient());
+    }
+
+    /// The refusals of a put that keeps its value or lease, and not the
+    /// other "not found" messages.
+    #[test]
+    fn maps_put_ignore_refusals() {
+        let e = |m: &str| Error::from(Status::invalid_argument(m));
+        assert!(matches!(e("etcdserver: key not found"), Error::KeyNotFound));
+        assert!(matches!(
+            e("etcdserver: value is provided"),
+            Error::ValueProvided
+        ));
+        assert!(matches!(
+            e("etcdserver: lease is provided"),
+            Error::LeaseProvided
+        ));
+        assert!(matches!(
+            e("etcdserver: user name not found"),
+            Error::UserNotFound
+        ));
+        assert!(matches!(
+            Error::from(Status::not_found("etcdserver: requested lease not found")),
+            Error::LeaseNotFound
+        ));
     }
 }

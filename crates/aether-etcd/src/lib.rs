@@ -85,7 +85,7 @@
 //! - `header`: the response header, the one type every service returns.
 //! - The services, each a small client over a `Transport` clone, none
 //!   importing another: `kv/` (`types`, the requests and answers as plain
-//!   values; `range_opts`, sorted and create-revision-bounded ranges;
+//!   values; `range_opts`, sorted and revision-bounded ranges;
 //!   `service`, the calls; `scan`, paginated scans), `lease` (grant,
 //!   revoke, TTL, list, and the keep-alive actor), `cluster` (member
 //!   listing and membership changes), `maintenance` (status, alarms,
@@ -93,9 +93,11 @@
 //!   transfer) and `auth`
 //!   (fetching a token; users, roles, permissions, enable/disable/status;
 //!   its prefix helper borrows `kv`'s `prefix_end`, a pure function).
-//! - What builds on a service's types or calls: `watch` (the watch
-//!   service and its stream actor, with resume across reconnects; its
-//!   events carry `kv`'s key-values), `batch` (packing writes into the
+//! - What builds on a service's types or calls: `watch/` (the watch
+//!   service, with resume across reconnects: `types`, the events, which
+//!   carry `kv`'s key-values; `options`, what to watch; `watcher`, the
+//!   consumer's stream and its byte budget; `stream`, the handles;
+//!   `actor`, the task behind a stream), `batch` (packing writes into the
 //!   fewest txns etcd accepts) and `endpoint_sync` (the optional task that
 //!   points the transport at the members `cluster` lists; here, not in the
 //!   transport, so the transport never depends on a service).

@@ -4,8 +4,9 @@
 //! stripped, so code written against a whole keyspace can be confined to
 //! one subtree. Range ends follow etcd's conventions inside the namespace:
 //! an empty end means "this key", and `[0]` ("to the end of the keyspace",
-//! what [`Range::prefix`] of an empty or all-`0xff` prefix yields) maps to
-//! the end of the namespace, never past it.
+//! what the `from_key` constructors and [`Range::prefix`] of an empty or
+//! all-`0xff` prefix yield) maps to the end of the namespace, never past it,
+//! in ranges, deletes, compares and watches alike.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -97,7 +98,8 @@ impl Namespace {
     }
 
     /// [`Client::txn`] inside the namespace: compares and ops of both
-    /// branches are prefixed, and the results stripped.
+    /// branches are prefixed, nested txns at every level included, and the
+    /// results stripped.
     pub async fn txn(&self, mut txn: Txn) -> Result<TxnResponse> {
         for c in &mut txn.0.compare {
             self.range_in(&mut c.key, &mut c.range_end);

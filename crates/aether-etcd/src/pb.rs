@@ -49,6 +49,8 @@ pub(crate) use etcdserverpb::{
     cluster_client::ClusterClient as PbClusterClient, range_request::SortOrder as PbSortOrder,
     range_request::SortTarget as PbSortTarget,
 };
+// Watch filters, in `watch/options.rs`.
+pub(crate) use etcdserverpb::watch_create_request::FilterType as PbWatchFilter;
 // The auth service's management calls, in `auth.rs`.
 pub(crate) use authpb::{
     Permission as PbPermission, UserAddOptions as PbUserAddOptions,

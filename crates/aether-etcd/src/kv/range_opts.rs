@@ -1,9 +1,11 @@
-//! Sorted and create-revision-bounded ranges.
+//! Sorted and revision-bounded ranges.
 //!
 //! Election and lock queues are ordered by create revision: "the first
 //! key to be created under a prefix" and "the last key created before mine"
 //! are ranges sorted by create revision with a limit of one, which etcd
-//! answers without returning the rest of the prefix.
+//! answers without returning the rest of the prefix. Mod-revision bounds
+//! answer "which keys changed since (or not since) a revision" with one
+//! range instead of a watch.
 
 use super::types::Range;
 use crate::pb::{PbSortOrder, PbSortTarget};
@@ -68,6 +70,28 @@ impl Range {
     /// Only keys created at or after `rev` (0: no bound).
     pub fn min_create_revision(mut self, rev: i64) -> Self {
         self.0.min_create_revision = rev;
+        self
+    }
+
+    /// Only keys last modified at or before `rev` (0: no bound).
+    ///
+    /// etcd applies every revision bound (mod and create) to the whole
+    /// range before the limit: it reads all of `[key, range_end)` to answer,
+    /// so a bounded range costs what an unlimited one does. The response's
+    /// `count` is still the number of keys in the range, bounds ignored, and
+    /// with [`Range::count_only`] the bounds do nothing at all.
+    #[must_use]
+    pub fn max_mod_revision(mut self, rev: i64) -> Self {
+        self.0.max_mod_revision = rev;
+        self
+    }
+
+    /// Only keys last modified at or after `rev` (0: no bound): what
+    /// changed since a revision, without a watch. Filters as
+    /// [`Range::max_mod_revision`] does.
+    #[must_use]
+    pub fn min_mod_revision(mut self, rev: i64) -> Self {
+        self.0.min_mod_revision = rev;
         self
     }
 }

@@ -36,6 +36,20 @@ pub(crate) fn prefix_range(prefix: impl Into<Bytes>) -> (Bytes, Bytes) {
     (key, end)
 }
 
+/// The range end that means "every key from the start on" (etcd's `"\0"`).
+const FROM_KEY_END: Bytes = Bytes::from_static(&[0]);
+
+/// The start of a from-key or prefix range: etcd refuses an empty key in a
+/// range or delete ("key is not provided"), and `[0]` is the smallest key
+/// there is.
+fn from_key_start(key: Bytes) -> Bytes {
+    if key.is_empty() {
+        Bytes::from_static(&[0])
+    } else {
+        key
+    }
+}
+
 /// A key and its value with etcd's metadata.
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeyValue(pub(crate) PbKeyValue);
@@ -91,10 +105,17 @@ impl Range {
     pub fn key(key: impl Into<Bytes>) -> Range {
         Range::between(key, Bytes::new())
     }
-    /// Every key starting with `prefix`.
+    /// Every key starting with `prefix`; an empty `prefix` is every key.
     pub fn prefix(prefix: impl Into<Bytes>) -> Range {
         let (key, range_end) = prefix_range(prefix);
-        Range::between(key, range_end)
+        Range::between(from_key_start(key), range_end)
+    }
+    /// Every key at or after `key` (byte order), to the end of the
+    /// keyspace; inside a [`Namespace`](crate::Namespace), to the end of
+    /// the namespace. An empty `key` is every key.
+    #[must_use]
+    pub fn from_key(key: impl Into<Bytes>) -> Range {
+        Range::between(from_key_start(key.into()), FROM_KEY_END)
     }
     /// Keys in `[from, to)`.
     pub fn between(from: impl Into<Bytes>, to: impl Into<Bytes>) -> Range {
@@ -188,6 +209,37 @@ impl Put {
         self.0.prev_kv = true;
         self
     }
+    /// Keep the key's current value: the put changes only its lease (and
+    /// revisions). The put's value must be empty, or etcd refuses it with
+    /// [`Error::ValueProvided`]; a key that does not exist fails with
+    /// [`Error::KeyNotFound`] (in a txn, the whole txn fails).
+    ///
+    /// ```
+    /// use aether_etcd::Put;
+    /// // Move /k to lease 7, value untouched.
+    /// let relet = Put::new("/k", "").ignore_value().lease(7);
+    /// # let _ = relet;
+    /// ```
+    ///
+    /// [`Error::ValueProvided`]: crate::Error::ValueProvided
+    /// [`Error::KeyNotFound`]: crate::Error::KeyNotFound
+    #[must_use]
+    pub fn ignore_value(mut self) -> Self {
+        self.0.ignore_value = true;
+        self
+    }
+    /// Keep the key's current lease: the put changes only its value. The
+    /// put's lease must be 0, or etcd refuses it with
+    /// [`Error::LeaseProvided`]; a key that does not exist fails with
+    /// [`Error::KeyNotFound`].
+    ///
+    /// [`Error::LeaseProvided`]: crate::Error::LeaseProvided
+    /// [`Error::KeyNotFound`]: crate::Error::KeyNotFound
+    #[must_use]
+    pub fn ignore_lease(mut self) -> Self {
+        self.0.ignore_lease = true;
+        self
+    }
     /// The key it writes.
     pub fn key(&self) -> &Bytes {
         &self.0.key
@@ -229,10 +281,17 @@ impl Delete {
     pub fn key(key: impl Into<Bytes>) -> Delete {
         Delete::between(key, Bytes::new())
     }
-    /// Every key starting with `prefix`.
+    /// Every key starting with `prefix`; an empty `prefix` is every key.
     pub fn prefix(prefix: impl Into<Bytes>) -> Delete {
         let (key, range_end) = prefix_range(prefix);
-        Delete::between(key, range_end)
+        Delete::between(from_key_start(key), range_end)
+    }
+    /// Every key at or after `key` (byte order), to the end of the
+    /// keyspace; inside a [`Namespace`](crate::Namespace), to the end of
+    /// the namespace. An empty `key` is every key.
+    #[must_use]
+    pub fn from_key(key: impl Into<Bytes>) -> Delete {
+        Delete::between(from_key_start(key.into()), FROM_KEY_END)
     }
     /// Keys in `[from, to)`.
     pub fn between(from: impl Into<Bytes>, to: impl Into<Bytes>) -> Delete {
@@ -362,11 +421,19 @@ pub enum Op {
     Put(Put),
     /// A delete.
     Delete(Delete),
+    /// A nested txn, run if its branch runs; its result is an
+    /// [`OpResponse::Txn`]. etcd evaluates the compares of every level
+    /// first, against the store as it was before the outer txn: a nested
+    /// compare does not see the writes of the ops before it (its ranges
+    /// do). etcd refuses it if it writes a key that another op of the same
+    /// branch writes ([`Error::DuplicateKey`](crate::Error::DuplicateKey));
+    /// each of its branches counts against `--max-txn-ops` on its own.
+    Txn(Txn),
 }
 
 impl Op {
     /// The one key a put or single-key delete writes; `None` for a range
-    /// delete or a read.
+    /// delete, a read or a nested txn.
     pub fn key(&self) -> Option<&Bytes> {
         match self {
             Op::Put(p) => Some(&p.0.key),
@@ -383,6 +450,7 @@ impl Op {
             Op::Range(r) => r.0.encoded_len(),
             Op::Put(p) => p.0.encoded_len(),
             Op::Delete(d) => d.0.encoded_len(),
+            Op::Txn(t) => t.0.encoded_len(),
         };
         // The op's field inside `RequestOp`, then `RequestOp` inside the
         // txn's branch: a one-byte tag and a length prefix each.
@@ -398,6 +466,7 @@ impl From<Op> for PbRequestOp {
                 Op::Range(r) => PbOp::RequestRange(r.0),
                 Op::Put(p) => PbOp::RequestPut(p.0),
                 Op::Delete(d) => PbOp::RequestDeleteRange(d.0),
+                Op::Txn(t) => PbOp::RequestTxn(t.0),
             }),
         }
     }
@@ -415,6 +484,11 @@ impl From<Delete> for Op {
 impl From<Range> for Op {
     fn from(r: Range) -> Self {
         Op::Range(r)
+    }
+}
+impl From<Txn> for Op {
+    fn from(t: Txn) -> Self {
+        Op::Txn(t)
     }
 }
 
@@ -478,7 +552,8 @@ pub enum OpResponse {
     Put(PutResponse),
     /// A delete's result.
     Delete(DeleteResponse),
-    /// A nested txn's result (not built by this client, but decoded).
+    /// A nested txn's result ([`Op::Txn`]): which branch ran and its
+    /// results.
     Txn(Box<TxnResponse>),
 }
 
@@ -541,5 +616,49 @@ mod tests {
         assert_eq!(t.success_len(), 1);
         assert_eq!(t.0.failure.len(), 1);
         assert!(t.encoded_len() > 0);
+    }
+
+    #[test]
+    fn a_nested_txn_is_a_request_txn_op_of_its_size() {
+        let inner = Txn::new()
+            .when([Compare::value("k", CompareOp::Equal, "v").with_range_end("l")])
+            .and_then([Put::new("k", "w")])
+            .or_else([Delete::from_key("m").prev_kv()]);
+        let op = Op::from(inner.clone());
+        assert!(op.key().is_none());
+        let outer = Txn::new().and_then([op.clone()]).or_else([Range::key("k")]);
+        match &outer.0.success[0].request {
+            Some(PbOp::RequestTxn(t)) => assert_eq!(t, &inner.0),
+            other => panic!("not a nested txn: {other:?}"),
+        }
+        // One op in each branch: the nested one and the range.
+        let range = Op::from(Range::key("k"));
+        assert_eq!(outer.encoded_len(), op.encoded_len() + range.encoded_len());
+    }
+
+    #[test]
+    fn put_keeps_value_or_lease_and_from_key_bounds() {
+        let p = Put::new("k", "").ignore_value().lease(7);
+        assert!(p.0.ignore_value && !p.0.ignore_lease && p.0.lease == 7);
+        let p = Put::new("k", "v").ignore_lease();
+        assert!(p.0.ignore_lease && !p.0.ignore_value);
+        let r = Range::from_key("/m");
+        assert_eq!((&r.0.key[..], &r.0.range_end[..]), (&b"/m"[..], &[0u8][..]));
+        // etcd refuses an empty key: everything starts at [0].
+        let r = Range::from_key("");
+        assert_eq!((&r.0.key[..], &r.0.range_end[..]), (&[0u8][..], &[0u8][..]));
+        let d = Delete::from_key("");
+        assert_eq!(
+            d.bounds(),
+            (&Bytes::from_static(&[0]), &Bytes::from_static(&[0]))
+        );
+        let d = Delete::prefix("");
+        assert_eq!(
+            d.bounds(),
+            (&Bytes::from_static(&[0]), &Bytes::from_static(&[0]))
+        );
+        let r = Range::prefix("/p/").min_mod_revision(3).max_mod_revision(9);
+        assert_eq!(&r.0.key[..], b"/p/");
+        assert_eq!((r.0.min_mod_revision, r.0.max_mod_revision), (3, 9));
     }
 }

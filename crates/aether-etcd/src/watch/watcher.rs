@@ -1,0 +1,225 @@
+//! The consumer's side of one watch: the [`Watcher`] stream, its queue
+//! bounded in bytes (the stream task's `Sink` end of it), and the fragments
+//! of a response being reassembled, which count against the same budget.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::DropGuard;
+
+use super::actor::Cmd;
+use super::types::{Event, WatchResponse};
+use crate::error::{Error, Result};
+
+/// What one queued response costs beyond its events' encoded size, so that
+/// empty progress notices are bounded too.
+const RESPONSE_OVERHEAD_BYTES: usize = 64;
+/// What one event costs beyond its key-values' encoded size (type, tags).
+const EVENT_OVERHEAD_BYTES: usize = 8;
+
+/// Receives one watch's events. Dropping it cancels the watch. It keeps
+/// its stream's task alive, so `let (_, watcher) = client.watch(..)?` works.
+///
+/// A `Watcher` is a [`Stream`](futures_util::Stream) of responses:
+///
+/// ```no_run
+/// # async fn demo(client: aether_etcd::Client) -> aether_etcd::Result<()> {
+/// use futures_util::StreamExt;
+/// use aether_etcd::WatchOptions;
+///
+/// let (_, watcher) = client.watch(WatchOptions::prefix("/k/"))?;
+/// let mut puts = watcher.map(|r| r.map(|resp| resp.events.len())).take(3);
+/// while let Some(n) = puts.next().await {
+///     println!("{} events", n?);
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Watcher {
+    pub(super) id: i64,
+    pub(super) rx: mpsc::UnboundedReceiver<Queued>,
+    pub(super) buffered: Arc<AtomicUsize>,
+    pub(super) cmds: mpsc::UnboundedSender<Cmd>,
+    pub(super) _stream: Arc<DropGuard>,
+}
+
+/// A response waiting for its consumer, holding its share of the
+/// watcher's byte budget until the consumer takes it.
+pub(super) struct Queued {
+    msg: Result<WatchResponse>,
+    bytes: usize,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// The stream task's end of one watcher's queue.
+pub(super) struct Sink {
+    pub(super) tx: mpsc::UnboundedSender<Queued>,
+    /// Byte permits; `capacity` of them in all.
+    pub(super) budget: Arc<Semaphore>,
+    pub(super) capacity: usize,
+    pub(super) buffered: Arc<AtomicUsize>,
+}
+
+impl Sink {
+    /// Queues a response once its bytes fit the budget (one larger than
+    /// the whole budget waits until the queue is empty). `held` is what its
+    /// fragments already hold. False when the consumer is gone.
+    pub(super) async fn send(&self, resp: WatchResponse, held: Fragments) -> bool {
+        let bytes = response_bytes(&resp);
+        let Some(permit) = self.grow(held.permit, bytes).await else {
+            return false;
+        };
+        self.buffered.fetch_sub(held.bytes, Ordering::Relaxed);
+        self.push(Ok(resp), bytes, Some(permit))
+    }
+
+    /// Takes budget for the next fragment's `bytes` (module docs): waits
+    /// until they fit beside the queue, up to the whole budget. False when
+    /// the consumer is gone.
+    pub(super) async fn hold(&self, frag: &mut Fragments, bytes: usize) -> bool {
+        let Some(permit) = self.grow(frag.permit.take(), frag.bytes + bytes).await else {
+            return false;
+        };
+        frag.permit = Some(permit);
+        frag.bytes += bytes;
+        self.buffered.fetch_add(bytes, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives back what a discarded partial response held.
+    pub(super) fn release(&self, frag: Fragments) {
+        self.buffered.fetch_sub(frag.bytes, Ordering::Relaxed);
+    }
+
+    /// `held` grown to cover `bytes` of the budget (at most all of it).
+    async fn grow(
+        &self,
+        held: Option<OwnedSemaphorePermit>,
+        bytes: usize,
+    ) -> Option<OwnedSemaphorePermit> {
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
+        // `capacity` fits in u32: see `WatchStream::watch`.
+        let want = bytes.min(self.capacity).saturating_sub(have) as u32;
+        if want == 0 && held.is_some() {
+            return held;
+        }
+        let mut more = tokio::select! {
+            p = self.budget.clone().acquire_many_owned(want) => p.ok()?,
+            // A consumer that drops its watcher while the stream waits for
+            // it must not hold the stream for ever.
+            _ = self.tx.closed() => return None,
+        };
+        if let Some(held) = held {
+            more.merge(held);
+        }
+        Some(more)
+    }
+
+    /// Queues an error at once: it ends the watcher, and it is small.
+    pub(super) fn send_err(&self, err: Error) {
+        self.push(Err(err), 0, None);
+    }
+
+    fn push(
+        &self,
+        msg: Result<WatchResponse>,
+        bytes: usize,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> bool {
+        self.buffered.fetch_add(bytes, Ordering::Relaxed);
+        let sent = self.tx.send(Queued {
+            msg,
+            bytes,
+            _permit: permit,
+        });
+        if sent.is_err() {
+            self.buffered.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        sent.is_ok()
+    }
+}
+
+/// What a response costs against its watcher's budget: its events'
+/// encoded size plus a fixed overhead.
+fn response_bytes(resp: &WatchResponse) -> usize {
+    RESPONSE_OVERHEAD_BYTES + events_bytes(&resp.events)
+}
+
+/// What events cost against their watcher's budget.
+pub(super) fn events_bytes(events: &[Event]) -> usize {
+    events
+        .iter()
+        .map(|e| {
+            EVENT_OVERHEAD_BYTES
+                + e.kv.0.encoded_len()
+                + e.prev_kv.as_ref().map_or(0, |p| p.0.encoded_len())
+        })
+        .sum::<usize>()
+}
+
+impl Watcher {
+    /// The client-assigned watch id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The next response. `None` when the stream's task has stopped. After
+    /// an error (compaction, cancellation) the watcher is finished.
+    pub async fn next(&mut self) -> Option<Result<WatchResponse>> {
+        let q = self.rx.recv().await?;
+        Some(self.take(q))
+    }
+
+    /// A response that has already arrived, without waiting; `None` if
+    /// nothing is buffered right now.
+    pub fn try_next(&mut self) -> Option<Result<WatchResponse>> {
+        let q = self.rx.try_recv().ok()?;
+        Some(self.take(q))
+    }
+
+    /// Encoded bytes of the responses queued for this watcher and not yet
+    /// taken, plus the fragments of one being reassembled. At most the
+    /// budget ([`ClientConfig::watcher_buffer_bytes`]), or one response
+    /// when that response alone is larger.
+    ///
+    /// [`ClientConfig::watcher_buffer_bytes`]: crate::ClientConfig::watcher_buffer_bytes
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    /// Hands a queued response over, giving its bytes back to the budget.
+    fn take(&self, q: Queued) -> Result<WatchResponse> {
+        self.buffered.fetch_sub(q.bytes, Ordering::Relaxed);
+        q.msg
+    }
+}
+
+impl futures_util::Stream for Watcher {
+    type Item = Result<WatchResponse>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        this.rx.poll_recv(cx).map(|q| q.map(|q| this.take(q)))
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.cmds.send(Cmd::Cancel(self.id));
+    }
+}
+
+/// The fragments of one response received so far, holding their bytes of
+/// the watcher's budget (module docs).
+#[derive(Default)]
+pub(super) struct Fragments {
+    pub(super) events: Vec<Event>,
+    /// Their bytes, as counted in `Watcher::buffered_bytes`.
+    bytes: usize,
+    /// Budget taken for them: `bytes`, at most the whole budget.
+    permit: Option<OwnedSemaphorePermit>,
+}
