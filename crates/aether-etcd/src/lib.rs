@@ -110,7 +110,7 @@
 //!
 //! Works against etcd 3.4 and later.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod auth;

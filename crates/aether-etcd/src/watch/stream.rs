@@ -27,6 +27,16 @@ pub struct WatchStream {
     _guard: Arc<DropGuard>,
 }
 
+impl std::fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchStream")
+            .field("connected", &self.connected.load(Ordering::Relaxed))
+            .field("reconnects", &self.reconnects.load(Ordering::Relaxed))
+            .field("buffer_bytes", &self.buffer_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The watch service on a transport.
 #[derive(Clone)]
 pub(crate) struct WatchClient {

@@ -44,6 +44,15 @@ pub struct Watcher {
     pub(super) _stream: Arc<DropGuard>,
 }
 
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("id", &self.id)
+            .field("buffered_bytes", &self.buffered.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 /// A response waiting for its consumer, holding its share of the
 /// watcher's byte budget until the consumer takes it.
 pub(super) struct Queued {
