@@ -1,6 +1,7 @@
 //! CPU cost of turning watch events into mirror txns, without I/O:
 //! events in, sealed batches out, in ns per event.
 
+use aether_replicator::etcd::LeaseId;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -58,7 +59,7 @@ fn bench(c: &mut Criterion) {
             b.iter_batched(
                 || input.clone(),
                 |evs| {
-                    let mut batcher = Batcher::new(TxnLimits::default(), 7);
+                    let mut batcher = Batcher::new(TxnLimits::default(), LeaseId::new(7));
                     let now = Instant::now();
                     // Watch responses carry up to ~100 events each.
                     let mut it = evs.into_iter().peekable();

@@ -6,6 +6,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use aether_replicator::etcd::LeaseId;
 use aether_replicator::etcd::{
     Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
 };
@@ -41,7 +42,7 @@ struct Setup {
 async fn put_batched(c: &Client, keys: impl Iterator<Item = String>, fill: u8) -> i64 {
     let mut b = TxnBatcher::new(TxnLimits::default());
     for k in keys {
-        b.put(k, vec![fill; 100], 0);
+        b.put(k, vec![fill; 100], LeaseId::NONE);
     }
     for t in b.finish() {
         c.txn(t).await.expect("txn");
@@ -105,7 +106,7 @@ fn bench(c: &mut Criterion) {
         b.to_async(rt).iter(|| async {
             let mut batch = TxnBatcher::new(TxnLimits::default());
             for i in 0..128 {
-                batch.put(key(i), vec![b'v'; 100], 0);
+                batch.put(key(i), vec![b'v'; 100], LeaseId::NONE);
             }
             for t in batch.finish() {
                 s.ours.txn(t).await.expect("txn");

@@ -7,6 +7,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use aether_replicator::etcd::LeaseId;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -60,7 +61,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn write_batched(c: &Client, range: std::ops::Range<usize>, inflight: usize) {
     let mut b = TxnBatcher::new(TxnLimits::default());
     for i in range {
-        b.put(key(i), value(i), 0);
+        b.put(key(i), value(i), LeaseId::NONE);
     }
     let mut pending: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
         tokio::task::JoinSet::new();
@@ -176,7 +177,7 @@ fn lower_limits(c: &mut Criterion) {
         let mut b = TxnBatcher::new(TxnLimits::default());
         let v = vec![b'v'; value_len];
         for i in 0..n {
-            b.put(key(i), v.clone(), 0);
+            b.put(key(i), v.clone(), LeaseId::NONE);
         }
         for t in b.finish() {
             rt.block_on(s.txn(t)).expect("txn");

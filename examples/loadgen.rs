@@ -10,6 +10,7 @@
 //! `burst` prints the Unix time in ms when its last write returned, `wait`
 //! the Unix time in ms when the count was reached, so a script can subtract.
 
+use aether_replicator::etcd::LeaseId;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aether_replicator::etcd::{Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits};
@@ -51,7 +52,7 @@ async fn main() {
         "fill" => {
             let mut b = TxnBatcher::new(TxnLimits::default());
             for i in 0..n {
-                b.put(key(&prefix, i), value.clone(), 0);
+                b.put(key(&prefix, i), value.clone(), LeaseId::NONE);
             }
             let mut set: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
                 tokio::task::JoinSet::new();

@@ -2,6 +2,7 @@
 
 mod common;
 
+use aether_replicator::etcd::LeaseId;
 use std::time::Duration;
 
 use aether_replicator::etcd::{
@@ -104,7 +105,7 @@ async fn scan_pages_stay_at_one_revision_while_writes_continue() {
     let c = client(&etcd);
     let mut b = TxnBatcher::new(TxnLimits::default());
     for i in 0..1000 {
-        b.put(format!("/scan/{i:04}"), format!("v{i}"), 0);
+        b.put(format!("/scan/{i:04}"), format!("v{i}"), LeaseId::NONE);
     }
     for t in b.finish() {
         c.txn(t).await.unwrap();
@@ -166,7 +167,7 @@ async fn batcher_output_fits_the_server_limits() {
         if i % 11 == 0 {
             b.delete(key);
         } else {
-            b.put(key, vec![b'x'; (i as usize * 131) % 9000], 0);
+            b.put(key, vec![b'x'; (i as usize * 131) % 9000], LeaseId::NONE);
         }
     }
     let txns = b.finish();
@@ -226,7 +227,7 @@ async fn a_thousand_watchers_on_one_stream() {
     .expect("last watcher live");
     let mut b = TxnBatcher::new(TxnLimits::default());
     for i in 0..1000 {
-        b.put(format!("/w/{i}"), format!("v{i}"), 0);
+        b.put(format!("/w/{i}"), format!("v{i}"), LeaseId::NONE);
     }
     for t in b.finish() {
         c.txn(t).await.unwrap();
@@ -378,7 +379,7 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     let keeper = c.lease_keeper();
     let mut handles = Vec::new();
     for _ in 0..1000 {
-        let g = c.lease_grant(2, 0).await.unwrap();
+        let g = c.lease_grant(2).await.unwrap();
         handles.push(keeper.keep_alive(g.id, g.ttl).await.unwrap());
     }
     c.put(Put::new("/lease/last", "x").lease(handles[999].id()))
@@ -410,7 +411,7 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
 async fn lease_loss_is_detected() {
     let etcd = Etcd::start();
     let c = client(&etcd);
-    let g = c.lease_grant(3, 0).await.unwrap();
+    let g = c.lease_grant(3).await.unwrap();
     let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(!h.status().lost);
     // Another client revokes it; the next keep-alive answer says TTL 0.
@@ -669,7 +670,7 @@ async fn scan_windows_cover_uneven_and_binary_key_spaces() {
         want.push([b"/u/".as_slice(), &[0xff, 0xff, i, 0]].concat());
     }
     for k in &want {
-        b.put(k.clone(), "v", 0);
+        b.put(k.clone(), "v", LeaseId::NONE);
     }
     for t in b.finish() {
         c.txn(t).await.unwrap();
@@ -739,7 +740,7 @@ async fn scan_pages_fit_the_decode_limit_whatever_the_page_size() {
         } else {
             vec![b'v'; 20 * 1024 + i]
         };
-        b.put(k.clone(), v.clone(), 0);
+        b.put(k.clone(), v.clone(), LeaseId::NONE);
         want.push((k.into_bytes(), v));
     }
     for t in b.finish() {
@@ -837,7 +838,7 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     let proxy = common::FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
-    let g = c.lease_grant(2, 0).await.unwrap();
+    let g = c.lease_grant(2).await.unwrap();
     let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     // From a known revision: a watch "from now" starts wherever the server
     // is when the pipelined create arrives, which can be after the put
@@ -1055,7 +1056,7 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([first.endpoint(), second.endpoint()])).unwrap();
     let ttl = 3;
-    let g = observer.lease_grant(ttl, 0).await.unwrap();
+    let g = observer.lease_grant(ttl).await.unwrap();
     let h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(
         common::wait_until_async(T, || h.status().successes >= 2).await,
@@ -1201,8 +1202,8 @@ async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
     let c = client(&etcd);
     let keeper = c.lease_keeper();
     let ttl = 2;
-    let id = 0x5eed_0001;
-    let g = c.lease_grant(ttl, id).await.unwrap();
+    let id = LeaseId::new(0x5eed_0001);
+    let g = c.lease_grant_with_id(id, ttl).await.unwrap();
     assert_eq!(g.id, id);
     let mut old = keeper.keep_alive(id, g.ttl).await.unwrap();
     c.lease_revoke(id).await.unwrap();
@@ -1210,7 +1211,7 @@ async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
         .await
         .expect("loss seen");
     // The same id again, kept alive by a new handle; then the old one goes.
-    let g = c.lease_grant(ttl, id).await.unwrap();
+    let g = c.lease_grant_with_id(id, ttl).await.unwrap();
     assert_eq!(g.id, id);
     let new = keeper.keep_alive(id, g.ttl).await.unwrap();
     drop(old);
@@ -1233,7 +1234,7 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
     let ttl = 2;
-    let g = observer.lease_grant(ttl, 0).await.unwrap();
+    let g = observer.lease_grant(ttl).await.unwrap();
     let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(
         common::wait_until_async(T, || h.status().successes >= 1).await,
@@ -1286,7 +1287,7 @@ async fn refused_credentials_are_reported_by_watchers_and_keep_alives() {
     assert!(tokio::time::timeout(T, w.next()).await.unwrap().is_none());
     let _ = stream;
     // A keep-alive through refused credentials is not sent at all.
-    let g = root.lease_grant(2, 0).await.unwrap();
+    let g = root.lease_grant(2).await.unwrap();
     let h = bad.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(
         common::wait_until_async(T, || h.status().failures >= 2).await,
@@ -1324,9 +1325,12 @@ async fn each_etcd_error_message_maps_to_its_kind() {
     assert!(matches!(e, Some(Error::DuplicateKey)), "{e:?}");
     let e = c.put(Put::new("/e/big", vec![0u8; 100 * 1024])).await.err();
     assert!(matches!(e, Some(Error::RequestTooLarge)), "{e:?}");
-    let e = c.put(Put::new("/e/l", "v").lease(0x0dd_1ea5e)).await.err();
+    let e = c
+        .put(Put::new("/e/l", "v").lease(LeaseId::new(0x0dd_1ea5e)))
+        .await
+        .err();
     assert!(matches!(e, Some(Error::LeaseNotFound)), "{e:?}");
-    let e = c.lease_revoke(0x0dd_1ea5e).await.err();
+    let e = c.lease_revoke(LeaseId::new(0x0dd_1ea5e)).await.err();
     assert!(matches!(e, Some(Error::LeaseNotFound)), "{e:?}");
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", closed.local_addr().unwrap());

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use aether_replicator::etcd::{
-    Client, ClientConfig, Delete, Error, MemberList, Put, Range, Snapshot, SnapshotChunk,
+    Client, ClientConfig, Delete, Error, LeaseId, MemberList, Put, Range, Snapshot, SnapshotChunk,
 };
 use common::{Cluster, Etcd, FaultProxy, etcdctl_command};
 use futures_util::StreamExt;
@@ -619,13 +619,19 @@ async fn lease_list_shows_granted_leases_and_not_revoked_ones() {
     assert!(empty.ids.is_empty(), "{empty:?}");
     let mut granted = Vec::new();
     for _ in 0..3 {
-        granted.push(c.lease_grant(60, 0).await.unwrap().id);
+        granted.push(c.lease_grant(60).await.unwrap().id);
     }
-    let own = c.lease_grant(60, 0x1234).await.unwrap().id;
-    assert_eq!(own, 0x1234);
+    let own = c
+        .lease_grant_with_id(LeaseId::new(0x1234), 60)
+        .await
+        .unwrap()
+        .id;
+    assert_eq!(own, LeaseId::new(0x1234));
+    let again = c.lease_grant_with_id(own, 60).await;
+    assert!(matches!(again, Err(Error::LeaseExists)), "{again:?}");
     let mut all = c.lease_list().await.unwrap();
     all.ids.sort();
-    let mut want: Vec<i64> = granted.iter().copied().chain([own]).collect();
+    let mut want: Vec<LeaseId> = granted.iter().copied().chain([own]).collect();
     want.sort();
     assert_eq!(all.ids, want);
     assert!(all.header.revision > 0, "{all:?}");

@@ -9,8 +9,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use aether_replicator::etcd::{
-    Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, Op, OpResponse, Put, Range,
-    RangeResponse, Result, Txn, TxnResponse, WatchOptions, WatchResponse,
+    Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, LeaseId, Op, OpResponse,
+    Put, Range, RangeResponse, Result, Txn, TxnResponse, WatchOptions, WatchResponse,
 };
 use common::Etcd;
 use futures_util::{Stream, StreamExt};
@@ -509,8 +509,8 @@ async fn ranges_bounded_by_mod_revision() {
 async fn puts_that_keep_the_value_or_the_lease() {
     let etcd = Etcd::start();
     let c = client(&etcd);
-    let l1 = c.lease_grant(300, 0).await.unwrap().id;
-    let l2 = c.lease_grant(300, 0).await.unwrap().id;
+    let l1 = c.lease_grant(300).await.unwrap().id;
+    let l2 = c.lease_grant(300).await.unwrap().id;
     c.put(Put::new("/i/k", "v1").lease(l1)).await.unwrap();
     let get = || async { c.range(Range::key("/i/k")).await.unwrap().into_kvs() };
 
@@ -556,7 +556,10 @@ async fn puts_that_keep_the_value_or_the_lease() {
     assert!(matches!(e, Some(Error::KeyNotFound)), "{e:?}");
     assert_eq!(c.range(Range::key("/i/other")).await.unwrap().count, 0);
     let kv = &get().await[0];
-    assert_eq!((kv.value().as_ref(), kv.lease()), (&b"v3"[..], 0));
+    assert_eq!(
+        (kv.value().as_ref(), kv.lease()),
+        (&b"v3"[..], LeaseId::NONE)
+    );
 }
 
 /// Inside a namespace, nested txns are prefixed at every level (compares

@@ -2,6 +2,7 @@
 
 mod common;
 
+use aether_replicator::etcd::LeaseId;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -26,21 +27,21 @@ async fn initial_sync_repairs_a_stale_peer() {
         .unwrap();
     // The peer: 100 keys missing, 50 with another value, 50 value-equal on
     // a foreign lease, 50 value-equal without lease, 30 extra keys.
-    let foreign = dst.lease_grant(600, 0).await.unwrap().id;
+    let foreign = dst.lease_grant(600).await.unwrap().id;
     let mut b = TxnBatcher::new(TxnLimits::default());
     for i in 100..500 {
         let (value, lease) = match i {
-            100..150 => ("changed".to_string(), 0),
+            100..150 => ("changed".to_string(), LeaseId::NONE),
             150..200 => (format!("v{i}"), foreign),
-            200..250 => (format!("v{i}"), 0),
+            200..250 => (format!("v{i}"), LeaseId::NONE),
             _ => (format!("v{i}"), foreign),
         };
         b.put(key(i), value, lease);
     }
     for i in 0..30 {
-        b.put(format!("{PREFIX}stale/{i}"), "old", 0);
+        b.put(format!("{PREFIX}stale/{i}"), "old", LeaseId::NONE);
     }
-    b.put("/outside/untouched", "keep", 0);
+    b.put("/outside/untouched", "keep", LeaseId::NONE);
     for t in b.finish() {
         dst.txn(t).await.unwrap();
     }
@@ -534,7 +535,7 @@ async fn randomized_convergence() {
                     } else {
                         let mut v = vec![0u8; rng.below(64) as usize];
                         v.iter_mut().for_each(|b| *b = rng.below(256) as u8);
-                        b.put(k, v, 0);
+                        b.put(k, v, LeaseId::NONE);
                     }
                 }
                 for t in b.finish() {

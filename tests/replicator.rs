@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use aether_replicator::app::config::Cli;
 use aether_replicator::app::metrics::AppState;
-use aether_replicator::etcd::{Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits};
+use aether_replicator::etcd::{
+    Client, ClientConfig, Delete, LeaseId, Put, Range, TxnBatcher, TxnLimits,
+};
 use clap::Parser;
 use common::replicator::{Replicator, binary, http_get, metric};
 use common::{Etcd, wait_until};
@@ -36,7 +38,7 @@ async fn seed(c: &Client, n: usize) {
         b.put(
             format!("{PREFIX}clusters/c/services/s/protocols/http/endpoints/10.1.0.{i}"),
             format!("{{\"n\":{i}}}"),
-            0,
+            LeaseId::NONE,
         );
     }
     for t in b.finish() {
@@ -567,7 +569,7 @@ async fn a_stale_own_campaign_key_is_taken_back_and_a_withdrawn_standby_leaves_n
     let ttl = Duration::from_secs(10);
     // A key left by an earlier session of this replica, whose lease (say,
     // renewed by an etcd restart) has a long while to run.
-    let old = c.lease_grant(60, 0).await.unwrap();
+    let old = c.lease_grant(60).await.unwrap();
     let stale = format!("/aether/v1/replicator/a/leader/{:x}", old.id);
     c.put(Put::new(stale.clone(), "replica-1").lease(old.id))
         .await

@@ -3,6 +3,7 @@
 
 mod common;
 
+use aether_replicator::etcd::LeaseId;
 use common::mirror::{count, put_many};
 
 use std::io::{BufRead, BufReader};
@@ -88,7 +89,7 @@ fn state_key(region: &str) -> String {
 fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
     State {
         revision: 1,
-        lease: 0,
+        lease: LeaseId::NONE,
         holder: 1,
         source_cluster: 1,
         source_id: 0,
@@ -180,7 +181,7 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
         assert_eq!(e.priority, want, "{e:?}");
         assert_eq!(
             e.key.region == "a",
-            e.lease != 0,
+            !e.lease.is_none(),
             "only mirrored keys are leased"
         );
     }
@@ -226,7 +227,7 @@ async fn view_merges_local_and_mirrored_endpoints_and_follows_them() {
     put_endpoint(&a, "a", "s2", "10.1.9.1", "a-1").await;
     let added = next(&mut rx).await;
     assert_eq!(describe(&added), "added a/s2/10.1.9.1 2");
-    assert_ne!(added.endpoint().unwrap().lease, 0);
+    assert!(!added.endpoint().unwrap().lease.is_none());
     a.put(Put::new(
         key("a", "s2", "10.1.9.1"),
         value("a", "a-2", r#","weight":5"#),

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use aether_replicator::etcd::{Client, ClientConfig};
+use aether_replicator::etcd::{Client, ClientConfig, LeaseId};
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::FaultProxy;
 use common::mirror::{PREFIX, Scene, config, converged, key, put_many};
@@ -59,8 +59,8 @@ async fn a_short_lease_never_lapses_on_a_long_full_link() {
     cfg.page_size = 1000;
     let engine = start_synced_over(&src, &proxy, &cfg, Duration::from_secs(30)).await;
     let stats = engine.stats()[0].clone();
-    let lease = stats.lease_id.load(std::sync::atomic::Ordering::Relaxed);
-    assert_ne!(lease, 0);
+    let lease = LeaseId::new(stats.lease_id.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(!lease.is_none());
 
     // Heavy traffic: 12k keys of ~200 bytes, ~2.4 MB, about ten seconds of
     // the link, written at the source at once.
@@ -106,7 +106,7 @@ async fn a_short_lease_never_lapses_on_a_long_full_link() {
     assert_eq!(stats.errors(ErrorKind::LeaseLost), 0);
     assert_eq!(stats.resyncs(ResyncReason::LeaseLost), 0);
     assert_eq!(
-        stats.lease_id.load(std::sync::atomic::Ordering::Relaxed),
+        LeaseId::new(stats.lease_id.load(std::sync::atomic::Ordering::Relaxed)),
         lease,
         "the same lease throughout"
     );

@@ -265,7 +265,7 @@ pub fn endpoint_json(e: &Endpoint) -> Value {
         "zone": e.zone,
         "priority": e.priority,
         "mod_revision": e.mod_revision,
-        "lease": e.lease,
+        "lease": e.lease.get(),
         "value": value,
         "value_is_json": e.value.is_json(),
     })
@@ -288,7 +288,7 @@ pub fn origin_json(region: &str, status: Option<&OriginStatus>, now_unix_ms: i64
         "staleness_seconds": o.staleness_at(now_unix_ms).map(|d| d.as_secs_f64()),
         "heartbeat_unix_ms": o.heartbeat_unix_ms,
         "source_revision": o.source_revision,
-        "lease": o.lease,
+        "lease": o.lease.get(),
         "endpoints": o.endpoints,
     })
 }

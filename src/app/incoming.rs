@@ -40,6 +40,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::etcd::LeaseId;
 use crate::etcd::{Backoff, Client, EventKind, KeyValue, Range, WatchOptions};
 use crate::mirror::state::State;
 use crate::mirror::stats::unix_ms;
@@ -56,8 +57,8 @@ pub struct OriginStatus {
     pub present: bool,
     /// Its parsed value (`None` if absent or unreadable).
     pub state: Option<State>,
-    /// The lease the key is attached to (0: none).
-    pub lease: i64,
+    /// The lease the key is attached to ([`LeaseId::NONE`]: none).
+    pub lease: LeaseId,
     /// The last lookup of the lease; `None` until looked up, or when the
     /// lease is gone.
     pub ttl: Option<LeaseLookup>,
@@ -250,7 +251,7 @@ fn status_of(kv: Option<&KeyValue>) -> OriginStatus {
 
 /// Looks up the TTL of a present copy's lease.
 async fn lookup_ttl(local: &Client, status: &mut OriginStatus) -> crate::etcd::Result<()> {
-    if !status.present || status.lease == 0 {
+    if !status.present || status.lease.is_none() {
         status.ttl = None;
         return Ok(());
     }
@@ -283,7 +284,7 @@ mod tests {
         let looked = |granted: u64, ago: u64| OriginStatus {
             present: true,
             state: None,
-            lease: 7,
+            lease: LeaseId::new(7),
             ttl: Some(LeaseLookup {
                 left: Duration::from_secs(granted / 2),
                 granted: Duration::from_secs(granted),
@@ -295,7 +296,7 @@ mod tests {
         assert_eq!(fresh.staleness(), None);
         fresh.state = Some(State {
             revision: 1,
-            lease: 7,
+            lease: LeaseId::new(7),
             holder: 1,
             source_cluster: 1,
             source_id: 0,

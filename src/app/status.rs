@@ -234,7 +234,7 @@ impl Report {
                 "peer": p.peer,
                 "present": p.present,
                 "error": p.error,
-                "lease_id": p.state.map(|s| s.lease),
+                "lease_id": p.state.map(|s| s.lease.get()),
                 "lease_left_seconds": p.lease_left,
                 "lease_granted_seconds": p.lease_granted,
                 "applied_revision": p.applied(),
@@ -299,7 +299,7 @@ pub async fn run(config: &Config, opts: &StatusOptions) -> Result<Report> {
         .min_by_key(|kv| kv.create_revision())
         .cloned();
     let leader_lease_left = match &held {
-        Some(kv) if kv.lease() != 0 => Some(
+        Some(kv) if !kv.lease().is_none() => Some(
             bounded(opts, local.lease_time_to_live(kv.lease(), false))
                 .await??
                 .ttl,
@@ -320,7 +320,7 @@ pub async fn run(config: &Config, opts: &StatusOptions) -> Result<Report> {
                 return Ok::<_, crate::Error>((false, None, None));
             };
             let ttl = match kv.lease() {
-                0 => None,
+                id if id.is_none() => None,
                 id => Some(client.lease_time_to_live(id, false).await?),
             };
             Ok((true, State::decode(kv.value()), ttl))
@@ -361,6 +361,7 @@ async fn bounded<T>(opts: &StatusOptions, fut: impl Future<Output = T>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd::LeaseId;
 
     fn row(present: bool, left: Option<i64>, granted: Option<i64>) -> PeerRow {
         PeerRow {
@@ -368,7 +369,7 @@ mod tests {
             present,
             state: present.then_some(State {
                 revision: 10,
-                lease: 7,
+                lease: LeaseId::new(7),
                 holder: 1,
                 source_cluster: 0,
                 source_id: 0,

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::etcd::LeaseId;
 use crate::etcd::{Delete, Event, EventKind, Op, Put, TxnBatcher, TxnLimits};
 
 /// Bytes reserved per txn for the fence compare and the state put.
@@ -62,7 +63,7 @@ impl Batch {
 /// revisions, unless one revision alone is too large) and keeps the
 /// bookkeeping that travels with it.
 pub struct Batcher {
-    lease: i64,
+    lease: LeaseId,
     /// Ops of the revision being read, not yet placed, with their sizes.
     rev: Vec<(Bytes, Op, usize)>,
     rev_bytes: usize,
@@ -82,7 +83,7 @@ pub struct Batcher {
 impl Batcher {
     /// A batcher writing puts under `lease`, within `limits` less the room
     /// the engine needs for its own compare and state put.
-    pub fn new(limits: TxnLimits, lease: i64) -> Self {
+    pub fn new(limits: TxnLimits, lease: LeaseId) -> Self {
         Batcher {
             lease,
             rev: Vec::new(),
@@ -254,7 +255,7 @@ mod tests {
 
     #[test]
     fn coalesces_revisions_and_deduplicates() {
-        let mut b = Batcher::new(TxnLimits::default(), 7);
+        let mut b = Batcher::new(TxnLimits::default(), LeaseId::new(7));
         let now = Instant::now();
         for i in 0..20 {
             b.push(
@@ -276,7 +277,7 @@ mod tests {
             max_ops: 10,
             ..Default::default()
         };
-        let mut b = Batcher::new(limits, 0);
+        let mut b = Batcher::new(limits, LeaseId::NONE);
         let now = Instant::now();
         // Revision 1: 5 keys, revision 2: 5 keys; 9 data ops fit per txn.
         for rev in 1..=2 {
@@ -293,7 +294,7 @@ mod tests {
 
     #[test]
     fn splits_an_oversized_revision_and_counts_it() {
-        let mut b = Batcher::new(TxnLimits::default(), 0);
+        let mut b = Batcher::new(TxnLimits::default(), LeaseId::NONE);
         let evs: Vec<Event> = (0..300)
             .map(|i| ev(EventKind::Put, &format!("/k{i:03}"), b"x", 5))
             .collect();
@@ -311,7 +312,7 @@ mod tests {
 
     #[test]
     fn large_values_go_one_per_txn() {
-        let mut b = Batcher::new(TxnLimits::default(), 0);
+        let mut b = Batcher::new(TxnLimits::default(), LeaseId::NONE);
         let big = vec![1u8; 1200 * 1024];
         for rev in 1..=3 {
             b.push(

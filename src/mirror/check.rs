@@ -14,6 +14,7 @@ use super::diff::{Diff, Merge};
 use super::state::{self, State};
 use crate::error::Result;
 use crate::etcd::Client;
+use crate::etcd::LeaseId;
 
 /// Most keys listed per category in a [`Report`]; the counts are exact.
 pub const MAX_LISTED: usize = 10;
@@ -69,7 +70,7 @@ pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Resul
     if let Some(st) = stored.state {
         report.lease_ttl = Some(peer.lease_time_to_live(st.lease, false).await?.ttl);
     }
-    let lease = stored.state.map_or(0, |s| s.lease);
+    let lease = stored.state.map_or(LeaseId::NONE, |s| s.lease);
     let mut merge = Merge::start(local, peer, prefix, cfg.page_size);
     while let Some(diff) = merge.next().await? {
         match diff {
@@ -90,7 +91,7 @@ pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Resul
                     report.value_differs += 1;
                     report.note("value differs", src.key());
                 }
-                if dst.lease() != lease || lease == 0 {
+                if dst.lease() != lease || lease.is_none() {
                     report.wrong_lease += 1;
                     report.note("wrong lease", src.key());
                 }

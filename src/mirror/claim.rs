@@ -17,6 +17,7 @@ use super::peer::Peer;
 use super::state::{self, State};
 use super::stats::{ErrorKind, ResyncReason, unix_ms};
 use crate::error::{Error, Result};
+use crate::etcd::LeaseId;
 use crate::etcd::{Header, LeaseHandle};
 
 /// Where a session starts from.
@@ -111,7 +112,7 @@ impl Peer {
                     // re-puts the subtree. The old lease stays alive until
                     // every key is under the new one.
                     ttl_changed = true;
-                    tracing::info!(peer = %self.region(), lease = candidate, granted, want_ttl, "the live lease has another TTL; re-putting the subtree under a new lease");
+                    tracing::info!(peer = %self.region(), lease = %candidate, granted, want_ttl, "the live lease has another TTL; re-putting the subtree under a new lease");
                     self.prev_lease = Some(
                         w.client
                             .lease_keeper()
@@ -119,8 +120,8 @@ impl Peer {
                             .await?,
                     );
                 }
-                let grant = w.client.lease_grant(want_ttl, 0).await?;
-                tracing::info!(peer = %self.region(), lease = grant.id, ttl = grant.ttl, "granted mirror lease");
+                let grant = w.client.lease_grant(want_ttl).await?;
+                tracing::info!(peer = %self.region(), lease = %grant.id, ttl = grant.ttl, "granted mirror lease");
                 new_handle = Some(
                     w.client
                         .lease_keeper()
@@ -191,7 +192,7 @@ impl Peer {
             Some(fence) => {
                 w.fence = fence;
                 if let Some(prev) = stored.state.filter(|s| s.holder != w.holder) {
-                    tracing::info!(peer = %w.region, previous = format!("{:016x}", prev.holder), lease, adopted, "took over the peer");
+                    tracing::info!(peer = %w.region, previous = format!("{:016x}", prev.holder), lease = %lease, adopted, "took over the peer");
                 }
                 Ok((new_handle, start))
             }
@@ -205,8 +206,8 @@ impl Peer {
     }
 
     /// The granted TTL of `lease` if it is alive on the peer.
-    async fn live_lease(&self, lease: i64) -> Result<Option<i64>> {
-        if lease == 0 {
+    async fn live_lease(&self, lease: LeaseId) -> Result<Option<i64>> {
+        if lease.is_none() {
             return Ok(None);
         }
         let ttl = self.writer.client.lease_time_to_live(lease, false).await?;

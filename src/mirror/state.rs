@@ -38,7 +38,9 @@
 
 use bytes::Bytes;
 
-use crate::etcd::{Client, Compare, CompareOp, Delete, Header, KeyValue, Op, Put, Range, Txn};
+use crate::etcd::{
+    Client, Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Op, Put, Range, Txn,
+};
 
 /// The parsed value of a state key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +48,7 @@ pub struct State {
     /// Applied through this source revision; 0: no complete sync yet.
     pub revision: i64,
     /// The lease the mirrored keys are attached to.
-    pub lease: i64,
+    pub lease: LeaseId,
     /// The engine incarnation that wrote it.
     pub holder: u64,
     /// The source etcd's cluster id; 0: unknown.
@@ -65,7 +67,8 @@ impl State {
         Bytes::from(format!(
             "v1 revision={} lease={} holder={:016x} source={:016x} origin={:016x} heartbeat={} synced={}",
             self.revision,
-            self.lease,
+            // Decimal, as the format always had it (not LeaseId's hex).
+            self.lease.get(),
             self.holder,
             self.source_cluster,
             self.source_id,
@@ -88,7 +91,7 @@ impl State {
             let (k, v) = part.split_once('=')?;
             match k {
                 "revision" => revision = v.parse().ok(),
-                "lease" => lease = v.parse().ok(),
+                "lease" => lease = v.parse::<i64>().ok().map(LeaseId::new),
                 "holder" => holder = u64::from_str_radix(v, 16).ok(),
                 "source" => source_cluster = u64::from_str_radix(v, 16).ok()?,
                 "origin" => source_id = u64::from_str_radix(v, 16).ok()?,
@@ -249,7 +252,7 @@ mod tests {
     fn state_round_trips() {
         let s = State {
             revision: 42,
-            lease: 7_587_869_230_000_000_123,
+            lease: LeaseId::new(7_587_869_230_000_000_123),
             holder: 0xdead_beef,
             source_cluster: 0xcdf8_18194e3a8c32,
             source_id: 0x1234_5678_9abc_def1,

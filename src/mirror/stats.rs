@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::etcd::LeaseId;
 use crate::etcd::LeaseStatus;
 
 /// Why a full range-diff sync ran.
@@ -402,7 +403,7 @@ impl PeerStats {
         (self.source_revision.load(Relaxed) - self.applied_revision.load(Relaxed)).max(0)
     }
 
-    pub(crate) fn set_lease(&self, id: i64, status: Option<watch::Receiver<LeaseStatus>>) {
+    pub(crate) fn set_lease(&self, id: LeaseId, status: Option<watch::Receiver<LeaseStatus>>) {
         let mut cur = self.lease.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = cur.as_ref() {
             let s = *old.borrow();
@@ -410,7 +411,7 @@ impl PeerStats {
             self.keepalive_base[1].fetch_add(s.failures, Relaxed);
         }
         *cur = status;
-        self.lease_id.store(id, Relaxed);
+        self.lease_id.store(id.get(), Relaxed);
     }
 
     /// The current lease's keep-alive status, if there is a lease.

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use super::state::{self, State, Stored};
 use super::stats::PeerStats;
 use crate::error::{Error, Result};
+use crate::etcd::LeaseId;
 use crate::etcd::{
     self, Client, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse,
 };
@@ -122,9 +123,9 @@ impl FencedWriter {
         self.oversized().clear();
     }
 
-    /// The mirror lease id, 0 when none is held.
-    pub(crate) fn lease_id(&self) -> i64 {
-        self.lease.as_ref().map_or(0, LeaseHandle::id)
+    /// The mirror lease id, [`LeaseId::NONE`] when none is held.
+    pub(crate) fn lease_id(&self) -> LeaseId {
+        self.lease.as_ref().map_or(LeaseId::NONE, LeaseHandle::id)
     }
 
     /// Whether the lease is held and not reported lost.
@@ -138,7 +139,7 @@ impl FencedWriter {
         self.lease = None;
         self.fence = 0;
         self.marks.synced.store(false, Relaxed);
-        self.stats.set_lease(0, None);
+        self.stats.set_lease(LeaseId::NONE, None);
     }
 
     /// A put under the mirror lease.

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use bytes::Bytes;
 
 use crate::etcd::KeyValue;
+use crate::etcd::LeaseId;
 use crate::schema::EndpointKey;
 
 use super::config::ViewConfig;
@@ -67,7 +68,7 @@ pub struct Endpoint {
     /// Revision of the key's last write.
     pub mod_revision: i64,
     /// Lease of the key (a mirrored key carries its origin's mirror lease).
-    pub lease: i64,
+    pub lease: LeaseId,
     /// `key.ip` parsed, for ordering addresses numerically.
     pub(super) addr: Option<IpAddr>,
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::etcd::LeaseId;
 use crate::mirror::state::State;
 
 /// What the view knows about one origin region's copy in this etcd; see
@@ -26,8 +27,8 @@ pub struct OriginStatus {
     /// The origin's source revision the copy is applied through; 0:
     /// unknown or no complete sync yet.
     pub source_revision: i64,
-    /// The origin's mirror lease; 0: unknown.
-    pub lease: i64,
+    /// The origin's mirror lease; [`LeaseId::NONE`]: unknown.
+    pub lease: LeaseId,
     /// The origin's source etcd cluster id; 0: unknown.
     pub source_cluster: u64,
     /// Revision (in this etcd) of the state key's last write; 0: none.

@@ -275,6 +275,7 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    use crate::etcd::LeaseId;
     use std::time::Duration;
 
     use super::*;
@@ -365,7 +366,7 @@ mod tests {
     fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
         State {
             revision: 40,
-            lease: 7,
+            lease: LeaseId::new(7),
             holder: 1,
             source_cluster: 2,
             source_id: 0,
@@ -431,7 +432,10 @@ mod tests {
             }) => {
                 assert_eq!(region, "a");
                 assert!(s.synced && s.state_present);
-                assert_eq!((s.endpoints, s.source_revision, s.lease), (1, 40, 7));
+                assert_eq!(
+                    (s.endpoints, s.source_revision, s.lease),
+                    (1, 40, LeaseId::new(7))
+                );
             }
             other => panic!("expected an origin change, got {other:?}"),
         }

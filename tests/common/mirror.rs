@@ -1,6 +1,7 @@
 //! Helpers for tests that run the mirror engine: clients with short
 //! timeouts, a test config, key generation, and the convergence oracle.
 
+use aether_replicator::etcd::LeaseId;
 use std::time::Duration;
 
 use aether_replicator::etcd::{Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits};
@@ -78,7 +79,7 @@ pub fn key_in(region: &str, i: usize) -> String {
 pub async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
     let mut b = TxnBatcher::new(TxnLimits::default());
     for (k, v) in items {
-        b.put(k, v, 0);
+        b.put(k, v, LeaseId::NONE);
     }
     for t in b.finish() {
         c.txn(t).await.expect("txn");

@@ -573,7 +573,7 @@ impl Checker {
                 };
                 problems.push((key.clone(), kind.into(), preview(v), show(&allowed), hv));
             }
-            if kv.lease() == 0 {
+            if kv.lease().is_none() {
                 problems.push((key, "no-lease".into(), preview(v), show(&allowed), hv));
             }
         }

@@ -23,7 +23,7 @@ use std::sync::PoisonError;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aether_replicator::etcd::{OpResponse, Range, Txn};
+use aether_replicator::etcd::{LeaseId, OpResponse, Range, Txn};
 
 use checker::{Checker, parse_state};
 use mesh::{Mesh, REGIONS, prefix, state_key};
@@ -87,9 +87,10 @@ async fn exact(mesh: &Mesh) -> Result<(), String> {
                 .and_then(|r| r.into_kvs().into_iter().next())
                 .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
                 .ok_or(format!("{}->{}: no state key", REGIONS[o], REGIONS[p]))?;
-            let lease: i64 = parse_state(&state)
+            let lease = parse_state(&state)
                 .get("lease")
-                .and_then(|l| l.parse().ok())
+                .and_then(|l| l.parse::<i64>().ok())
+                .map(LeaseId::new)
                 .ok_or(format!(
                     "{}->{}: state without lease: {state}",
                     REGIONS[o], REGIONS[p]

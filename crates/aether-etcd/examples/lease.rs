@@ -24,7 +24,7 @@ async fn main() -> aether_etcd::Result<()> {
     let client = Client::connect(ClientConfig::new([endpoint]))?;
 
     // Id 0: the server picks one.
-    let grant = client.lease_grant(3, 0).await?;
+    let grant = client.lease_grant(3).await?;
     let mut handle = client
         .lease_keeper()
         .keep_alive(grant.id, grant.ttl)

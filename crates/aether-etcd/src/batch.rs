@@ -14,6 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use bytes::Bytes;
 
 use super::kv::{Compare, Delete, Op, Put, Txn};
+use super::lease_id::LeaseId;
 
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
@@ -145,10 +146,11 @@ fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
 /// ([`TxnBatcher::pop`]) for a caller that builds the txn itself.
 ///
 /// ```
-/// use aether_etcd::{TxnBatcher, TxnLimits};
+/// use aether_etcd::{LeaseId, TxnBatcher, TxnLimits};
 ///
 /// let mut b = TxnBatcher::new(TxnLimits { max_ops: 2, ..TxnLimits::default() });
-/// b.put("a", "1", 0).put("b", "2", 0).put("a", "3", 0).delete("c");
+/// let none = LeaseId::NONE;
+/// b.put("a", "1", none).put("b", "2", none).put("a", "3", none).delete("c");
 /// // "a" is written twice in the first txn, so the later write replaces the
 /// // earlier one: [a=3, b=2] then [delete c].
 /// let txns = b.finish();
@@ -158,12 +160,12 @@ fn in_range(key: &[u8], from: &[u8], to: &[u8]) -> bool {
 /// Streaming, with room kept for an op the caller adds to each txn:
 ///
 /// ```
-/// use aether_etcd::{Put, Txn, TxnBatcher, TxnLimits};
+/// use aether_etcd::{LeaseId, Put, Txn, TxnBatcher, TxnLimits};
 ///
 /// let mut b = TxnBatcher::new(TxnLimits::default()).with_reserved(1, 256);
 /// let mut sent = 0;
 /// for i in 0..1000 {
-///     b.put(format!("/k/{i}"), "v", 0);
+///     b.put(format!("/k/{i}"), "v", LeaseId::NONE);
 ///     while let Some(ops) = b.pop() {
 ///         let txn = Txn::new().and_then(ops).and_then([Put::new("/progress", i.to_string())]);
 ///         assert!(txn.success_len() <= 128);
@@ -355,8 +357,13 @@ impl TxnBatcher {
         self
     }
 
-    /// Adds a put of `value` at `key` under `lease` (0: none).
-    pub fn put(&mut self, key: impl Into<Bytes>, value: impl Into<Bytes>, lease: i64) -> &mut Self {
+    /// Adds a put of `value` at `key` under `lease` ([`LeaseId::NONE`]: none).
+    pub fn put(
+        &mut self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+        lease: LeaseId,
+    ) -> &mut Self {
         self.push(Put::new(key, value).lease(lease))
     }
 
@@ -442,7 +449,7 @@ mod tests {
     #[test]
     fn op_sizes_add_up_to_the_encoded_txn() {
         let ops: Vec<Op> = vec![
-            Put::new("k1", vec![0u8; 300]).lease(7).into(),
+            Put::new("k1", vec![0u8; 300]).lease(LeaseId::new(7)).into(),
             Delete::key("k2").into(),
             Delete::prefix("/p/").into(),
             Put::new(vec![0xffu8; 200], "v").into(),
@@ -466,7 +473,7 @@ mod tests {
             DEFAULT_MAX_REQUEST_BYTES - REQUEST_OVERHEAD_BYTES - 512
         );
         for i in 0..300 {
-            b.put(format!("k{i:04}"), "v", 0);
+            b.put(format!("k{i:04}"), "v", LeaseId::NONE);
         }
         b.flush();
         let sizes: Vec<usize> = std::iter::from_fn(|| b.pop())
@@ -535,7 +542,7 @@ mod tests {
             ..Default::default()
         });
         for i in 0..300 {
-            b.put(format!("k{i:04}"), "v", 0);
+            b.put(format!("k{i:04}"), "v", LeaseId::NONE);
         }
         let txns = b.finish();
         let sizes: Vec<usize> = txns.iter().map(Txn::success_len).collect();
@@ -551,7 +558,7 @@ mod tests {
         let mut b = TxnBatcher::new(limits);
         let value = vec![7u8; 10 * 1024];
         for i in 0..20 {
-            b.put(format!("k{i:02}"), value.clone(), 0);
+            b.put(format!("k{i:02}"), value.clone(), LeaseId::NONE);
         }
         let txns = b.finish();
         assert!(txns.len() >= 4, "{} txns", txns.len());
@@ -568,9 +575,9 @@ mod tests {
             max_bytes: 4096,
         };
         let mut b = TxnBatcher::new(limits);
-        b.put("a", "small", 0)
-            .put("big", vec![0u8; 10_000], 0)
-            .put("c", "small", 0);
+        b.put("a", "small", LeaseId::NONE)
+            .put("big", vec![0u8; 10_000], LeaseId::NONE)
+            .put("c", "small", LeaseId::NONE);
         let txns = b.finish();
         assert_eq!(
             txns.iter().map(keys).collect::<Vec<_>>(),
@@ -582,11 +589,11 @@ mod tests {
     fn deduplicates_keys_keeping_the_last_write() {
         let mut b = TxnBatcher::new(TxnLimits::default());
         for i in 0..20 {
-            b.put("same", format!("v{i}"), 0);
+            b.put("same", format!("v{i}"), LeaseId::NONE);
         }
         b.delete("gone")
-            .put("gone", "back", 0)
-            .put("x", "1", 0)
+            .put("gone", "back", LeaseId::NONE)
+            .put("x", "1", LeaseId::NONE)
             .delete("x");
         let txns = b.finish();
         assert_eq!(txns.len(), 1);
@@ -600,10 +607,10 @@ mod tests {
     #[test]
     fn put_under_range_delete_starts_a_new_txn() {
         let mut b = TxnBatcher::new(TxnLimits::default());
-        b.put("/a/1", "x", 0)
+        b.put("/a/1", "x", LeaseId::NONE)
             .delete_range("/a/", "/a0")
-            .put("/b", "y", 0)
-            .put("/a/2", "z", 0);
+            .put("/b", "y", LeaseId::NONE)
+            .put("/a/2", "z", LeaseId::NONE);
         let txns = b.finish();
         assert_eq!(
             txns.iter().map(keys).collect::<Vec<_>>(),
@@ -623,7 +630,8 @@ mod tests {
             super::super::kv::CompareOp::Equal,
             vec![1u8; 3000],
         )]);
-        b.put("a", big.clone(), 0).put("b", big, 0);
+        b.put("a", big.clone(), LeaseId::NONE)
+            .put("b", big, LeaseId::NONE);
         let txns = b.finish();
         assert_eq!(txns.len(), 2);
         assert!(txns.iter().all(|t| t.0.compare.len() == 1));
@@ -637,12 +645,13 @@ mod tests {
             .when([Compare::version("k", super::super::kv::CompareOp::Equal, 0)])
             .and_then([Put::new("k", "inner")]);
         let mut b = TxnBatcher::new(TxnLimits::default());
-        b.put("a", "1", 0).put("k", "outer", 0);
+        b.put("a", "1", LeaseId::NONE)
+            .put("k", "outer", LeaseId::NONE);
         b.push_guarded(
             nested.clone(),
             Compare::version("g", super::super::kv::CompareOp::Equal, 0),
         );
-        b.put("k", "after", 0);
+        b.put("k", "after", LeaseId::NONE);
         let mut parts = Vec::new();
         b.flush();
         while let Some((guards, ops)) = b.pop_parts() {

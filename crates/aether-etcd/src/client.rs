@@ -18,6 +18,7 @@ use super::kv::{
     TxnResponse, prefix_range,
 };
 use super::lease::{LeaseClient, LeaseGrant, LeaseKeeper, LeaseList, LeaseTtl};
+use super::lease_id::LeaseId;
 use super::maintenance::{Alarm, Hash, HashKv, MaintenanceClient, Snapshot, Status};
 use super::transport::{ClientConfig, Credentials, Transport};
 use super::watch::{WatchClient, WatchOptions, WatchStream, Watcher};
@@ -331,18 +332,26 @@ impl Client {
         self.inner.watch.watch(opts)
     }
 
-    /// Grants a lease of `ttl` seconds. With `id` 0 the server picks the id.
-    pub async fn lease_grant(&self, ttl: i64, id: i64) -> Result<LeaseGrant> {
-        self.inner.lease.grant(ttl, id).await
+    /// Grants a lease of `ttl` seconds; the server picks its id.
+    pub async fn lease_grant(&self, ttl: i64) -> Result<LeaseGrant> {
+        self.inner.lease.grant(LeaseId::NONE, ttl).await
+    }
+
+    /// Grants a lease of `ttl` seconds with an id of the caller's choosing
+    /// ([`LeaseId::NONE`]: the server picks), as a process that re-creates
+    /// a lease under a known id does. An id that exists already is
+    /// [`Error::LeaseExists`](crate::Error::LeaseExists).
+    pub async fn lease_grant_with_id(&self, id: LeaseId, ttl: i64) -> Result<LeaseGrant> {
+        self.inner.lease.grant(id, ttl).await
     }
 
     /// Revokes a lease, deleting every key attached to it.
-    pub async fn lease_revoke(&self, id: i64) -> Result<()> {
+    pub async fn lease_revoke(&self, id: LeaseId) -> Result<()> {
         self.inner.lease.revoke(id).await
     }
 
     /// Reads a lease's remaining TTL. A lease that does not exist has TTL -1.
-    pub async fn lease_time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTtl> {
+    pub async fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> Result<LeaseTtl> {
         self.inner.lease.time_to_live(id, keys).await
     }
 

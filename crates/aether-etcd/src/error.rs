@@ -83,6 +83,10 @@ pub enum Error {
     /// The lease does not exist (expired or revoked).
     #[error("requested lease not found")]
     LeaseNotFound,
+    /// A lease granted with an id that exists already
+    /// ([`Client::lease_grant_with_id`](crate::Client::lease_grant_with_id)).
+    #[error("lease already exists")]
+    LeaseExists,
     /// Authentication failed or the token was rejected: refused
     /// credentials, an invalid or expired token, a token older than the
     /// auth store's last change, or (auth enabled) a request without a user
@@ -274,6 +278,7 @@ impl From<tonic::Status> for Error {
                 Error::ResponseTooLarge { limit }
             }
             _ if has("requested lease not found") => Error::LeaseNotFound,
+            _ if has("lease already exists") => Error::LeaseExists,
             _ if has("no leader") => Error::NoLeader,
             _ if has("authentication is not enabled") => Error::AuthNotEnabled,
             _ if has("user name already exists") => Error::UserAlreadyExists,
@@ -499,6 +504,12 @@ mod tests {
         assert!(matches!(
             Error::from(Status::not_found("etcdserver: requested lease not found")),
             Error::LeaseNotFound
+        ));
+        assert!(matches!(
+            Error::from(Status::failed_precondition(
+                "etcdserver: lease already exists"
+            )),
+            Error::LeaseExists
         ));
     }
 }

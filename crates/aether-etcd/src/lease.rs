@@ -81,6 +81,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::backoff::Backoff;
 use super::error::{Error, Result};
 use super::header::Header;
+use super::lease_id::LeaseId;
 use super::pb::{
     PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseLeasesRequest,
     PbLeaseRevokeRequest, PbLeaseTimeToLiveRequest,
@@ -99,7 +100,7 @@ pub const MIN_KEEPALIVE_STALL: Duration = Duration::from_millis(500);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseGrant {
     /// The lease id.
-    pub id: i64,
+    pub id: LeaseId,
     /// The TTL the server granted, in seconds.
     pub ttl: i64,
 }
@@ -108,7 +109,7 @@ pub struct LeaseGrant {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseTtl {
     /// The lease id.
-    pub id: i64,
+    pub id: LeaseId,
     /// Seconds left; -1 when the lease does not exist.
     pub ttl: i64,
     /// The TTL it was granted with.
@@ -126,7 +127,7 @@ pub struct LeaseList {
     /// Every lease's id, in no particular order. etcd sends nothing else
     /// about them: [`Client::lease_time_to_live`](super::Client::lease_time_to_live)
     /// tells a lease's TTL.
-    pub ids: Vec<i64>,
+    pub ids: Vec<LeaseId>,
 }
 
 /// The lease service on a transport.
@@ -140,8 +141,8 @@ impl LeaseClient {
         LeaseClient { transport }
     }
 
-    pub(crate) async fn grant(&self, ttl: i64, id: i64) -> Result<LeaseGrant> {
-        let req = PbLeaseGrantRequest { ttl, id };
+    pub(crate) async fn grant(&self, id: LeaseId, ttl: i64) -> Result<LeaseGrant> {
+        let req = PbLeaseGrantRequest { ttl, id: id.get() };
         let resp = self
             .transport
             .unary(req, |svc, r| async move {
@@ -152,30 +153,31 @@ impl LeaseClient {
             return Err(Error::Status(Box::new(tonic::Status::unknown(resp.error))));
         }
         Ok(LeaseGrant {
-            id: resp.id,
+            id: LeaseId::new(resp.id),
             ttl: resp.ttl,
         })
     }
 
-    pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
+    pub(crate) async fn revoke(&self, id: LeaseId) -> Result<()> {
         self.transport
-            .unary(PbLeaseRevokeRequest { id }, |svc, r| async move {
+            .unary(PbLeaseRevokeRequest { id: id.get() }, |svc, r| async move {
                 PbLeaseClient::new(svc).lease_revoke(r).await
             })
             .await?;
         Ok(())
     }
 
-    pub(crate) async fn time_to_live(&self, id: i64, keys: bool) -> Result<LeaseTtl> {
+    pub(crate) async fn time_to_live(&self, id: LeaseId, keys: bool) -> Result<LeaseTtl> {
         let resp = self
             .transport
-            .unary(PbLeaseTimeToLiveRequest { id, keys }, |svc, r| async move {
-                PbLeaseClient::new(svc).lease_time_to_live(r).await
-            })
+            .unary(
+                PbLeaseTimeToLiveRequest { id: id.get(), keys },
+                |svc, r| async move { PbLeaseClient::new(svc).lease_time_to_live(r).await },
+            )
             .await;
         match resp {
             Ok(r) => Ok(LeaseTtl {
-                id: r.id,
+                id: LeaseId::new(r.id),
                 ttl: r.ttl,
                 granted_ttl: r.granted_ttl,
                 keys: r.keys,
@@ -199,7 +201,11 @@ impl LeaseClient {
             .await?;
         Ok(LeaseList {
             header: resp.header.into(),
-            ids: resp.leases.into_iter().map(|l| l.id).collect(),
+            ids: resp
+                .leases
+                .into_iter()
+                .map(|l| LeaseId::new(l.id))
+                .collect(),
         })
     }
 
@@ -262,8 +268,8 @@ pub struct LeaseHandle {
 
 impl LeaseHandle {
     /// The lease id.
-    pub fn id(&self) -> i64 {
-        self.id
+    pub fn id(&self) -> LeaseId {
+        LeaseId::new(self.id)
     }
     /// The latest status.
     pub fn status(&self) -> LeaseStatus {
@@ -350,7 +356,8 @@ impl LeaseKeeper {
     /// (now + TTL: a lease not answered for by then is lost, so a TTL <= 0
     /// is lost at once). Each call is a registration of its own: the
     /// handle's drop ends only it.
-    pub async fn keep_alive(&self, id: i64, ttl: i64) -> Result<LeaseHandle> {
+    pub async fn keep_alive(&self, id: LeaseId, ttl: i64) -> Result<LeaseHandle> {
+        let id = id.get();
         let (reply, rx) = oneshot::channel();
         self.cmds
             .send(Cmd::Add { id, ttl, reply })

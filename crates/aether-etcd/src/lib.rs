@@ -16,7 +16,7 @@
 //!
 //! ```no_run
 //! use aether_etcd::{
-//!     Client, ClientConfig, Compare, CompareOp, Put, Range, Txn, TxnBatcher, TxnLimits,
+//!     Client, ClientConfig, Compare, CompareOp, LeaseId, Put, Range, Txn, TxnBatcher, TxnLimits,
 //!     WatchOptions,
 //! };
 //! use futures_util::StreamExt;
@@ -34,7 +34,7 @@
 //! // Any number of writes, packed into the fewest txns the server takes.
 //! let mut packer = TxnBatcher::new(TxnLimits::default());
 //! for i in 0..1000 {
-//!     packer.put(format!("/tour/k/{i}"), "v", 0);
+//!     packer.put(format!("/tour/k/{i}"), "v", LeaseId::NONE);
 //! }
 //! for txn in packer.finish() {
 //!     client.txn(txn).await?;
@@ -42,7 +42,7 @@
 //!
 //! // A lease kept alive on the client's one keep-alive stream; dropping
 //! // the handle stops the keep-alive, never revokes.
-//! let grant = client.lease_grant(10, 0).await?;
+//! let grant = client.lease_grant(10).await?;
 //! let lease = client.lease_keeper().keep_alive(grant.id, grant.ttl).await?;
 //! client.put(Put::new("/tour/alive", "yes").lease(lease.id())).await?;
 //!
@@ -124,6 +124,7 @@ mod error;
 mod header;
 mod kv;
 mod lease;
+mod lease_id;
 mod maintenance;
 mod namespace;
 mod pb;
@@ -150,6 +151,7 @@ pub use kv::{
 pub use lease::{
     LeaseGrant, LeaseHandle, LeaseKeeper, LeaseList, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL,
 };
+pub use lease_id::LeaseId;
 pub use maintenance::{Alarm, AlarmKind, Hash, HashKv, Snapshot, SnapshotChunk, Status};
 pub use namespace::{Namespace, NamespaceWatcher};
 pub use transport::{

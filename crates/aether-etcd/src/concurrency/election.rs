@@ -10,8 +10,8 @@ use futures_util::Stream;
 use super::Session;
 use super::wait::{first_created, range_kvs, wait_deletes};
 use crate::{
-    Client, Compare, CompareOp, Delete, Error, EventKind, Header, KeyValue, Put, Range, Result,
-    Txn, WatchOptions, Watcher,
+    Client, Compare, CompareOp, Delete, Error, EventKind, Header, KeyValue, LeaseId, Put, Range,
+    Result, Txn, WatchOptions, Watcher,
 };
 
 /// One candidate in an election on a key prefix.
@@ -60,7 +60,7 @@ fn dir(prefix: &[u8]) -> Bytes {
 }
 
 /// `<dir><lease hex>`: one session's key in an election or lock queue.
-pub(super) fn session_key(dir: &Bytes, lease: i64) -> Bytes {
+pub(super) fn session_key(dir: &Bytes, lease: LeaseId) -> Bytes {
     let mut b = BytesMut::with_capacity(dir.len() + 16);
     b.put_slice(dir);
     b.put_slice(format!("{lease:x}").as_bytes());

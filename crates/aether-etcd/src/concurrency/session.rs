@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::{Client, LeaseHandle, LeaseStatus, Result};
+use crate::{Client, LeaseHandle, LeaseId, LeaseStatus, Result};
 
 /// The session TTL when none is given: Go's default.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(60);
@@ -15,7 +15,7 @@ pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOptions {
     ttl: Duration,
-    lease: Option<i64>,
+    lease: Option<LeaseId>,
 }
 
 impl Default for SessionOptions {
@@ -40,7 +40,7 @@ impl SessionOptions {
     /// lease of a session an earlier incarnation of this process left
     /// running. The TTL should be the one it was granted with.
     #[must_use]
-    pub fn with_lease(mut self, id: i64) -> Self {
+    pub fn with_lease(mut self, id: LeaseId) -> Self {
         self.lease = Some(id);
         self
     }
@@ -85,7 +85,7 @@ pub struct Session(Arc<Inner>);
 
 struct Inner {
     client: Client,
-    lease: i64,
+    lease: LeaseId,
     ttl: i64,
     lost: Arc<watch::Sender<bool>>,
     _keep: LeaseHandle,
@@ -115,7 +115,7 @@ impl Session {
         let (lease, ttl) = match opts.lease {
             Some(id) => (id, ttl),
             None => {
-                let grant = client.lease_grant(ttl, 0).await?;
+                let grant = client.lease_grant(ttl).await?;
                 (grant.id, grant.ttl)
             }
         };
@@ -136,7 +136,7 @@ impl Session {
     }
 
     /// The session's lease id: attach keys to it to tie them to the session.
-    pub fn lease(&self) -> i64 {
+    pub fn lease(&self) -> LeaseId {
         self.0.lease
     }
 

@@ -7,6 +7,7 @@
 use bytes::Bytes;
 
 use crate::header::Header;
+use crate::lease_id::LeaseId;
 use crate::pb::{
     PbCompare, PbDeleteRangeRequest, PbDeleteRangeResponse, PbKeyValue, PbOp, PbOpResponse,
     PbPutRequest, PbPutResponse, PbRangeRequest, PbRangeResponse, PbRequestOp, PbTxnRequest,
@@ -63,9 +64,9 @@ impl KeyValue {
     pub fn value(&self) -> &Bytes {
         &self.0.value
     }
-    /// The lease attached to the key, 0 for none.
-    pub fn lease(&self) -> i64 {
-        self.0.lease
+    /// The lease attached to the key ([`LeaseId::NONE`] for none).
+    pub fn lease(&self) -> LeaseId {
+        LeaseId::new(self.0.lease)
     }
     /// The revision of the key's last modification.
     pub fn mod_revision(&self) -> i64 {
@@ -199,9 +200,10 @@ impl Put {
             ..Default::default()
         })
     }
-    /// Attach the key to this lease.
-    pub fn lease(mut self, lease: i64) -> Self {
-        self.0.lease = lease;
+    /// Attach the key to this lease ([`LeaseId::NONE`]: none).
+    #[must_use]
+    pub fn lease(mut self, lease: LeaseId) -> Self {
+        self.0.lease = lease.get();
         self
     }
     /// Return the previous key-value.
@@ -215,9 +217,9 @@ impl Put {
     /// [`Error::KeyNotFound`] (in a txn, the whole txn fails).
     ///
     /// ```
-    /// use aether_etcd::Put;
+    /// use aether_etcd::{LeaseId, Put};
     /// // Move /k to lease 7, value untouched.
-    /// let relet = Put::new("/k", "").ignore_value().lease(7);
+    /// let relet = Put::new("/k", "").ignore_value().lease(LeaseId::new(7));
     /// # let _ = relet;
     /// ```
     ///
@@ -248,9 +250,9 @@ impl Put {
     pub fn value(&self) -> &Bytes {
         &self.0.value
     }
-    /// The lease it attaches the key to (0: none).
-    pub fn lease_id(&self) -> i64 {
-        self.0.lease
+    /// The lease it attaches the key to ([`LeaseId::NONE`]: none).
+    pub fn lease_id(&self) -> LeaseId {
+        LeaseId::new(self.0.lease)
     }
 }
 
@@ -406,9 +408,9 @@ impl Compare {
     }
 
     /// Compares the key's lease.
-    pub fn lease(key: impl Into<Bytes>, op: CompareOp, lease: i64) -> Self {
+    pub fn lease(key: impl Into<Bytes>, op: CompareOp, lease: LeaseId) -> Self {
         use pb_compare::{CompareTarget as T, TargetUnion as U};
-        Self::new(key.into(), op, T::Lease, U::Lease(lease))
+        Self::new(key.into(), op, T::Lease, U::Lease(lease.get()))
     }
 }
 
@@ -638,7 +640,7 @@ mod tests {
 
     #[test]
     fn put_keeps_value_or_lease_and_from_key_bounds() {
-        let p = Put::new("k", "").ignore_value().lease(7);
+        let p = Put::new("k", "").ignore_value().lease(LeaseId::new(7));
         assert!(p.0.ignore_value && !p.0.ignore_lease && p.0.lease == 7);
         let p = Put::new("k", "v").ignore_lease();
         assert!(p.0.ignore_lease && !p.0.ignore_value);
