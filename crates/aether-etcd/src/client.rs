@@ -93,7 +93,8 @@ impl Client {
     pub fn connect(config: ClientConfig) -> Result<Client> {
         let auto_sync = config.auto_sync_interval;
         let transport = Transport::new(config)?;
-        let auto_sync = auto_sync.map(|every| Arc::new(endpoint_sync::spawn(transport.clone(), every)));
+        let auto_sync =
+            auto_sync.map(|every| Arc::new(endpoint_sync::spawn(transport.clone(), every)));
         Ok(Client {
             inner: Arc::new(Handle::new(transport, Arc::default(), auto_sync)),
         })

@@ -262,3 +262,45 @@ fn read_file(path: &str) -> Result<Vec<u8>> {
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run in every feature set: `cargo test -p aether-etcd --lib` with
+    /// the defaults, `--no-default-features`, and `--no-default-features
+    /// --features tls-ring`.
+    #[tokio::test]
+    async fn https_needs_a_provider_and_roots_or_it_is_a_one_line_error() {
+        let config = ClientConfig::new(["https://127.0.0.1:2379"]);
+        let built = Endpoints::build(&config, config.endpoints.clone(), None).map(|_| ());
+        let provider = cfg!(any(feature = "tls-ring", feature = "tls-aws-lc"));
+        let roots = cfg!(feature = "tls-native-roots");
+        match (provider, roots, built) {
+            (true, true, Ok(())) => {}
+            // A machine without a system trust store.
+            (true, true, Err(Error::InvalidConfig(m))) => assert!(m.contains("native"), "{m}"),
+            (false, _, Err(Error::InvalidConfig(m))) => {
+                assert!(m.contains("feature tls-ring or tls-aws-lc"), "{m}")
+            }
+            (true, false, Err(Error::InvalidConfig(m))) => {
+                assert!(m.contains("feature tls-native-roots"), "{m}")
+            }
+            (provider, roots, got) => panic!("provider {provider}, roots {roots}: {got:?}"),
+        }
+        // A CA makes the roots unnecessary, not the provider (a CA that
+        // works is tests/client_transport.rs's).
+        if !provider {
+            let tls = TlsMaterial {
+                ca: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
+                cert: None,
+                key: None,
+            };
+            let with_ca = Endpoints::build(&config, config.endpoints.clone(), Some(tls));
+            assert!(matches!(with_ca, Err(Error::InvalidConfig(_))));
+        }
+        // Plain http needs neither.
+        let http = ClientConfig::new(["http://127.0.0.1:2379"]);
+        assert!(Endpoints::build(&http, http.endpoints.clone(), None).is_ok());
+    }
+}

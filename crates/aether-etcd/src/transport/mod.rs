@@ -151,7 +151,11 @@ impl Transport {
     }
 
     fn replace_endpoints(&self, next: Endpoints) {
-        *self.shared.endpoints.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+        *self
+            .shared
+            .endpoints
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
     }
 
     /// The index of the endpoint in use in `eps`.
@@ -355,7 +359,22 @@ where
     request.set_timeout(timeout);
     match tokio::time::timeout(timeout, call(request)).await {
         Ok(Ok(resp)) => Ok(resp.into_inner()),
+        // tonic enforces the `grpc-timeout` it sends as well, and may get
+        // there first: the same timeout, not a broken connection.
+        Ok(Err(status)) if deadline_passed(&status) => Err(Error::Timeout(timeout)),
         Ok(Err(status)) => Err(Error::from(status)),
         Err(_) => Err(Error::Timeout(timeout)),
     }
+}
+
+/// Whether tonic ended the call at its deadline (`TimeoutExpired`).
+fn deadline_passed(status: &tonic::Status) -> bool {
+    let mut src = std::error::Error::source(status);
+    while let Some(e) = src {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        src = e.source();
+    }
+    false
 }

@@ -139,7 +139,9 @@ mod tests {
 
     fn put() -> pb::RequestOp {
         pb::RequestOp {
-            request: Some(pb::request_op::Request::RequestPut(pb::PutRequest::default())),
+            request: Some(pb::request_op::Request::RequestPut(
+                pb::PutRequest::default(),
+            )),
         }
     }
 
@@ -209,9 +211,8 @@ mod tests {
 
     #[test]
     fn a_call_that_never_left_is_retried_whatever_it_is() {
-        let untrusted = Error::Unavailable(
-            "invalid peer certificate: UnknownIssuer: transport error".into(),
-        );
+        let untrusted =
+            Error::Unavailable("invalid peer certificate: UnknownIssuer: transport error".into());
         for err in [refused(), untrusted] {
             assert!(may_retry(Class::Read, &err), "{err:?}");
             assert!(may_retry(Class::Write, &err), "{err:?}");
