@@ -454,6 +454,7 @@ async fn tls_and_mutual_tls() {
             cert_file: cert.then(|| tls.client_cert.display().to_string()),
             key_file: cert.then(|| tls.client_key.display().to_string()),
             server_name: Some(common::tls::SERVER_DNS_NAME.to_string()),
+            ..TlsConfig::default()
         });
         cfg
     };
@@ -473,7 +474,7 @@ async fn tls_and_mutual_tls() {
             ca_file: Some(mtls.ca.display().to_string()),
             cert_file: Some(mtls.client_cert.display().to_string()),
             key_file: Some(mtls.client_key.display().to_string()),
-            server_name: None,
+            ..TlsConfig::default()
         }),
         ..ClientConfig::default()
     };

@@ -66,7 +66,7 @@ fn reader(etcd: &Etcd, pki: &TlsFiles) -> Client {
         ca_file: Some(pki.ca.to_str().unwrap().into()),
         cert_file: Some(pki.client_cert.to_str().unwrap().into()),
         key_file: Some(pki.client_key.to_str().unwrap().into()),
-        server_name: None,
+        ..TlsConfig::default()
     });
     cfg.request_timeout = Duration::from_secs(3);
     Client::connect(cfg).unwrap()

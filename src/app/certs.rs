@@ -197,7 +197,7 @@ mod tests {
             ca_file: ca.map(String::from),
             cert_file: cert.map(String::from),
             key_file: key.map(String::from),
-            server_name: None,
+            ..TlsConfig::default()
         }
     }
 

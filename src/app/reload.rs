@@ -310,7 +310,7 @@ mod tests {
             ca_file: Some(cert.to_str().unwrap().into()),
             cert_file: Some(cert.to_str().unwrap().into()),
             key_file: Some(key.to_str().unwrap().into()),
-            server_name: None,
+            ..Default::default()
         });
         let client = Client::connect(cfg).unwrap();
         let mut t = Target::new("b", client, None);

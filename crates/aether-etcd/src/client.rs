@@ -3,6 +3,7 @@
 //! and the services never see each other.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -28,8 +29,9 @@ use super::watch::{WatchClient, WatchOptions, WatchStream, Watcher};
 ///
 /// **Ownership.** The client's background tasks (the lease keep-alive, each
 /// watch stream, endpoint auto-sync) hold the connections, never a `Client`:
-/// dropping the last clone stops the keep-alive task and closes the
-/// connections once no [`super::WatchStream`] or [`super::Watcher`] is left.
+/// dropping the last clone (and [`Client::with_timeout`] view) stops the
+/// keep-alive task and closes the connections once no
+/// [`super::WatchStream`] or [`super::Watcher`] is left.
 /// A watcher keeps its own stream alive.
 ///
 /// ```no_run
@@ -67,9 +69,32 @@ struct Handle {
     cluster: ClusterClient,
     maintenance: MaintenanceClient,
     auth: AuthClient,
-    keeper: OnceLock<LeaseKeeper>,
-    /// Stops the endpoint auto-sync task when the last clone goes.
-    _auto_sync: Option<tokio_util::sync::DropGuard>,
+    /// Shared with every [`Client::with_timeout`] view, so that all of them
+    /// keep their leases on one stream.
+    keeper: Arc<OnceLock<LeaseKeeper>>,
+    /// Stops the endpoint auto-sync task when the last clone, or view, goes.
+    _auto_sync: Option<Arc<tokio_util::sync::DropGuard>>,
+}
+
+impl Handle {
+    /// Every service on `transport`, sharing `keeper` and the auto-sync.
+    fn new(
+        transport: Transport,
+        keeper: Arc<OnceLock<LeaseKeeper>>,
+        _auto_sync: Option<Arc<tokio_util::sync::DropGuard>>,
+    ) -> Handle {
+        Handle {
+            kv: KvClient::new(transport.clone()),
+            watch: WatchClient::new(transport.clone()),
+            lease: LeaseClient::new(transport.clone()),
+            cluster: ClusterClient::new(transport.clone()),
+            maintenance: MaintenanceClient::new(transport.clone()),
+            auth: AuthClient::new(transport.clone()),
+            transport,
+            keeper,
+            _auto_sync,
+        }
+    }
 }
 
 impl Client {
@@ -79,20 +104,50 @@ impl Client {
     pub fn connect(config: ClientConfig) -> Result<Client> {
         let auto_sync = config.auto_sync_interval;
         let transport = Transport::new(config)?;
-        let _auto_sync = auto_sync.map(|every| endpoint_sync::spawn(transport.clone(), every));
+        let auto_sync =
+            auto_sync.map(|every| Arc::new(endpoint_sync::spawn(transport.clone(), every)));
         Ok(Client {
-            inner: Arc::new(Handle {
-                kv: KvClient::new(transport.clone()),
-                watch: WatchClient::new(transport.clone()),
-                lease: LeaseClient::new(transport.clone()),
-                cluster: ClusterClient::new(transport.clone()),
-                maintenance: MaintenanceClient::new(transport.clone()),
-                auth: AuthClient::new(transport.clone()),
-                transport,
-                keeper: OnceLock::new(),
-                _auto_sync,
-            }),
+            inner: Arc::new(Handle::new(transport, Arc::default(), auto_sync)),
         })
+    }
+
+    /// This client with another timeout for its unary calls: a cheap view
+    /// that shares the connections, token, lease keep-alive and endpoint
+    /// sync, so one slow or urgent call needs no client of its own. The
+    /// timeout bounds each call whole, its retries and their waits included
+    /// (see [`RetryPolicy`](crate::RetryPolicy)), and replaces
+    /// [`ClientConfig::request_timeout`] for calls made through the view
+    /// and its clones (scans, namespaces and sessions built on it too).
+    /// Watches and the keep-alive stream are not timed out either way.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_etcd::Client) -> aether_etcd::Result<()> {
+    /// use std::time::Duration;
+    /// use aether_etcd::Range;
+    ///
+    /// // A health check that must answer quickly, on the same connections.
+    /// let quick = client.with_timeout(Duration::from_millis(500));
+    /// quick.range(Range::key("/health").serializable()).await?;
+    /// // A defragment that may take minutes.
+    /// client.with_timeout(Duration::from_secs(600)).defragment().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_timeout(&self, timeout: Duration) -> Client {
+        let inner = &self.inner;
+        Client {
+            inner: Arc::new(Handle::new(
+                inner.transport.with_timeout(timeout),
+                inner.keeper.clone(),
+                inner._auto_sync.clone(),
+            )),
+        }
+    }
+
+    /// The timeout of this client's unary calls:
+    /// [`ClientConfig::request_timeout`], or the one given to
+    /// [`Client::with_timeout`].
+    pub fn timeout(&self) -> Duration {
+        self.inner.transport.timeout()
     }
 
     /// The config this client was built from. The endpoints and
@@ -533,8 +588,8 @@ impl Client {
     /// Defragments the backend of the member this client talks to,
     /// returning the space freed by compaction to the file system. The
     /// member blocks reads and writes meanwhile, and a large backend can
-    /// take longer than the default request timeout: raise
-    /// [`ClientConfig::request_timeout`] for it.
+    /// take longer than the default request timeout: call it through
+    /// [`Client::with_timeout`] with a longer one.
     pub async fn defragment(&self) -> Result<Header> {
         self.inner.maintenance.defragment().await
     }

@@ -223,9 +223,45 @@ impl Error {
     /// The request never reached a server (the connection could not be
     /// made), so it is safe to send it again elsewhere.
     pub(crate) fn not_sent(&self) -> bool {
-        matches!(self, Error::Unavailable(m) if m.contains("connect") || m.contains("Connection refused"))
+        matches!(self, Error::Unavailable(m) if NOT_SENT.iter().any(|s| m.contains(s)))
+    }
+
+    /// The call failed in a way that leaves its outcome unknown: it may
+    /// have reached etcd and been applied (the connection broke or the
+    /// call timed out after it was sent, or the member lost its leader
+    /// meanwhile). The client never sends such a write again by itself
+    /// (see [`RetryPolicy`](crate::RetryPolicy)); the caller decides, for
+    /// example by reading the key back or by making the write a txn that
+    /// can tell it already happened.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: aether_etcd::Client) -> aether_etcd::Result<()> {
+    /// use aether_etcd::Put;
+    /// match client.put(Put::new("/job/42", "done")).await {
+    ///     Ok(_) => {}
+    ///     Err(e) if e.maybe_applied() => { /* read /job/42 back before repeating */ }
+    ///     Err(e) => return Err(e), // refused: certainly not applied
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn maybe_applied(&self) -> bool {
+        // `Transport` is a channel that could not be built: nothing was sent.
+        self.is_transient() && !matches!(self, Error::Transport(_)) && !self.not_sent()
     }
 }
+
+/// What tonic (hyper-util, rustls) says when a connection could not be
+/// made, so no request went out: the TCP connect failed (refused, timed
+/// out), the name did not resolve, or the client refused the server's
+/// certificate before sending anything. Not "connection": a connection
+/// that broke under a request ("connection error: stream closed because of
+/// a broken pipe", "connection closed") may have delivered it.
+const NOT_SENT: [&str; 4] = [
+    "tcp connect error",
+    "Connection refused",
+    "dns error",
+    "invalid peer certificate",
+];
 
 /// etcd's messages (`rpctypes`) for a request whose token it would not
 /// use, provoked against 3.4.23 and 3.5.1 in `tests/client.rs`. 3.5.1

@@ -75,13 +75,14 @@
 //!   `backoff` (the retry policy) and `task` (background tasks that stop
 //!   when their owner's guard drops): leaves, shared by everything.
 //! - `transport/`: the connection to one cluster, all a service needs to
-//!   make calls: `config` (what the caller sets), `endpoints` (the channels
-//!   per member URL and the TLS they were built with, replaced as a whole),
-//!   `token` (the auth token every request carries), and in its `mod.rs`
-//!   the failover, the re-authentication, the unary call path and the
-//!   opening of a server stream (the snapshot). It knows
-//!   no service: the token fetch is the one call it makes itself, because
-//!   every other call may need it midway.
+//!   make calls: `config` (what the caller sets: TLS, balancing, retry
+//!   policy), `endpoints` (the channels per member URL, their health, and
+//!   the TLS they were built with, replaced as a whole), `token` (the auth
+//!   token every request carries), `retry` (which requests may be sent
+//!   again after which failures, by request type), and in its `mod.rs` the
+//!   balancing, failover, retries, re-authentication, the unary call
+//!   path and the opening of a server stream (the snapshot). It knows no service: the token fetch is the one call it makes
+//!   itself, because every other call may need it midway.
 //! - `header`: the response header, the one type every service returns.
 //! - The services, each a small client over a `Transport` clone, none
 //!   importing another: `kv/` (`types`, the requests and answers as plain
@@ -155,9 +156,10 @@ pub use lease_id::LeaseId;
 pub use maintenance::{Alarm, AlarmKind, Hash, HashKv, Snapshot, SnapshotChunk, Status};
 pub use namespace::{Namespace, NamespaceWatcher};
 pub use transport::{
-    ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
+    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
     DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
-    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WATCHER_BUFFER_BYTES,
-    TlsConfig,
+    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP, DEFAULT_WATCHER_BUFFER_BYTES,
+    RetryPolicy, TlsConfig, UNHEALTHY_FOR,
 };
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};

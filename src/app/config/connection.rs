@@ -250,6 +250,7 @@ pub(super) fn build_tls(
         cert_file: parts.cert,
         key_file: parts.key,
         server_name: parts.server_name,
+        ..TlsConfig::default()
     };
     // Expired, not yet valid, or a key of another certificate: refused
     // now, with the file named, not at the first handshake.

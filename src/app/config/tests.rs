@@ -216,6 +216,7 @@ fn everything_set() {
         cert_file: Some(pki.cert.clone()),
         key_file: Some(pki.key.clone()),
         server_name: Some("etcd.a".into()),
+        ..TlsConfig::default()
     };
     assert_eq!(c.local.tls, Some(tls.clone()));
     let root = Credentials {

@@ -47,7 +47,28 @@ pub const DEFAULT_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 pub const DEFAULT_CONNECTIONS: usize = 1;
 
 /// TLS settings for `https://` endpoints.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// The CA and the client identity each come from a file or from PEM held in
+/// memory; a file is read again by [`Client::reload_tls`](crate::Client::reload_tls)
+/// (rotated certificates), PEM in memory never changes. Giving both for the
+/// same item is refused when the client is built.
+///
+/// Without a CA (neither `ca_file` nor `ca_pem`) the server is verified
+/// against the system's roots (feature `tls-native-roots`, on by default);
+/// a configured CA is trusted alone, the system's roots are not added.
+///
+/// ```
+/// use aether_etcd::{ClientConfig, TlsConfig};
+///
+/// # let (ca, cert, key) = (Vec::<u8>::new(), Vec::<u8>::new(), Vec::<u8>::new());
+/// let tls = TlsConfig::new()
+///     .with_ca_pem(ca)
+///     .with_client_pem(cert, key)
+///     .with_server_name("etcd.internal");
+/// let config = ClientConfig::new(["https://10.0.0.1:2379"]).with_tls(tls);
+/// # let _ = config;
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TlsConfig {
     /// PEM bundle of the CAs that sign the server certificates.
     pub ca_file: Option<String>,
@@ -58,6 +79,186 @@ pub struct TlsConfig {
     /// Name to verify the server certificate against, instead of the host
     /// in the URL.
     pub server_name: Option<String>,
+    /// The CA bundle as PEM in memory, instead of `ca_file`.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate (chain) as PEM in memory, instead of
+    /// `cert_file`.
+    pub cert_pem: Option<Vec<u8>>,
+    /// The client certificate's private key as PEM in memory, instead of
+    /// `key_file`. Never printed by `Debug`.
+    pub key_pem: Option<Vec<u8>>,
+}
+
+impl TlsConfig {
+    /// No CA (the system's roots), no client certificate.
+    pub fn new() -> TlsConfig {
+        TlsConfig::default()
+    }
+
+    /// Trusts the CAs in the PEM file at `path` (re-read on reload).
+    #[must_use]
+    pub fn with_ca_file(mut self, path: impl Into<String>) -> TlsConfig {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Trusts the CAs in this PEM bundle.
+    #[must_use]
+    pub fn with_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> TlsConfig {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents the client certificate and key in these PEM files (mutual
+    /// TLS; re-read on reload).
+    #[must_use]
+    pub fn with_client_files(
+        mut self,
+        cert: impl Into<String>,
+        key: impl Into<String>,
+    ) -> TlsConfig {
+        self.cert_file = Some(cert.into());
+        self.key_file = Some(key.into());
+        self
+    }
+
+    /// Presents this PEM client certificate and key (mutual TLS).
+    #[must_use]
+    pub fn with_client_pem(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> TlsConfig {
+        self.cert_pem = Some(cert.into());
+        self.key_pem = Some(key.into());
+        self
+    }
+
+    /// Verifies the server certificate against `name` instead of the host
+    /// in the URL (an endpoint given by IP address).
+    #[must_use]
+    pub fn with_server_name(mut self, name: impl Into<String>) -> TlsConfig {
+        self.server_name = Some(name.into());
+        self
+    }
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes = |p: &Option<Vec<u8>>| p.as_ref().map(|p| format!("<{} bytes>", p.len()));
+        f.debug_struct("TlsConfig")
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("server_name", &self.server_name)
+            .field("ca_pem", &bytes(&self.ca_pem))
+            .field("cert_pem", &bytes(&self.cert_pem))
+            .field("key_pem", &self.key_pem.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Which member a unary call goes to.
+///
+/// Watches and the lease keep-alive stream are not balanced whatever this
+/// says: each stays on one member (the current one) until it fails, so
+/// that a watch resumes on one history and a keep-alive has one path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Balance {
+    /// Every call goes to one current member; a transport failure moves
+    /// all of them to the next. The default, because a caller that compares
+    /// a unary read with what a watch delivered needs both from one member:
+    /// the replicator's freshness probe reads the source's revision with a
+    /// range and takes a peer as current once its watch has delivered that
+    /// far. On another member the revision could be ahead of what the
+    /// watch's member has applied (serializable reads, a lagging member),
+    /// and a copy would be reported fresh before it is.
+    #[default]
+    Pinned,
+    /// Unary calls go round-robin over the members that have not failed in
+    /// the last few seconds (all of them when every one has), spreading
+    /// read load like Go's clientv3 does. A member that fails a call is
+    /// skipped for [`UNHEALTHY_FOR`](crate::UNHEALTHY_FOR), then tried again.
+    RoundRobin,
+}
+
+/// How long [`Balance::RoundRobin`] skips a member after a call to it
+/// failed in transport (refused, reset, timed out, no leader).
+pub const UNHEALTHY_FOR: Duration = Duration::from_secs(5);
+
+/// Default bound on the retries of one unary call.
+pub const DEFAULT_MAX_RETRIES: u32 = 8;
+/// Default first wait between retries of a unary call.
+pub const DEFAULT_RETRY_BACKOFF_BASE: Duration = Duration::from_millis(50);
+/// Default longest wait between retries of a unary call.
+pub const DEFAULT_RETRY_BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// When a unary call is sent again after a failure, as Go's clientv3 does.
+///
+/// - A call that never left (the connection could not be made) is sent
+///   again, read or write.
+/// - A read (range, a txn without writes, lease TTL, member list, status,
+///   alarm list, hash, auth reads) is sent again after any transient
+///   failure: unavailable, reset, no leader.
+/// - A write that may have reached the server (the connection broke or
+///   timed out after it was sent) is never sent again: its error says
+///   [`Error::maybe_applied`](crate::Error::maybe_applied), and only the
+///   caller knows whether it may be repeated.
+///
+/// A retry to a member this call has not tried yet goes at once; once every
+/// member has been tried, each retry waits for the jittered
+/// [`Backoff`](crate::Backoff) first. Retries stop after `max_retries`, or
+/// when the next wait would pass the call's timeout, which bounds the whole
+/// call (every attempt and wait) and not each attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (0: never retry, not even a call
+    /// that never left).
+    pub max_retries: u32,
+    /// First wait between retries.
+    pub backoff_base: Duration,
+    /// Longest wait between retries.
+    pub backoff_cap: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_retries: DEFAULT_MAX_RETRIES,
+            backoff_base: DEFAULT_RETRY_BACKOFF_BASE,
+            backoff_cap: DEFAULT_RETRY_BACKOFF_CAP,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Up to `max_retries` retries with the default backoff.
+    pub fn new(max_retries: u32) -> RetryPolicy {
+        RetryPolicy {
+            max_retries,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// No retry at all: every failure is returned as it happened.
+    pub fn none() -> RetryPolicy {
+        RetryPolicy::new(0)
+    }
+
+    /// The same policy waiting from `base` up to `cap` between retries.
+    #[must_use]
+    pub fn with_backoff(mut self, base: Duration, cap: Duration) -> RetryPolicy {
+        self.backoff_base = base;
+        self.backoff_cap = cap;
+        self
+    }
+
+    /// The backoff one call retries with.
+    pub(crate) fn backoff(&self) -> crate::Backoff {
+        crate::Backoff::new(self.backoff_base, self.backoff_cap)
+    }
 }
 
 /// Username and password for etcd's auth.
@@ -89,7 +290,10 @@ pub struct ClientConfig {
     pub credentials: Option<Credentials>,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
-    /// Timeout for each unary request.
+    /// Timeout of each unary call, every retry and wait included; sent to
+    /// the server as the `grpc-timeout` of each attempt (what is left of
+    /// it). [`Client::with_timeout`](crate::Client::with_timeout) gives
+    /// other calls another one.
     pub request_timeout: Duration,
     /// HTTP/2 keep-alive ping interval.
     pub keepalive_interval: Duration,
@@ -125,6 +329,11 @@ pub struct ClientConfig {
     /// on 16 (BENCHMARKS.md §7). A long-haul bulk writer wants several;
     /// each costs a TCP (and TLS) handshake and a little memory. At least 1.
     pub connections: usize,
+    /// Which member each unary call goes to; [`Balance::Pinned`] by
+    /// default (see there why).
+    pub balance: Balance,
+    /// When unary calls are retried; see [`RetryPolicy`].
+    pub retry: RetryPolicy,
 }
 
 impl Default for ClientConfig {
@@ -145,6 +354,8 @@ impl Default for ClientConfig {
             auto_sync_interval: None,
             watcher_buffer_bytes: DEFAULT_WATCHER_BUFFER_BYTES,
             connections: DEFAULT_CONNECTIONS,
+            balance: Balance::Pinned,
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -163,6 +374,36 @@ impl ClientConfig {
     #[must_use]
     pub fn with_connections(mut self, n: usize) -> Self {
         self.connections = n;
+        self
+    }
+
+    /// The same config with these TLS settings (used for `https://`
+    /// endpoints).
+    #[must_use]
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The same config with another balancing of unary calls (see
+    /// [`Balance`]).
+    #[must_use]
+    pub fn with_balance(mut self, balance: Balance) -> Self {
+        self.balance = balance;
+        self
+    }
+
+    /// The same config with another retry policy for unary calls.
+    #[must_use]
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The same config with another timeout for each unary call.
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
         self
     }
 }

@@ -1,0 +1,333 @@
+//! The client's transport against real etcd processes: TLS from memory and
+//! from the system's roots, round-robin balancing, retries of unary calls
+//! and per-call timeouts.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use aether_replicator::etcd::{
+    Balance, Client, ClientConfig, Error, Put, Range, RetryPolicy, TlsConfig,
+};
+use common::{Cluster, Etcd, FaultProxy, generate_mtls, generate_tls};
+
+/// One-way delay of the proxy in the in-flight tests: a call's round trip
+/// through it takes twice this, and the proxy is cut halfway through.
+const LATENCY: Duration = Duration::from_millis(300);
+
+fn config(endpoints: Vec<String>) -> ClientConfig {
+    ClientConfig::new(endpoints).with_request_timeout(Duration::from_secs(5))
+}
+
+// ---- TLS ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_from_in_memory_pem() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = generate_mtls(dir.path());
+    let etcd = Etcd::builder().tls(pki.clone()).start();
+    let tls = TlsConfig::new()
+        .with_ca_pem(pki.ca_pem())
+        .with_client_pem(pki.client_cert_pem(), pki.client_key_pem());
+    let c = Client::connect(config(etcd.endpoints()).with_tls(tls.clone())).unwrap();
+    c.put(Put::new("/pem", "ok")).await.unwrap();
+    assert_eq!(
+        c.range(Range::key("/pem")).await.unwrap().kvs()[0].value(),
+        "ok"
+    );
+    // Nothing to reload: in-memory PEM never changes.
+    assert!(!c.reload_tls().unwrap());
+
+    // The same CA without the client identity: the server refuses.
+    let no_identity = TlsConfig::new().with_ca_pem(pki.ca_pem());
+    let cfg = config(etcd.endpoints())
+        .with_tls(no_identity)
+        .with_retry(RetryPolicy::none());
+    let err = Client::connect(cfg)
+        .unwrap()
+        .range(Range::key("/pem"))
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_material_in_two_places_or_not_pem_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = generate_tls(dir.path());
+    let url = vec!["https://127.0.0.1:2379".to_string()];
+    let both = TlsConfig::new()
+        .with_ca_file(pki.ca.display().to_string())
+        .with_ca_pem(pki.ca_pem());
+    let not_pem = TlsConfig::new().with_ca_pem(b"not a certificate".to_vec());
+    let half = TlsConfig {
+        cert_pem: Some(pki.client_cert_pem()),
+        ..TlsConfig::new()
+    };
+    for (tls, want) in [
+        (both, "give a file or PEM, not both"),
+        (not_pem, "no PEM certificate in it"),
+        (half, "needs both cert and key"),
+    ] {
+        let err = Client::connect(config(url.clone()).with_tls(tls)).err();
+        let text = err.as_ref().map(ToString::to_string).unwrap_or_default();
+        assert!(
+            matches!(err, Some(Error::InvalidConfig(_))) && text.contains(want),
+            "want an InvalidConfig saying {want:?}, got {err:?}"
+        );
+        assert!(!text.contains('\n'), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_without_a_ca_does_not_trust_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = generate_tls(dir.path());
+    let etcd = Etcd::builder().tls(pki).start();
+    // No TLS config at all: the system's roots, which do not hold the
+    // test CA, verify the server.
+    let cfg = config(etcd.endpoints()).with_retry(RetryPolicy::none());
+    match Client::connect(cfg) {
+        Ok(c) => {
+            let err = c.range(Range::key("/x")).await.unwrap_err();
+            assert!(
+                err.to_string().contains("UnknownIssuer"),
+                "want the handshake refused for an unknown issuer, got {err}"
+            );
+        }
+        // A machine without any system root cannot verify anything either.
+        Err(e) => assert!(e.to_string().contains("native"), "{e}"),
+    }
+}
+
+/// With `SSL_CERT_FILE` naming the test CA and no CA configured, the client
+/// trusts the server: the system's roots are used, and rustls-native-certs
+/// reads them from there. In a child process, so no other test sees the
+/// variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_without_a_ca_uses_the_system_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = generate_tls(dir.path());
+    let etcd = Etcd::builder().tls(pki.clone()).start();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "system_roots_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SSL_CERT_FILE", &pki.ca)
+        .env_remove("SSL_CERT_DIR")
+        .env("SYSTEM_ROOTS_CHILD_URL", etcd.endpoint())
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The marker, not just the exit code: a filter that matched no test
+    // would exit 0 too.
+    assert!(
+        out.status.success() && all.contains("SYSTEM_ROOTS_CHILD ok"),
+        "child: {all}"
+    );
+}
+
+/// Run by [`https_without_a_ca_uses_the_system_roots`] in a child process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run in a child process by https_without_a_ca_uses_the_system_roots"]
+async fn system_roots_child() {
+    let url = std::env::var("SYSTEM_ROOTS_CHILD_URL").expect("run by its parent test");
+    let c = Client::connect(config(vec![url]).with_retry(RetryPolicy::none())).unwrap();
+    c.put(Put::new("/roots", "ok")).await.unwrap();
+    let got = c.range(Range::key("/roots")).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), "ok");
+    println!("SYSTEM_ROOTS_CHILD ok");
+}
+
+// ---- balancing ------------------------------------------------------------
+
+/// The members that served `n` serializable reads.
+async fn readers(c: &Client, n: usize) -> BTreeSet<u64> {
+    let mut seen = BTreeSet::new();
+    for _ in 0..n {
+        let resp = c.range(Range::key("/rr").serializable()).await.unwrap();
+        seen.insert(resp.header.member_id);
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_spreads_reads_over_every_member_and_pinned_does_not() {
+    let cluster = Cluster::start(3);
+    let pinned = Client::connect(config(cluster.endpoints())).unwrap();
+    let spread =
+        Client::connect(config(cluster.endpoints()).with_balance(Balance::RoundRobin)).unwrap();
+    let members: BTreeSet<u64> = pinned
+        .member_list()
+        .await
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(members.len(), 3);
+    assert_eq!(readers(&spread, 12).await, members);
+    // The default keeps every call on one member.
+    assert_eq!(readers(&pinned, 12).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_keeps_serving_with_a_member_killed() {
+    let mut cluster = Cluster::start(3);
+    let cfg = config(cluster.endpoints()).with_balance(Balance::RoundRobin);
+    let warm = Client::connect(cfg.clone()).unwrap();
+    assert_eq!(readers(&warm, 6).await.len(), 3);
+    // A follower: killing the leader would test etcd's election (writes
+    // proposed to a dying leader wait out etcd's own timeout), not the
+    // client.
+    let leader = warm.status().await.unwrap().leader;
+    let members = warm.member_list().await.unwrap().members;
+    let follower = members.iter().find(|m| m.id != leader).unwrap();
+    let killed = follower.client_urls[0].clone();
+    let i = cluster.endpoints().iter().position(|u| *u == killed);
+    cluster.members[i.expect("a member's URL")].kill();
+
+    // Reads on connections that were open to the killed member.
+    let alive = readers(&warm, 12).await;
+    assert_eq!(alive.len(), 2, "{alive:?}");
+
+    // Writes from a client that has never seen the member fail: its turn
+    // comes, the connection is refused, the write goes to the next one.
+    let fresh = Client::connect(cfg).unwrap();
+    let mut writers = BTreeSet::new();
+    for i in 0..12 {
+        let resp = fresh
+            .put(Put::new(format!("/rr/{i}"), "v"))
+            .await
+            .unwrap_or_else(|e| panic!("put {i} with {killed} down: {e}"));
+        writers.insert(resp.header.member_id);
+    }
+    assert_eq!(writers, alive);
+}
+
+// ---- retries --------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_rides_out_a_restart_of_its_member() {
+    let mut etcd = Etcd::start();
+    let patient =
+        RetryPolicy::new(40).with_backoff(Duration::from_millis(50), Duration::from_millis(500));
+    let cfg = ClientConfig::new(etcd.endpoints())
+        .with_request_timeout(Duration::from_secs(30))
+        .with_retry(patient);
+    let c = Client::connect(cfg.clone()).unwrap();
+    let once = Client::connect(cfg.with_retry(RetryPolicy::none())).unwrap();
+    c.put(Put::new("/restart", "v")).await.unwrap();
+
+    etcd.kill();
+    let restart = tokio::task::spawn_blocking(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        etcd.restart();
+        etcd
+    });
+    let started = Instant::now();
+    // Without retries the read fails at once ...
+    let err = once.range(Range::key("/restart")).await.unwrap_err();
+    assert!(err.is_transient() && !err.maybe_applied(), "{err:?}");
+    // ... with them it waits out the restart.
+    let got = c.range(Range::key("/restart")).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), "v");
+    let _etcd = restart.await.unwrap();
+    println!("read through a restart took {:?}", started.elapsed());
+}
+
+/// A client of `[proxy, etcd]`, pinned to the proxy, with its connection
+/// through it open; the proxy then delays each way by [`LATENCY`].
+async fn through_a_slow_proxy(proxy: &FaultProxy, etcd: &Etcd) -> Client {
+    let before = proxy.accepted_connections();
+    let c = Client::connect(config(vec![proxy.endpoint(), etcd.endpoint()])).unwrap();
+    c.range(Range::key("/warm")).await.unwrap();
+    let opened = proxy.accepted_connections() - before;
+    assert_eq!(opened, 1, "connections opened through the proxy");
+    proxy.set_latency(LATENCY);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_may_have_been_applied_is_not_retried() {
+    let etcd = Etcd::start();
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
+    let c = through_a_slow_proxy(&proxy, &etcd).await;
+    let put = tokio::spawn({
+        let c = c.clone();
+        async move { c.put(Put::new("/maybe", "1")).await }
+    });
+    // Past the request's arrival, before the answer's: the put is sent and
+    // (most likely) applied, the connection dies under it.
+    tokio::time::sleep(LATENCY * 3 / 2).await;
+    proxy.cut();
+    let err = put.await.unwrap().unwrap_err();
+    // The second endpoint (etcd itself) was there: a retry would have
+    // succeeded.
+    assert!(err.maybe_applied(), "{err:?}");
+    let direct = Client::connect(config(etcd.endpoints())).unwrap();
+    let kvs = direct.range(Range::key("/maybe")).await.unwrap().into_kvs();
+    let version = kvs.first().map_or(0, |kv| kv.version());
+    assert!(version <= 1, "written {version} times");
+    println!(
+        "the put was {}applied",
+        if version == 1 { "" } else { "not " }
+    );
+
+    // A read in the same spot is sent again, to the next endpoint.
+    proxy.heal();
+    proxy.set_latency(Duration::ZERO);
+    let c = through_a_slow_proxy(&proxy, &etcd).await;
+    let read = tokio::spawn({
+        let c = c.clone();
+        async move { c.range(Range::key("/maybe")).await }
+    });
+    tokio::time::sleep(LATENCY * 3 / 2).await;
+    proxy.cut();
+    let got = read.await.unwrap().unwrap();
+    assert_eq!(got.kvs().len(), kvs.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_call_timeout_fires_on_a_stalled_proxy_before_the_default() {
+    let etcd = Etcd::start();
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
+    let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
+    c.put(Put::new("/stall", "v")).await.unwrap();
+    let short = Duration::from_millis(300);
+    let quick = c.with_timeout(short);
+    assert_eq!(
+        (c.timeout(), quick.timeout()),
+        (Duration::from_secs(10), short)
+    );
+
+    proxy.cut();
+    let slow = tokio::spawn({
+        let c = c.clone();
+        async move { c.range(Range::key("/stall")).await }
+    });
+    let started = Instant::now();
+    let err = quick.range(Range::key("/stall")).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, Error::Timeout(d) if d == short), "{err:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(!slow.is_finished(), "the default-timeout call ended first");
+    slow.abort();
+
+    // The view shares the connections: healed, it works again.
+    proxy.heal();
+    let got = c
+        .with_timeout(Duration::from_secs(5))
+        .range(Range::key("/stall"))
+        .await;
+    assert_eq!(got.unwrap().kvs()[0].value(), "v");
+}
