@@ -72,7 +72,7 @@ mod tests {
         assert_eq!(format!("{id:x}"), "694d7d6e4d3c0a1b");
         assert_eq!(
             format!("{id:?}"),
-            "LeaseId(694d7d6e4d3c0a1b = 7587886385069443611)"
+            "LeaseId(694d7d6e4d3c0a1b = 7587858859884808731)"
         );
         assert_eq!(i64::from(id), 0x694d_7d6e_4d3c_0a1b);
         assert_eq!(LeaseId::from(5).get(), 5);
