@@ -73,6 +73,9 @@ bash e2e/check-deploy.sh --no-cargo
 echo "== docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
+echo "== the client's dependency count, as the README states it"
+bash e2e/client-deps.sh --check
+
 echo "== the client crate alone, with each TLS provider and with none; the engine without the app"
 cargo check -p aether-etcd --no-default-features
 cargo check -p aether-etcd --no-default-features --features tls-aws-lc

@@ -29,3 +29,9 @@ pub mod schema;
 pub mod view;
 
 pub use error::{Error, Result};
+
+// The README's Rust examples are compiled as doc tests, so they stay true
+// to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;

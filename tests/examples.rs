@@ -173,3 +173,21 @@ fn namespace_example_keeps_tenants_apart() {
         ],
     );
 }
+
+#[test]
+fn tls_example_connects_with_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = common::generate_mtls(dir.path());
+    let etcd = Etcd::builder().tls(pki.clone()).start();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let out = run_example(
+        "tls",
+        &[
+            &etcd.endpoint(),
+            &path(&pki.ca),
+            &path(&pki.client_cert),
+            &path(&pki.client_key),
+        ],
+    );
+    assert_lines(&out, &["read /examples/tls/hello = over TLS from member"]);
+}

@@ -135,9 +135,10 @@ impl ClusterClient {
         // etcd 3.4 and 3.5 always send the new member: without it the
         // caller could not tell which entry of the list is the new one.
         let member = resp.member.map(Member::from).ok_or_else(|| {
-            Error::Status(Box::new(tonic::Status::internal(
+            Error::server(
+                crate::error::Code::Internal,
                 "etcd answered member add without the new member",
-            )))
+            )
         })?;
         Ok(MemberAdded { member, list })
     }

@@ -8,7 +8,13 @@
 use std::time::Duration;
 
 /// What can go wrong talking to etcd.
+///
+/// No type of the gRPC stack appears in it: a status etcd sent that has no
+/// variant of its own is [`Error::Server`], with the gRPC [`Code`] and the
+/// message. New variants may come as etcd's API grows, hence
+/// `#[non_exhaustive]`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The configuration was refused before anything connected.
     #[error("invalid client config: {0}")]
@@ -21,9 +27,6 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// Building a channel failed (bad URL, TLS setup).
-    #[error("transport: {0}")]
-    Transport(#[from] tonic::transport::Error),
     /// No member answered: connection refused, reset, or the stream broke.
     #[error("etcd unavailable: {0}")]
     Unavailable(String),
@@ -90,8 +93,8 @@ pub enum Error {
     /// Authentication failed or the token was rejected: refused
     /// credentials, an invalid or expired token, a token older than the
     /// auth store's last change, or (auth enabled) a request without a user
-    /// ("etcdserver: user name is empty", which used to be an
-    /// [`Error::Status`]).
+    /// ("etcdserver: user name is empty", which used to be a bare
+    /// status).
     #[error("authentication failed: {0}")]
     Auth(String),
     /// The user lacks permission for the request.
@@ -191,9 +194,63 @@ pub enum Error {
     /// The client's background task is gone (the client was dropped).
     #[error("client task closed")]
     Closed,
-    /// Any other status from etcd.
-    #[error("etcd: {0}")]
-    Status(Box<tonic::Status>),
+    /// Any other status from etcd (or from the gRPC layer on its behalf).
+    #[error("etcd: {code:?}: {message}")]
+    Server {
+        /// The gRPC status code.
+        code: Code,
+        /// The status message, as etcd sent it.
+        message: String,
+    },
+}
+
+/// A gRPC status code, as carried by [`Error::Server`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[allow(missing_docs)] // The names are gRPC's own (grpc/doc/statuscodes.md).
+pub enum Code {
+    Ok,
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl From<tonic::Code> for Code {
+    fn from(code: tonic::Code) -> Code {
+        use tonic::Code as T;
+        match code {
+            T::Ok => Code::Ok,
+            T::Cancelled => Code::Cancelled,
+            T::Unknown => Code::Unknown,
+            T::InvalidArgument => Code::InvalidArgument,
+            T::DeadlineExceeded => Code::DeadlineExceeded,
+            T::NotFound => Code::NotFound,
+            T::AlreadyExists => Code::AlreadyExists,
+            T::PermissionDenied => Code::PermissionDenied,
+            T::ResourceExhausted => Code::ResourceExhausted,
+            T::FailedPrecondition => Code::FailedPrecondition,
+            T::Aborted => Code::Aborted,
+            T::OutOfRange => Code::OutOfRange,
+            T::Unimplemented => Code::Unimplemented,
+            T::Internal => Code::Internal,
+            T::Unavailable => Code::Unavailable,
+            T::DataLoss => Code::DataLoss,
+            T::Unauthenticated => Code::Unauthenticated,
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].
@@ -205,8 +262,14 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Unavailable(_) | Error::Timeout(_) | Error::NoLeader | Error::Transport(_)
-        ) || matches!(self, Error::Status(s) if s.code() == tonic::Code::Unavailable)
+            Error::Unavailable(_) | Error::Timeout(_) | Error::NoLeader
+        ) || matches!(
+            self,
+            Error::Server {
+                code: Code::Unavailable,
+                ..
+            }
+        )
     }
 
     /// The token is no longer valid; re-authenticating may help. Exactly
@@ -245,8 +308,7 @@ impl Error {
     /// # Ok(()) }
     /// ```
     pub fn maybe_applied(&self) -> bool {
-        // `Transport` is a channel that could not be built: nothing was sent.
-        self.is_transient() && !matches!(self, Error::Transport(_)) && !self.not_sent()
+        self.is_transient() && !self.not_sent()
     }
 }
 
@@ -283,8 +345,20 @@ pub(crate) fn is_token_refusal(msg: &str) -> bool {
     TOKEN_REFUSALS.iter().any(|r| msg.ends_with(r))
 }
 
-impl From<tonic::Status> for Error {
-    fn from(status: tonic::Status) -> Self {
+impl Error {
+    /// An error etcd (or the gRPC layer) did not give a variant of its own.
+    pub(crate) fn server(code: Code, message: impl Into<String>) -> Error {
+        Error::Server {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+// The one place a gRPC status becomes an `Error`. Not a public `From`: no
+// tonic type is part of this crate's API.
+impl Error {
+    pub(crate) fn from_status(status: tonic::Status) -> Self {
         use tonic::Code;
         let msg = status.message();
         let has = |s: &str| msg.contains(s);
@@ -351,7 +425,10 @@ impl From<tonic::Status> for Error {
             }
             Code::Unavailable => Error::Unavailable(msg.to_string()),
             Code::DeadlineExceeded => Error::Timeout(Duration::ZERO),
-            _ => Error::Status(Box::new(status)),
+            code => Error::Server {
+                code: code.into(),
+                message: msg.to_string(),
+            },
         }
     }
 }
@@ -455,7 +532,7 @@ mod tests {
         ];
         let got: Vec<String> = cases
             .iter()
-            .map(|(c, m)| format!("{:?}", Error::from(Status::new(*c, *m))))
+            .map(|(c, m)| format!("{:?}", Error::from_status(Status::new(*c, *m))))
             .collect();
         let want = [
             "Compacted { compact_revision: None }",
@@ -484,14 +561,14 @@ mod tests {
         ];
         assert_eq!(got, want);
         assert!(
-            Error::from(Status::new(
+            Error::from_status(Status::new(
                 Code::Unauthenticated,
                 "etcdserver: invalid auth token"
             ))
             .is_invalid_token()
         );
         assert!(matches!(
-            Error::from(Status::out_of_range(
+            Error::from_status(Status::out_of_range(
                 "Error, decoded message length too large: found 9000 bytes, the limit is: 4096 bytes"
             )),
             Error::ResponseTooLarge { limit: 4096 }
@@ -499,23 +576,26 @@ mod tests {
         // Exactly etcd's token refusals ask for a new token.
         for m in TOKEN_REFUSALS {
             for c in [Code::Unauthenticated, Code::InvalidArgument] {
-                let e = Error::from(Status::new(c, m));
+                let e = Error::from_status(Status::new(c, m));
                 assert!(e.is_invalid_token(), "{m} {c:?}: {e:?}");
             }
         }
         for e in [
-            Error::from(Status::invalid_argument(
+            Error::from_status(Status::invalid_argument(
                 "etcdserver: authentication failed, invalid user ID or password",
             )),
-            Error::from(Status::unauthenticated("proxy: missing bearer token")),
+            Error::from_status(Status::unauthenticated("proxy: missing bearer token")),
             Error::Auth("server sent a token that is not ASCII".into()),
-            Error::from(Status::permission_denied("etcdserver: permission denied")),
+            Error::from_status(Status::permission_denied("etcdserver: permission denied")),
         ] {
             assert!(!e.is_invalid_token(), "{e:?}");
         }
         // A quorum refusal is no reason to fail over to another member.
-        assert!(!Error::from(Status::unavailable("etcdserver: unhealthy cluster")).is_transient());
-        assert!(Error::from(Status::unavailable("x")).is_transient());
+        assert!(
+            !Error::from_status(Status::unavailable("etcdserver: unhealthy cluster"))
+                .is_transient()
+        );
+        assert!(Error::from_status(Status::unavailable("x")).is_transient());
         assert!(!Error::TooManyOps.is_transient());
     }
 
@@ -523,7 +603,7 @@ mod tests {
     /// other "not found" messages.
     #[test]
     fn maps_put_ignore_refusals() {
-        let e = |m: &str| Error::from(Status::invalid_argument(m));
+        let e = |m: &str| Error::from_status(Status::invalid_argument(m));
         assert!(matches!(e("etcdserver: key not found"), Error::KeyNotFound));
         assert!(matches!(
             e("etcdserver: value is provided"),
@@ -538,11 +618,11 @@ mod tests {
             Error::UserNotFound
         ));
         assert!(matches!(
-            Error::from(Status::not_found("etcdserver: requested lease not found")),
+            Error::from_status(Status::not_found("etcdserver: requested lease not found")),
             Error::LeaseNotFound
         ));
         assert!(matches!(
-            Error::from(Status::failed_precondition(
+            Error::from_status(Status::failed_precondition(
                 "etcdserver: lease already exists"
             )),
             Error::LeaseExists

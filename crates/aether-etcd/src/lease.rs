@@ -150,7 +150,7 @@ impl LeaseClient {
             })
             .await?;
         if !resp.error.is_empty() {
-            return Err(Error::Status(Box::new(tonic::Status::unknown(resp.error))));
+            return Err(Error::server(crate::error::Code::Unknown, resp.error));
         }
         Ok(LeaseGrant {
             id: LeaseId::new(resp.id),
@@ -441,7 +441,7 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
             }
             failed => {
                 let err = match failed {
-                    Ok(Err(s)) => Error::from(s),
+                    Ok(Err(s)) => Error::from_status(s),
                     _ => Error::Timeout(open_timeout),
                 };
                 if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {
@@ -502,7 +502,7 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                     }
                     other => {
                         let err = match other {
-                            Err(s) => Error::from(s),
+                            Err(s) => Error::from_status(s),
                             _ => Error::Unavailable("keep-alive stream ended".into()),
                         };
                         if !stream_failed(&client, Some(idx), &err, &leases, &cancel, &mut backoff).await {

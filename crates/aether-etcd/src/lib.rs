@@ -65,6 +65,21 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Features
+//!
+//! - `tls-ring` (default): `https://` endpoints, rustls with the ring
+//!   provider.
+//! - `tls-aws-lc`: the same with aws-lc-rs; pick one provider.
+//! - `tls-native-roots` (default): an `https://` endpoint with no CA is
+//!   verified against the system's roots (`SSL_CERT_FILE` and
+//!   `SSL_CERT_DIR` are honoured). A configured CA is trusted alone.
+//!
+//! No item of the API depends on a feature: without a TLS provider an
+//! `https://` endpoint is refused by [`Client::connect`] with one
+//! [`Error::InvalidConfig`] line that names the features. With
+//! `default-features = false` the crate is plain-`http://` and pulls the
+//! fewest dependencies (the repository's README has the counts).
+//!
 //! # Layout
 //!
 //! From the bottom up: each file imports only what is listed before it,

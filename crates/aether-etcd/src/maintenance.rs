@@ -243,7 +243,7 @@ impl Stream for Snapshot {
         this.armed = false;
         let out = match item {
             Some(Ok(msg)) => this.chunk(msg),
-            Some(Err(status)) => Err(Error::from(status)),
+            Some(Err(status)) => Err(Error::from_status(status)),
             None if this.data_done => {
                 this.done = true;
                 return Poll::Ready(None);

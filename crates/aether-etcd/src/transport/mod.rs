@@ -390,7 +390,7 @@ where
         // tonic enforces the `grpc-timeout` it sends as well, and may get
         // there first: the same timeout, not a broken connection.
         Ok(Err(status)) if deadline_passed(&status) => Err(Error::Timeout(timeout)),
-        Ok(Err(status)) => Err(Error::from(status)),
+        Ok(Err(status)) => Err(Error::from_status(status)),
         Err(_) => Err(Error::Timeout(timeout)),
     }
 }

@@ -228,7 +228,7 @@ mod tests {
             Error::Unavailable("h2 protocol error: stream closed".into()),
             Error::Timeout(Duration::from_secs(1)),
             Error::NoLeader,
-            Error::from(Status::unavailable("etcdserver: leader changed")),
+            Error::from_status(Status::unavailable("etcdserver: leader changed")),
         ] {
             assert!(may_retry(Class::Read, &err), "{err:?}");
             assert!(err.maybe_applied(), "{err:?}");
@@ -239,7 +239,7 @@ mod tests {
                 compact_revision: None,
             },
             Error::RequestTooLarge,
-            Error::from(Status::new(Code::InvalidArgument, "bad")),
+            Error::from_status(Status::new(Code::InvalidArgument, "bad")),
             Error::Auth("etcdserver: invalid auth token".into()),
         ] {
             assert!(!may_retry(Class::Read, &err), "{err:?}");
@@ -254,7 +254,7 @@ mod tests {
             Error::Unavailable("operation was canceled: transport error: connection closed".into()),
             Error::Timeout(Duration::from_secs(1)),
             Error::NoLeader,
-            Error::from(Status::unavailable("etcdserver: leader changed")),
+            Error::from_status(Status::unavailable("etcdserver: leader changed")),
         ] {
             assert!(!may_retry(Class::Write, &err), "{err:?}");
             // ... and says so, for the caller to decide.

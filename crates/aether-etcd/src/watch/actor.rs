@@ -149,7 +149,7 @@ pub(super) async fn run(
             }
             failed => {
                 let err = match failed {
-                    Ok(Err(s)) => Error::from(s),
+                    Ok(Err(s)) => Error::from_status(s),
                     _ => Error::Timeout(client.config().request_timeout),
                 };
                 tracing::debug!(error = %err, "watch stream failed to open");
@@ -209,7 +209,7 @@ pub(super) async fn run(
                     }
                     other => {
                         let err = match other {
-                            Err(s) => Error::from(s),
+                            Err(s) => Error::from_status(s),
                             _ => Error::Unavailable("watch stream ended".into()),
                         };
                         connected.store(false, Ordering::Relaxed);
@@ -397,7 +397,10 @@ fn auth_error(err: &Error) -> Error {
     match err {
         Error::Auth(m) => Error::Auth(m.clone()),
         Error::PermissionDenied => Error::PermissionDenied,
-        Error::Status(s) => Error::Status(s.clone()),
+        Error::Server { code, message } => Error::Server {
+            code: *code,
+            message: message.clone(),
+        },
         other => Error::Auth(other.to_string()),
     }
 }
