@@ -449,12 +449,13 @@ async fn tls_and_mutual_tls() {
     let etcd = Etcd::builder().tls(tls.clone()).start();
     let cfg = |cert: bool| {
         let mut cfg = ClientConfig::new(etcd.endpoints());
-        cfg.tls = Some(TlsConfig {
-            ca_file: Some(tls.ca.display().to_string()),
-            cert_file: cert.then(|| tls.client_cert.display().to_string()),
-            key_file: cert.then(|| tls.client_key.display().to_string()),
-            server_name: Some(common::tls::SERVER_DNS_NAME.to_string()),
-            ..TlsConfig::default()
+        cfg.tls = Some({
+            let mut c = TlsConfig::default();
+            c.ca_file = Some(tls.ca.display().to_string());
+            c.cert_file = cert.then(|| tls.client_cert.display().to_string());
+            c.key_file = cert.then(|| tls.client_key.display().to_string());
+            c.server_name = Some(common::tls::SERVER_DNS_NAME.to_string());
+            c
         });
         cfg
     };
@@ -468,16 +469,14 @@ async fn tls_and_mutual_tls() {
     let dir2 = tempfile::tempdir().unwrap();
     let mtls = generate_mtls(dir2.path());
     let etcd2 = Etcd::builder().tls(mtls.clone()).start();
-    let with_cert = ClientConfig {
-        endpoints: etcd2.endpoints(),
-        tls: Some(TlsConfig {
-            ca_file: Some(mtls.ca.display().to_string()),
-            cert_file: Some(mtls.client_cert.display().to_string()),
-            key_file: Some(mtls.client_key.display().to_string()),
-            ..TlsConfig::default()
-        }),
-        ..ClientConfig::default()
-    };
+    let with_cert = ClientConfig::new(etcd2.endpoints()).with_tls(
+        TlsConfig::new()
+            .with_ca_file(mtls.ca.display().to_string())
+            .with_client_files(
+                mtls.client_cert.display().to_string(),
+                mtls.client_key.display().to_string(),
+            ),
+    );
     let c2 = Client::connect(with_cert.clone()).unwrap();
     c2.put(Put::new("/mtls", "ok")).await.unwrap();
     // Without a client certificate the server refuses the handshake.
@@ -724,9 +723,10 @@ async fn scan_pages_fit_the_decode_limit_whatever_the_page_size() {
     let etcd = Etcd::start();
     let writer = client(&etcd);
     let limit = 1024 * 1024;
-    let small = Client::connect(ClientConfig {
-        max_decoding_message_size: limit,
-        ..ClientConfig::new(etcd.endpoints())
+    let small = Client::connect({
+        let mut c = ClientConfig::new(etcd.endpoints());
+        c.max_decoding_message_size = limit;
+        c
     })
     .unwrap();
     // Small values first (the scan's estimate of bytes per key starts
@@ -940,9 +940,10 @@ async fn a_response_over_the_decode_limit_ends_the_watchers_instead_of_looping()
     let etcd = Etcd::start();
     let writer = client(&etcd);
     let limit = 64 * 1024;
-    let small = Client::connect(ClientConfig {
-        max_decoding_message_size: limit,
-        ..ClientConfig::new(etcd.endpoints())
+    let small = Client::connect({
+        let mut c = ClientConfig::new(etcd.endpoints());
+        c.max_decoding_message_size = limit;
+        c
     })
     .unwrap();
     let start = put_rev(&writer, Put::new("/big/seed", "x")).await + 1;
@@ -995,9 +996,10 @@ async fn a_paused_watcher_buffers_at_most_its_byte_budget() {
     let etcd = Etcd::start();
     let writer = client(&etcd);
     let budget = 1024 * 1024;
-    let c = Client::connect(ClientConfig {
-        watcher_buffer_bytes: budget,
-        ..ClientConfig::new(etcd.endpoints())
+    let c = Client::connect({
+        let mut c = ClientConfig::new(etcd.endpoints());
+        c.watcher_buffer_bytes = budget;
+        c
     })
     .unwrap();
     let start = put_rev(&writer, Put::new("/buf/seed", "x")).await + 1;
@@ -1107,9 +1109,10 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
     let mut cluster = common::Cluster::start(3);
     let first = cluster.members[0].endpoints();
     let c = Client::connect(ClientConfig::new(first.clone())).unwrap();
-    let silent = Client::connect(ClientConfig {
-        watch_require_leader: false,
-        ..ClientConfig::new(first)
+    let silent = Client::connect({
+        let mut c = ClientConfig::new(first);
+        c.watch_require_leader = false;
+        c
     })
     .unwrap();
     let start = put_rev(&c, Put::new("/q/seed", "x")).await + 1;
@@ -1379,10 +1382,11 @@ async fn fragments_being_reassembled_count_against_the_watcher_budget() {
     let writer = client(&etcd);
     let budget = 1024 * 1024;
     let window = 256 * 1024;
-    let c = Client::connect(ClientConfig {
-        watcher_buffer_bytes: budget,
-        stream_window: window,
-        ..ClientConfig::new([proxy.endpoint()])
+    let c = Client::connect({
+        let mut c = ClientConfig::new([proxy.endpoint()]);
+        c.watcher_buffer_bytes = budget;
+        c.stream_window = window;
+        c
     })
     .unwrap();
     // 40 keys of 200 KiB; deleting them is one revision of 8 MiB with

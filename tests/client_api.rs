@@ -535,9 +535,10 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
     let proxy = common::FaultProxy::with_listener(listener, etcd.client_addr());
     assert_eq!(proxy.endpoint(), advertised);
     // Configured: the member directly, and a port nothing listens on.
-    let config = ClientConfig {
-        auto_sync_interval: Some(Duration::from_millis(100)),
-        ..ClientConfig::new([etcd.endpoint(), "http://127.0.0.1:9".to_string()])
+    let config = {
+        let mut c = ClientConfig::new([etcd.endpoint(), "http://127.0.0.1:9".to_string()]);
+        c.auto_sync_interval = Some(Duration::from_millis(100));
+        c
     };
     let c = Client::connect(config).unwrap();
     assert!(

@@ -61,10 +61,8 @@ async fn tls_material_in_two_places_or_not_pem_is_refused_in_one_line() {
         .with_ca_file(pki.ca.display().to_string())
         .with_ca_pem(pki.ca_pem());
     let not_pem = TlsConfig::new().with_ca_pem(b"not a certificate".to_vec());
-    let half = TlsConfig {
-        cert_pem: Some(pki.client_cert_pem()),
-        ..TlsConfig::new()
-    };
+    let mut half = TlsConfig::new();
+    half.cert_pem = Some(pki.client_cert_pem());
     for (tls, want) in [
         (both, "give a file or PEM, not both"),
         (not_pem, "no PEM certificate in it"),

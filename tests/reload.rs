@@ -62,11 +62,12 @@ impl SecretMount {
 /// A client of `etcd` trusting (and presenting) what `pki` holds now.
 fn reader(etcd: &Etcd, pki: &TlsFiles) -> Client {
     let mut cfg = ClientConfig::new(etcd.endpoints());
-    cfg.tls = Some(TlsConfig {
-        ca_file: Some(pki.ca.to_str().unwrap().into()),
-        cert_file: Some(pki.client_cert.to_str().unwrap().into()),
-        key_file: Some(pki.client_key.to_str().unwrap().into()),
-        ..TlsConfig::default()
+    cfg.tls = Some({
+        let mut c = TlsConfig::default();
+        c.ca_file = Some(pki.ca.to_str().unwrap().into());
+        c.cert_file = Some(pki.client_cert.to_str().unwrap().into());
+        c.key_file = Some(pki.client_key.to_str().unwrap().into());
+        c
     });
     cfg.request_timeout = Duration::from_secs(3);
     Client::connect(cfg).unwrap()

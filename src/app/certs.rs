@@ -193,12 +193,11 @@ mod tests {
     }
 
     fn tls(ca: Option<&str>, cert: Option<&str>, key: Option<&str>) -> TlsConfig {
-        TlsConfig {
-            ca_file: ca.map(String::from),
-            cert_file: cert.map(String::from),
-            key_file: key.map(String::from),
-            ..TlsConfig::default()
-        }
+        let mut tls = TlsConfig::new();
+        tls.ca_file = ca.map(String::from);
+        tls.cert_file = cert.map(String::from);
+        tls.key_file = key.map(String::from);
+        tls
     }
 
     #[test]

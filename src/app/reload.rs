@@ -306,12 +306,11 @@ mod tests {
         std::fs::write(&cert, &c).unwrap();
         std::fs::write(&key, &k).unwrap();
         let mut cfg = ClientConfig::new(["https://127.0.0.1:1"]);
-        cfg.tls = Some(crate::etcd::TlsConfig {
-            ca_file: Some(cert.to_str().unwrap().into()),
-            cert_file: Some(cert.to_str().unwrap().into()),
-            key_file: Some(key.to_str().unwrap().into()),
-            ..Default::default()
-        });
+        cfg.tls = Some(
+            crate::etcd::TlsConfig::new()
+                .with_ca_file(cert.to_str().unwrap())
+                .with_client_files(cert.to_str().unwrap(), key.to_str().unwrap()),
+        );
         let client = Client::connect(cfg).unwrap();
         let mut t = Target::new("b", client, None);
         let counts = ReloadCounts::default();

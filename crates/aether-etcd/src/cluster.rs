@@ -23,6 +23,7 @@ use super::transport::Transport;
 
 /// One member of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Member {
     /// The member id.
     pub id: u64,
@@ -56,6 +57,7 @@ impl From<PbMember> for Member {
 /// [`member_promote`](super::Client::member_promote) (the membership
 /// after the change).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemberList {
     /// The cluster id.
     pub cluster_id: u64,

@@ -5,6 +5,7 @@ use super::pb::PbResponseHeader;
 
 /// The header etcd puts on every response.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Header {
     /// The cluster that served it. A store restored from a snapshot, or
     /// wiped and restarted with the same name, peer URLs and token, keeps

@@ -98,6 +98,7 @@ pub const MIN_KEEPALIVE_STALL: Duration = Duration::from_millis(500);
 
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseGrant {
     /// The lease id.
     pub id: LeaseId,
@@ -107,6 +108,7 @@ pub struct LeaseGrant {
 
 /// What the server says about a lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseTtl {
     /// The lease id.
     pub id: LeaseId,
@@ -217,6 +219,7 @@ impl LeaseClient {
 
 /// The health of one kept-alive lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseStatus {
     /// When the last keep-alive was answered with TTL > 0.
     pub last_ok: Option<Instant>,

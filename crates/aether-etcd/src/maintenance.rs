@@ -27,6 +27,7 @@ use super::transport::Transport;
 
 /// A member's status.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Status {
     /// The server version, e.g. "3.4.23".
     pub version: String,
@@ -46,6 +47,7 @@ pub struct Status {
 
 /// The kinds of alarm etcd raises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AlarmKind {
     /// The backend is over `--quota-backend-bytes`: writes are refused with
     /// [`Error::NoSpace`](super::Error::NoSpace) until space is freed
@@ -65,6 +67,7 @@ impl AlarmKind {
 }
 
 /// A raised alarm.
+// Not `non_exhaustive`: callers build one to disarm it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Alarm {
     /// The member that raised it.
@@ -76,6 +79,7 @@ pub struct Alarm {
 /// The hash of a member's KV history; see
 /// [`Client::hash_kv`](super::Client::hash_kv).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HashKv {
     /// The hash of the keys and values from the compact revision up to the
     /// revision asked for.

@@ -85,11 +85,9 @@ impl LocalEtcdArgs {
             }
             _ => self.flag_credentials()?,
         };
-        let config = ClientConfig {
-            tls,
-            credentials,
-            ..ClientConfig::new(endpoints)
-        };
+        let mut config = ClientConfig::new(endpoints);
+        config.tls = tls;
+        config.credentials = credentials;
         Ok((config, password_file))
     }
 
@@ -245,13 +243,11 @@ pub(super) fn build_tls(
     if parts == TlsParts::default() {
         return Ok(None);
     }
-    let tls = TlsConfig {
-        ca_file: parts.ca,
-        cert_file: parts.cert,
-        key_file: parts.key,
-        server_name: parts.server_name,
-        ..TlsConfig::default()
-    };
+    let mut tls = TlsConfig::new();
+    tls.ca_file = parts.ca;
+    tls.cert_file = parts.cert;
+    tls.key_file = parts.key;
+    tls.server_name = parts.server_name;
     // Expired, not yet valid, or a key of another certificate: refused
     // now, with the file named, not at the first handshake.
     if let Err((field, why)) = certs::check(&tls, SystemTime::now()) {

@@ -193,14 +193,13 @@ impl RunArgs {
                 }
                 _ => None,
             };
+            let mut client = ClientConfig::new(endpoints);
+            client.tls = tls;
+            client.credentials = credentials;
+            client.connections = connections;
             out.push(ValidPeer {
                 config: PeerConfig {
-                    client: ClientConfig {
-                        tls,
-                        credentials,
-                        connections,
-                        ..ClientConfig::new(endpoints)
-                    },
+                    client,
                     region: peer,
                 },
                 limits: peer_limits,

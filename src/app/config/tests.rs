@@ -211,13 +211,10 @@ fn everything_set() {
     ])
     .unwrap();
     assert_eq!(c.local.endpoints, ["https://l1:2379", "https://l2:2379"]);
-    let tls = TlsConfig {
-        ca_file: Some(pki.ca.clone()),
-        cert_file: Some(pki.cert.clone()),
-        key_file: Some(pki.key.clone()),
-        server_name: Some("etcd.a".into()),
-        ..TlsConfig::default()
-    };
+    let tls = TlsConfig::new()
+        .with_ca_file(pki.ca.clone())
+        .with_client_files(pki.cert.clone(), pki.key.clone())
+        .with_server_name("etcd.a");
     assert_eq!(c.local.tls, Some(tls.clone()));
     let root = Credentials {
         user: "root".into(),
@@ -231,10 +228,7 @@ fn everything_set() {
         c.peers[0].client.endpoints,
         ["https://b1:2379", "https://b2:2379"]
     );
-    let b_tls = TlsConfig {
-        server_name: Some("etcd.b".into()),
-        ..tls
-    };
+    let b_tls = tls.clone().with_server_name("etcd.b");
     assert_eq!(c.peers[0].client.tls, Some(b_tls));
     assert_eq!(c.peers[0].client.credentials, None);
     assert_eq!(c.peers[1].region, "c");

@@ -101,6 +101,7 @@ pub const PAGE_DECODE_SHARE: usize = 4;
 
 /// One page of a [`Scan`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Page {
     /// The revision the whole scan reads at.
     pub revision: i64,

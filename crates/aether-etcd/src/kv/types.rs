@@ -155,6 +155,7 @@ impl Range {
 
 /// The answer to a [`Range`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RangeResponse {
     /// The response header.
     pub header: Header,
@@ -258,6 +259,7 @@ impl Put {
 
 /// The answer to a [`Put`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct PutResponse {
     /// The response header; its revision is the put's.
     pub header: Header,
@@ -317,6 +319,7 @@ impl Delete {
 
 /// The answer to a [`Delete`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DeleteResponse {
     /// The response header.
     pub header: Header,
@@ -416,6 +419,7 @@ impl Compare {
 
 /// One operation inside a txn.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Op {
     /// A range.
     Range(Range),
@@ -547,6 +551,7 @@ impl Compare {
 
 /// The result of one op of a txn.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum OpResponse {
     /// A range's result.
     Range(RangeResponse),
@@ -561,6 +566,7 @@ pub enum OpResponse {
 
 /// The answer to a [`Txn`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct TxnResponse {
     /// The response header; its revision is the txn's.
     pub header: Header,

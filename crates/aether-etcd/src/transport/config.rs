@@ -69,6 +69,7 @@ pub const DEFAULT_CONNECTIONS: usize = 1;
 /// # let _ = config;
 /// ```
 #[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TlsConfig {
     /// PEM bundle of the CAs that sign the server certificates.
     pub ca_file: Option<String>,
@@ -281,6 +282,7 @@ impl std::fmt::Debug for Credentials {
 
 /// How to reach one etcd cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// Member URLs, `http://host:port` or `https://host:port`.
     pub endpoints: Vec<String>,

@@ -16,6 +16,7 @@ pub enum EventKind {
 
 /// One change to one key.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Event {
     /// Put or delete.
     pub kind: EventKind,
@@ -63,6 +64,7 @@ impl Event {
 
 /// A batch of events from one watch response, or a progress notice.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct WatchResponse {
     /// The store revision when the server sent the response. With no events
     /// this is a progress notice.
