@@ -76,6 +76,19 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "== the client's dependency count, as the README states it"
 bash e2e/client-deps.sh --check
 
+echo "== the client's package holds only what builds and documents it"
+package_list=$(cargo package -p aether-etcd --list --allow-dirty)
+if ! grep -qx 'src/lib.rs' <<<"$package_list"; then
+  echo "FAIL: cargo package -p aether-etcd --list did not list src/lib.rs" >&2
+  exit 1
+fi
+stray=$(grep -vE '^(Cargo\.(toml|toml\.orig|lock)|LICENSE|README\.md|build\.rs|\.cargo_vcs_info\.json|proto/.*\.proto|proto/(LICENSE|README\.md)|src/.*\.rs|examples/.*\.rs)$' <<<"$package_list" || true)
+if [[ -n "$stray" ]]; then
+  echo "FAIL: stray files in the aether-etcd package:" >&2
+  echo "$stray" >&2
+  exit 1
+fi
+
 echo "== the client crate alone, with each TLS provider and with none; the engine without the app"
 cargo check -p aether-etcd --no-default-features
 cargo check -p aether-etcd --no-default-features --features tls-aws-lc
