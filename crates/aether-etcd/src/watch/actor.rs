@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::types::{Event, WatchResponse};
-use super::watcher::{Fragments, Sink, events_bytes};
+use super::watcher::{Cmd, Fragments, Sink, events_bytes};
 use crate::backoff::Backoff;
 use crate::error::{Error, is_token_refusal};
 use crate::pb::{
@@ -22,16 +22,6 @@ use crate::transport::Transport;
 
 /// Longest wait between attempts to reopen a broken watch stream.
 pub const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
-
-pub(super) enum Cmd {
-    Create {
-        id: i64,
-        req: PbWatchCreateRequest,
-        sink: Sink,
-    },
-    Cancel(i64),
-    Progress,
-}
 
 pub(super) struct State {
     req: PbWatchCreateRequest,

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::DropGuard;
 
-use super::actor::{Cmd, run};
+use super::actor::run;
 use super::options::WatchOptions;
-use super::watcher::{Sink, Watcher};
+use super::watcher::{Cmd, Sink, Watcher};
 use crate::error::{Error, Result};
 use crate::task::spawn_until_dropped;
 use crate::transport::Transport;

@@ -9,9 +9,9 @@ use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::DropGuard;
 
-use super::actor::Cmd;
 use super::types::{Event, WatchResponse};
 use crate::error::{Error, Result};
+use crate::pb::PbWatchCreateRequest;
 
 /// What one queued response costs beyond its events' encoded size, so that
 /// empty progress notices are bounded too.
@@ -51,6 +51,20 @@ impl std::fmt::Debug for Watcher {
             .field("buffered_bytes", &self.buffered.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
+}
+
+/// What the stream's task is asked to do, by [`WatchStream`](super::WatchStream)
+/// (create, progress) and by a watcher (cancel, when dropped). Here, with
+/// the watcher's end of the queue it hands over, so that the task's code
+/// depends on the watcher's and not the other way round.
+pub(super) enum Cmd {
+    Create {
+        id: i64,
+        req: PbWatchCreateRequest,
+        sink: Sink,
+    },
+    Cancel(i64),
+    Progress,
 }
 
 /// A response waiting for its consumer, holding its share of the
