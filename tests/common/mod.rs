@@ -19,6 +19,7 @@ pub mod mirror;
 pub mod peer_proxy;
 pub mod proxy;
 pub mod replicator;
+pub mod round_trips;
 pub mod tls;
 
 use std::time::{Duration, Instant};
