@@ -77,10 +77,12 @@
 //! - `transport/`: the connection to one cluster, all a service needs to
 //!   make calls: `config` (what the caller sets), `endpoints` (the channels
 //!   per member URL and the TLS they were built with, replaced as a whole),
-//!   `token` (the auth token every request carries), and in its `mod.rs`
+//!   `token` (the auth token every request carries), `warm` (opening every
+//!   connection at once, before a call needs it), and in its `mod.rs`
 //!   the failover, the re-authentication and the unary call path. It knows
 //!   no service: the token fetch is the one call it makes itself, because
-//!   every other call may need it midway.
+//!   every other call may need it midway (`warm`'s call is to a method no
+//!   server has).
 //! - `header`: the response header, the one type every service returns.
 //! - The services, each a small client over a `Transport` clone, none
 //!   importing another: `kv/` (`types`, the requests and answers as plain

@@ -18,6 +18,7 @@
 mod config;
 mod endpoints;
 mod token;
+mod warm;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
