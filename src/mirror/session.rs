@@ -154,6 +154,14 @@ impl Peer {
 
     async fn session(&mut self) -> Result<()> {
         let cancel = self.cancel.clone();
+        // Every connection to the peer opens now, beside the claim, rather
+        // than on the first call that lands on it: a session start's calls
+        // are spread round robin over the peer's connections, and each
+        // paid a handshake before it in a row (a TCP connect is a round
+        // trip; TLS adds one or two). Aborted with the session.
+        let mut opening = tokio::task::JoinSet::new();
+        let peer = self.writer.client.clone();
+        opening.spawn(async move { peer.open_connections().await });
         let start = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             r = self.claim() => r?,
