@@ -325,7 +325,7 @@ async fn a_session_start_costs_few_round_trips_on_the_source_link() {
 /// Levels (round trips waited for, plus one) of the first data txn and of
 /// the final state write on the peer link; round trips on the source link
 /// completed before each.
-const PEER_DATA_LEVEL: u32 = 5;
-const PEER_LAST_LEVEL: u32 = 6;
+const PEER_DATA_LEVEL: u32 = 4;
+const PEER_LAST_LEVEL: u32 = 5;
 const SOURCE_DATA_TRIPS: u32 = 4;
 const SOURCE_LAST_TRIPS: u32 = 14;

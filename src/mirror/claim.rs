@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::peer::Peer;
 use super::state::{self, State};
 use super::stats::{ErrorKind, ResyncReason, unix_ms};
+use super::sync::Pinned;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Client, Header, LeaseGrant, LeaseHandle};
 
@@ -26,8 +27,9 @@ pub(super) enum Start {
     /// Every source revision up to this one is on the peer: watch from the
     /// next one.
     Resume(i64),
-    /// Run a range-diff sync first.
-    Sync(ResyncReason),
+    /// Run a range-diff sync first: pinned and started beside the claim
+    /// (`None`: the pin failed, and the sync pins again).
+    Sync(ResyncReason, Option<Box<Pinned>>),
 }
 
 impl Peer {
@@ -163,9 +165,9 @@ impl Peer {
         // predecessor's txns in flight), at most what the source held now;
         // the live loop compares key counts only past this horizon.
         self.replay_horizon = resume.map_or(0, |_| source.revision);
-        let start = match resume {
+        let sync = match resume {
             Some(st) => self.check_lag(st.revision, source.revision),
-            None => Start::Sync(match self.force_sync.take() {
+            None => Some(match self.force_sync.take() {
                 Some(reason) => reason,
                 None if source_changed.is_some() => ResyncReason::SourceChanged,
                 None if ttl_changed => ResyncReason::LeaseTtl,
@@ -203,8 +205,44 @@ impl Peer {
             lease,
             ..self.writer.state(0)
         };
+        // A sync is pinned, its watch opened and its scans started beside
+        // the claim's last txn, so the peer's first page comes back with
+        // the claim rather than a round trip after it (`sync::pin` says
+        // why that is safe once the state key is gone).
+        let pin = sync.map(|_| {
+            super::sync::pin(
+                self.local.clone(),
+                self.writer.client.clone(),
+                self.prefix.clone(),
+                self.cfg.page_size,
+                self.link.pacer.min_rtt(),
+            )
+        });
         let w = &mut self.writer;
-        match state::claim(&w.client, &w.state_key, &stored, claimed).await? {
+        if stored.create_revision != 0 && !state::release(&w.client, &w.state_key, &stored).await? {
+            return Err(Error::ClaimRaced {
+                peer: w.region.clone(),
+            });
+        }
+        let pinning = async {
+            match pin {
+                Some(pin) => Some(pin.await),
+                None => None,
+            }
+        };
+        let (created, pinned) =
+            tokio::join!(state::create(&w.client, &w.state_key, claimed), pinning);
+        let start = match (sync, pinned) {
+            (Some(reason), Some(Ok(pinned))) => Start::Sync(reason, Some(Box::new(pinned))),
+            (Some(reason), failed) => {
+                if let Some(Err(e)) = failed {
+                    tracing::debug!(peer = %w.region, error = %e, "could not pin the sync beside the claim; pinning it after");
+                }
+                Start::Sync(reason, None)
+            }
+            (None, _) => Start::Resume(resume.map_or(0, |st| st.revision)),
+        };
+        match created? {
             Some(fence) => {
                 // The claim holds the lease now: it is the mirror's.
                 if let Some(lease) = granted {
@@ -234,13 +272,10 @@ impl Peer {
         Ok((ttl.ttl > 0).then_some(ttl.granted_ttl.max(1)))
     }
 
-    /// Resume through the watch unless the source has moved on so far that
-    /// a range diff is cheaper.
-    fn check_lag(&self, revision: i64, source_revision: i64) -> Start {
-        if source_revision - revision > self.cfg.resync_lag {
-            return Start::Sync(ResyncReason::Lag);
-        }
-        Start::Resume(revision)
+    /// Resume through the watch (`None`) unless the source has moved on so
+    /// far that a range diff is cheaper.
+    fn check_lag(&self, revision: i64, source_revision: i64) -> Option<ResyncReason> {
+        (source_revision - revision > self.cfg.resync_lag).then_some(ResyncReason::Lag)
     }
 }
 
