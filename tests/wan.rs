@@ -329,3 +329,69 @@ const PEER_DATA_LEVEL: u32 = 4;
 const PEER_LAST_LEVEL: u32 = 5;
 const SOURCE_DATA_TRIPS: u32 = 4;
 const SOURCE_LAST_TRIPS: u32 = 14;
+
+/// A restart over a live copy (a successor adopting its predecessor's
+/// lease and resuming by watch), counted like a base sync's start: the
+/// round trips on the peer link before the claim's create txn, and before
+/// the first live txn, which carries a write made while no engine ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_over_a_live_copy_costs_few_round_trips_on_the_peer_link() {
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
+    let mut cfg = MirrorConfig::new("a");
+    cfg.lease_ttl = Duration::from_secs(30);
+    let first = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), first.wait_synced())
+        .await
+        .expect("the predecessor synced");
+    converged(&src, &dst, &cfg).await;
+    first.shutdown().await;
+    src.put(aether_replicator::etcd::Put::new(key(7), PROBE_VALUE))
+        .await
+        .unwrap();
+
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    let trips = proxy.count_round_trips();
+    trips.mark("claim", b"v1 revision=");
+    trips.mark("data", PROBE_VALUE.as_bytes());
+    proxy.set_latency(COUNT_ONE_WAY);
+    let peer = Client::connect(
+        ClientConfig::new([proxy.endpoint()]).with_connections(DEFAULT_PEER_CONNECTIONS),
+    )
+    .unwrap();
+    let second = Engine::start(src.clone(), vec![("b".into(), peer)], cfg.clone()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), second.wait_synced())
+        .await
+        .expect("the successor resumed");
+    converged(&src, &dst, &cfg).await;
+    let stats = second.stats()[0].clone();
+    assert_eq!(
+        stats.sync_puts.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "resumed, not synced"
+    );
+    let (Some(claim), Some(data)) = (trips.first("claim"), trips.first("data")) else {
+        panic!("no claim or no live txn seen:\n{}", trips.report(u32::MAX));
+    };
+    second.shutdown().await;
+    println!(
+        "restart over a live copy, peer link at {:.0} ms RTT: the claim's create txn sent after {} round trips in a row, the first live txn after {}\n{}",
+        (COUNT_ONE_WAY * 2).as_secs_f64() * 1e3,
+        claim.level - 1,
+        data.level - 1,
+        trips.report(data.level)
+    );
+    assert!(
+        claim.level <= RESTART_CLAIM_LEVEL && data.level <= RESTART_DATA_LEVEL,
+        "the claim waited for {} round trips (at most {} expected), the first live txn for {} (at most {})",
+        claim.level - 1,
+        RESTART_CLAIM_LEVEL - 1,
+        data.level - 1,
+        RESTART_DATA_LEVEL - 1
+    );
+}
+
+/// Levels of a restart's claim (create txn) and first live txn.
+const RESTART_CLAIM_LEVEL: u32 = 5;
+const RESTART_DATA_LEVEL: u32 = 6;
