@@ -1602,3 +1602,60 @@ async fn a_token_older_than_the_auth_store_is_renewed_once() {
     c.put(Put::new("/jwt", "2")).await.unwrap();
     assert_eq!(c.authentications(), 2, "renewed exactly once");
 }
+
+/// `Client::open_connections` opens every connection of the endpoint (the
+/// configured ones and the keep-alive's) at once and before any call, so
+/// the calls after it open none; it needs no token, even where auth is on
+/// and the client has none; and it puts nothing in etcd's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_connections_opens_every_connection_before_a_call_needs_it() {
+    let etcd = Etcd::start();
+    let root = client(&etcd);
+    root.user_add("root", "rootpw").await.unwrap();
+    root.role_add("root").await.unwrap();
+    root.user_grant_role("root", "root").await.unwrap();
+    root.auth_enable().await.unwrap();
+    let log_before = std::fs::read_to_string(etcd.log_path()).unwrap_or_default();
+
+    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    proxy.set_latency(Duration::from_millis(20));
+    let mut cfg = ClientConfig::new([proxy.endpoint()]).with_connections(3);
+    cfg.credentials = Some(aether_replicator::etcd::Credentials {
+        user: "root".into(),
+        password: "rootpw".into(),
+    });
+    let c = Client::connect(cfg.clone()).unwrap();
+    assert_eq!(proxy.accepted_connections(), 0, "nothing before a call");
+    tokio::time::timeout(T, c.open_connections()).await.unwrap();
+    assert_eq!(
+        proxy.accepted_connections(),
+        4,
+        "three connections and the keep-alive's"
+    );
+    // Calls spread over all three, and a lease kept alive: nothing new.
+    for i in 0..6 {
+        c.put(Put::new(format!("/open/{i}"), "v")).await.unwrap();
+    }
+    let g = c.lease_grant(10).await.unwrap();
+    let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    common::wait_until_async(T, || lease.status().successes > 0).await;
+    assert!(lease.status().successes > 0, "{:?}", lease.status());
+    assert_eq!(proxy.accepted_connections(), 4, "no connection opened late");
+
+    // Without credentials (auth is on): the connections open all the same.
+    let mut anonymous = cfg;
+    anonymous.credentials = None;
+    let anonymous = Client::connect(anonymous).unwrap();
+    tokio::time::timeout(T, anonymous.open_connections())
+        .await
+        .unwrap();
+    assert_eq!(proxy.accepted_connections(), 8);
+    assert!(anonymous.put(Put::new("/open/x", "v")).await.is_err());
+
+    let log = std::fs::read_to_string(etcd.log_path()).unwrap_or_default();
+    let new = &log[log_before.len().min(log.len())..];
+    assert!(
+        !new.contains("aether.etcd.Connect"),
+        "etcd logged the opening calls:\n{new}"
+    );
+}

@@ -562,3 +562,95 @@ async fn randomized_convergence() {
         e.shutdown().await;
     }
 }
+
+/// The leases `etcd` holds, as etcdctl lists them (hex ids).
+fn leases_on(etcd: &Etcd) -> Vec<String> {
+    let out = tokio::task::block_in_place(|| etcd.etcdctl_ok(&["lease", "list"]));
+    out.lines()
+        .skip(1)
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Waits (at most 15 s, well within the 60 s TTL of every lease granted
+/// here, so no lease can run out meanwhile) until `etcd` holds exactly
+/// `want`; panics naming `what` with what it held.
+async fn only_leases(etcd: &Etcd, want: &[LeaseId], what: &str) {
+    let want: Vec<String> = want.iter().map(|l| format!("{l:x}")).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let held = leases_on(etcd);
+        if held == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: the peer holds leases {held:?}, expected only {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A session without a live lease of its own grants one beside its first
+/// reads (a round trip less); every claim that does not end up with it
+/// revokes it, so none is left on the peer for a TTL: one that adopts a
+/// predecessor's lease instead, one that ends in a conflict with another
+/// site, and one cancelled while the grant is in flight. Each lease here
+/// has a 60 s TTL, so only a revoke removes it within the test's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_granted_beside_the_claim_never_outlives_a_claim_that_does_not_use_it() {
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    put_many(&src, (0..50).map(|i| (key(i), format!("v{i}")))).await;
+    let cfg = config(60);
+
+    // Adopted: a successor of this site takes over the live lease.
+    let first = start_synced(&src, dst.clone(), &dst, &cfg).await;
+    let lease = common::mirror::state_on(&dst, &cfg).await.unwrap().lease;
+    first.shutdown().await;
+    let second = start_synced(&src, dst.clone(), &dst, &cfg).await;
+    assert_eq!(
+        common::mirror::state_on(&dst, &cfg).await.unwrap().lease,
+        lease,
+        "the successor adopted the lease"
+    );
+    only_leases(&scene.peer_etcd, &[lease], "after an adoption").await;
+
+    // A conflict: another site under the same region name finds the peer
+    // held, and waits a TTL before it looks again.
+    let other_etcd = Etcd::start();
+    let other = client(&other_etcd.endpoint());
+    put_many(&other, (0..5).map(|i| (key(i), "other".to_string()))).await;
+    let rival = Engine::start(other, vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
+    let rs = rival.stats()[0].clone();
+    common::mirror::eventually("the other site conflicted", async || {
+        rs.errors(aether_replicator::mirror::ErrorKind::Conflict) >= 1
+    })
+    .await;
+    only_leases(&scene.peer_etcd, &[lease], "after a conflict").await;
+    rival.shutdown().await;
+
+    // Cancelled in flight: a third engine of this site, across a link of
+    // 1 s each way, stops 300 ms after it starts; its grant reaches the
+    // peer after it stopped, and its answer finds no claim waiting.
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    proxy.set_latency(Duration::from_secs(1));
+    let far = client(&proxy.endpoint());
+    let third = Engine::start(src.clone(), vec![("b".into(), far)], cfg.clone()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    third.shutdown().await;
+    // The grant does arrive (a lease appears) and is then revoked.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while leases_on(&scene.peer_etcd).len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cancelled engine's grant never reached the peer"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    only_leases(&scene.peer_etcd, &[lease], "after a cancelled claim").await;
+    assert!(second.is_synced(), "the live engine was never disturbed");
+    converged(&src, &dst, &cfg).await;
+    second.shutdown().await;
+}

@@ -7,7 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use aether_replicator::etcd::{Client, ClientConfig, LeaseId};
-use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
+use aether_replicator::mirror::{
+    DEFAULT_PEER_CONNECTIONS, Engine, ErrorKind, MirrorConfig, ResyncReason,
+};
 use common::FaultProxy;
 use common::mirror::{PREFIX, Scene, config, converged, key, put_many};
 
@@ -166,3 +168,230 @@ async fn the_range_diff_over_a_long_link_repairs_exactly_what_differs() {
     );
     engine.shutdown().await;
 }
+
+/// One-way delay of the link whose round trips a session-start test
+/// counts: long against any compute time, so that only a stall of twice
+/// this on one thread could charge a request one level too many (see
+/// `common::round_trips`).
+const COUNT_ONE_WAY: Duration = Duration::from_millis(100);
+/// The bytes every source value starts with: a txn carrying them is a data
+/// txn of the sync.
+const PROBE_VALUE: &str = "rtt-probe-value-";
+/// What only the sync's final state write (and later heartbeats) carries.
+const SYNCED_MARK: &[u8] = b"synced=1";
+
+/// What a base sync's start cost on one link.
+struct StartCount {
+    /// The peer link: the first data txn's level, the final state write's.
+    data: u32,
+    last: u32,
+    /// The round trips on the counted link completed, in a row, when the
+    /// first data txn and the final state write reached the peer (for the
+    /// source link: on the peer link, the levels say it).
+    data_done: u32,
+    last_done: u32,
+    /// From the engine's start until the peer read them.
+    data_after: Duration,
+    last_after: Duration,
+    report: String,
+}
+
+/// Starts an engine on a fresh scene, mirroring a small subtree (one round
+/// of data txns) to an empty peer, with `COUNT_ONE_WAY` on the peer link
+/// (`delay_peer`) or on the source link, and counts the round trips on the
+/// delayed one. Both clients are built as the binary builds them (the
+/// peer's with `DEFAULT_PEER_CONNECTIONS`).
+async fn count_start(delay_peer: bool) -> StartCount {
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    put_many(
+        &src,
+        (0..300).map(|i| (key(i), format!("{PROBE_VALUE}{i}"))),
+    )
+    .await;
+    let peer_proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    let src_proxy = FaultProxy::start(scene.src_etcd.client_addr()).await;
+    // The marks are read on the peer's side whichever link is counted.
+    let peer_trips = peer_proxy.count_round_trips();
+    peer_trips.mark("data", PROBE_VALUE.as_bytes());
+    peer_trips.mark("last", SYNCED_MARK);
+    let src_trips = src_proxy.count_round_trips();
+    let (counted, trips) = if delay_peer {
+        (&peer_proxy, &peer_trips)
+    } else {
+        (&src_proxy, &src_trips)
+    };
+    counted.set_latency(COUNT_ONE_WAY);
+    let peer = Client::connect(
+        ClientConfig::new([peer_proxy.endpoint()]).with_connections(DEFAULT_PEER_CONNECTIONS),
+    )
+    .expect("peer client");
+    let local = Client::connect(ClientConfig::new([src_proxy.endpoint()])).expect("local client");
+    let mut cfg = MirrorConfig::new("a");
+    cfg.lease_ttl = Duration::from_secs(10);
+    let started = Instant::now();
+    let engine = Engine::start(local, vec![("b".into(), peer)], cfg.clone()).expect("engine");
+    tokio::time::timeout(Duration::from_secs(30), engine.wait_synced())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "not synced within 30 s; requests so far:\n{}",
+                trips.report(u32::MAX)
+            )
+        });
+    converged(&src, &dst, &cfg).await;
+    let (Some(data), Some(last)) = (peer_trips.first("data"), peer_trips.first("last")) else {
+        panic!(
+            "synced, but the peer proxy saw no data txn or no final state write:\n{}",
+            peer_trips.report(u32::MAX)
+        );
+    };
+    engine.shutdown().await;
+    let report = trips.report(if delay_peer { last.level } else { u32::MAX });
+    StartCount {
+        data: data.level,
+        last: last.level,
+        data_done: trips.completed_by(data.at),
+        last_done: trips.completed_by(last.at),
+        data_after: data.at.duration_since(started),
+        last_after: last.at.duration_since(started),
+        report,
+    }
+}
+
+/// The round trips a base sync's start costs on the peer link, counted
+/// (not timed) through a delay proxy: from the engine's start to the first
+/// data txn on the wire, and to the final state write. Each is at most a
+/// bound, so the count cannot creep back up unnoticed; the test prints
+/// every request with its level, so a failure shows what was added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_start_costs_few_round_trips_on_the_peer_link() {
+    let c = count_start(true).await;
+    let rtt = (COUNT_ONE_WAY * 2).as_secs_f64();
+    println!(
+        "peer link, {:.0} ms RTT: first data txn sent after {} round trips in a row ({:.2} s = {:.1} RTT after the start); final state write after {} ({:.2} s = {:.1} RTT); a TCP connect counts as one\n{}",
+        rtt * 1e3,
+        c.data - 1,
+        c.data_after.as_secs_f64(),
+        c.data_after.as_secs_f64() / rtt,
+        c.last - 1,
+        c.last_after.as_secs_f64(),
+        c.last_after.as_secs_f64() / rtt,
+        c.report
+    );
+    assert!(
+        c.data <= PEER_DATA_LEVEL,
+        "the first data txn waited for {} round trips on the peer link; at most {} expected",
+        c.data - 1,
+        PEER_DATA_LEVEL - 1
+    );
+    assert!(
+        c.last <= PEER_LAST_LEVEL,
+        "the final state write waited for {} round trips on the peer link; at most {} expected",
+        c.last - 1,
+        PEER_LAST_LEVEL - 1
+    );
+}
+
+/// The same on the source link (the local etcd; near in production, but
+/// every round trip there is still on the session start's path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_start_costs_few_round_trips_on_the_source_link() {
+    let c = count_start(false).await;
+    let rtt = (COUNT_ONE_WAY * 2).as_secs_f64();
+    println!(
+        "source link, {:.0} ms RTT: {} round trips done when the first data txn reached the peer ({:.2} s = {:.1} RTT after the start), {} when the final state write did ({:.2} s = {:.1} RTT)\n{}",
+        rtt * 1e3,
+        c.data_done,
+        c.data_after.as_secs_f64(),
+        c.data_after.as_secs_f64() / rtt,
+        c.last_done,
+        c.last_after.as_secs_f64(),
+        c.last_after.as_secs_f64() / rtt,
+        c.report
+    );
+    assert!(
+        c.data_done <= SOURCE_DATA_TRIPS,
+        "{} round trips on the source link before the first data txn; at most {SOURCE_DATA_TRIPS} expected",
+        c.data_done
+    );
+    assert!(
+        c.last_done <= SOURCE_LAST_TRIPS,
+        "{} round trips on the source link before the final state write; at most {SOURCE_LAST_TRIPS} expected",
+        c.last_done
+    );
+}
+
+/// Levels (round trips waited for, plus one) of the first data txn and of
+/// the final state write on the peer link; round trips on the source link
+/// completed before each.
+const PEER_DATA_LEVEL: u32 = 4;
+const PEER_LAST_LEVEL: u32 = 5;
+const SOURCE_DATA_TRIPS: u32 = 4;
+const SOURCE_LAST_TRIPS: u32 = 14;
+
+/// A restart over a live copy (a successor adopting its predecessor's
+/// lease and resuming by watch), counted like a base sync's start: the
+/// round trips on the peer link before the claim's create txn, and before
+/// the first live txn, which carries a write made while no engine ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_over_a_live_copy_costs_few_round_trips_on_the_peer_link() {
+    let scene = Scene::start();
+    let (src, dst) = scene.clients();
+    put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
+    let mut cfg = MirrorConfig::new("a");
+    cfg.lease_ttl = Duration::from_secs(30);
+    let first = Engine::start(src.clone(), vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), first.wait_synced())
+        .await
+        .expect("the predecessor synced");
+    converged(&src, &dst, &cfg).await;
+    first.shutdown().await;
+    src.put(aether_replicator::etcd::Put::new(key(7), PROBE_VALUE))
+        .await
+        .unwrap();
+
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    let trips = proxy.count_round_trips();
+    trips.mark("claim", b"v1 revision=");
+    trips.mark("data", PROBE_VALUE.as_bytes());
+    proxy.set_latency(COUNT_ONE_WAY);
+    let peer = Client::connect(
+        ClientConfig::new([proxy.endpoint()]).with_connections(DEFAULT_PEER_CONNECTIONS),
+    )
+    .unwrap();
+    let second = Engine::start(src.clone(), vec![("b".into(), peer)], cfg.clone()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), second.wait_synced())
+        .await
+        .expect("the successor resumed");
+    converged(&src, &dst, &cfg).await;
+    let stats = second.stats()[0].clone();
+    assert_eq!(
+        stats.sync_puts.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "resumed, not synced"
+    );
+    let (Some(claim), Some(data)) = (trips.first("claim"), trips.first("data")) else {
+        panic!("no claim or no live txn seen:\n{}", trips.report(u32::MAX));
+    };
+    second.shutdown().await;
+    println!(
+        "restart over a live copy, peer link at {:.0} ms RTT: the claim's create txn sent after {} round trips in a row, the first live txn after {}\n{}",
+        (COUNT_ONE_WAY * 2).as_secs_f64() * 1e3,
+        claim.level - 1,
+        data.level - 1,
+        trips.report(data.level)
+    );
+    assert!(
+        claim.level <= RESTART_CLAIM_LEVEL && data.level <= RESTART_DATA_LEVEL,
+        "the claim waited for {} round trips (at most {} expected), the first live txn for {} (at most {})",
+        claim.level - 1,
+        RESTART_CLAIM_LEVEL - 1,
+        data.level - 1,
+        RESTART_DATA_LEVEL - 1
+    );
+}
+
+/// Levels of a restart's claim (create txn) and first live txn.
+const RESTART_CLAIM_LEVEL: u32 = 5;
+const RESTART_DATA_LEVEL: u32 = 6;

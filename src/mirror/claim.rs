@@ -3,7 +3,9 @@
 //! Each session reads the source's identity (cluster id, revision) and the
 //! peer's state key at once; refuses a peer that another source holds (two
 //! sites with one region name); adopts a predecessor's live lease granted
-//! with the configured TTL, or grants a new one (a predecessor's lease with
+//! with the configured TTL, or grants a new one (granted beside the reads
+//! when the engine holds no live lease, and revoked by any claim that does
+//! not end up using it: [`Unclaimed`]; a predecessor's lease with
 //! another TTL is kept alive until the subtree is re-put under the new
 //! one); and claims the peer anew with a compare-and-swap on the state key,
 //! so that whatever an earlier session left in flight fails the fence
@@ -16,17 +18,18 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::peer::Peer;
 use super::state::{self, State};
 use super::stats::{ErrorKind, ResyncReason, unix_ms};
+use super::sync::Pinned;
 use crate::error::{Error, Result};
-use crate::etcd::LeaseId;
-use crate::etcd::{Header, LeaseHandle};
+use crate::etcd::{self, Client, Header, LeaseGrant, LeaseHandle, LeaseId};
 
 /// Where a session starts from.
 pub(super) enum Start {
     /// Every source revision up to this one is on the peer: watch from the
     /// next one.
     Resume(i64),
-    /// Run a range-diff sync first.
-    Sync(ResyncReason),
+    /// Run a range-diff sync first: pinned and started beside the claim
+    /// (`None`: the pin failed, and the sync pins again).
+    Sync(ResyncReason, Option<Box<Pinned>>),
 }
 
 impl Peer {
@@ -41,6 +44,13 @@ impl Peer {
         // The source's own id is read (or created) in the same txn that
         // gives its header.
         let floor = self.writer.peer_revision();
+        let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
+        // Without a live lease of its own this session most likely needs a
+        // new one: it is granted beside the reads, not after them (a round
+        // trip less). A session that adopts a predecessor's lease instead,
+        // and every early return, revokes it ([`Unclaimed`]).
+        let mut speculative =
+            (!self.writer.lease_alive()).then(|| Unclaimed::grant(&self.writer.client, want_ttl));
         let (source, peer) = tokio::join!(
             state::source_id(&self.local, &self.source_id_key),
             state::read(&self.writer.client, &self.writer.state_key),
@@ -91,8 +101,9 @@ impl Peer {
         let w = &self.writer;
         let own_lease_alive = w.lease_alive();
         let candidate = stored.state.map_or(w.lease_id(), |st| st.lease);
-        let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
         let mut new_handle = None;
+        // A lease granted for this claim: revoked unless the claim succeeds.
+        let mut granted = None;
         let mut ttl_changed = false;
         let (lease, adopted) = match self.live_lease(candidate).await? {
             Some(granted) if granted == want_ttl => {
@@ -104,6 +115,8 @@ impl Peer {
                             .await?,
                     );
                 }
+                // Not needed: revoked now rather than at the claim's end.
+                drop(speculative.take());
                 (candidate, true)
             }
             other => {
@@ -120,7 +133,11 @@ impl Peer {
                             .await?,
                     );
                 }
-                let grant = w.client.lease_grant(want_ttl).await?;
+                let unclaimed = match speculative.take() {
+                    Some(early) => early.wait().await?,
+                    None => Unclaimed::new(&w.client, w.client.lease_grant(want_ttl).await?),
+                };
+                let grant = unclaimed.grant;
                 tracing::info!(peer = %self.region(), lease = %grant.id, ttl = grant.ttl, "granted mirror lease");
                 new_handle = Some(
                     w.client
@@ -128,6 +145,7 @@ impl Peer {
                         .keep_alive(grant.id, grant.ttl)
                         .await?,
                 );
+                granted = Some(unclaimed);
                 (grant.id, false)
             }
         };
@@ -147,9 +165,9 @@ impl Peer {
         // predecessor's txns in flight), at most what the source held now;
         // the live loop compares key counts only past this horizon.
         self.replay_horizon = resume.map_or(0, |_| source.revision);
-        let start = match resume {
+        let sync = match resume {
             Some(st) => self.check_lag(st.revision, source.revision),
-            None => Start::Sync(match self.force_sync.take() {
+            None => Some(match self.force_sync.take() {
                 Some(reason) => reason,
                 None if source_changed.is_some() => ResyncReason::SourceChanged,
                 None if ttl_changed => ResyncReason::LeaseTtl,
@@ -187,9 +205,49 @@ impl Peer {
             lease,
             ..self.writer.state(0)
         };
+        // A sync is pinned, its watch opened and its scans started beside
+        // the claim's last txn, so the peer's first page comes back with
+        // the claim rather than a round trip after it (`sync::pin` says
+        // why that is safe once the state key is gone).
+        let pin = sync.map(|_| {
+            super::sync::pin(
+                self.local.clone(),
+                self.writer.client.clone(),
+                self.prefix.clone(),
+                self.cfg.page_size,
+                self.link.pacer.min_rtt(),
+            )
+        });
         let w = &mut self.writer;
-        match state::claim(&w.client, &w.state_key, &stored, claimed).await? {
+        if stored.create_revision != 0 && !state::release(&w.client, &w.state_key, &stored).await? {
+            return Err(Error::ClaimRaced {
+                peer: w.region.clone(),
+            });
+        }
+        let pinning = async {
+            match pin {
+                Some(pin) => Some(pin.await),
+                None => None,
+            }
+        };
+        let (created, pinned) =
+            tokio::join!(state::create(&w.client, &w.state_key, claimed), pinning);
+        let start = match (sync, pinned) {
+            (Some(reason), Some(Ok(pinned))) => Start::Sync(reason, Some(Box::new(pinned))),
+            (Some(reason), failed) => {
+                if let Some(Err(e)) = failed {
+                    tracing::debug!(peer = %w.region, error = %e, "could not pin the sync beside the claim; pinning it after");
+                }
+                Start::Sync(reason, None)
+            }
+            (None, _) => Start::Resume(resume.map_or(0, |st| st.revision)),
+        };
+        match created? {
             Some(fence) => {
+                // The claim holds the lease now: it is the mirror's.
+                if let Some(lease) = granted {
+                    lease.keep();
+                }
                 w.fence = fence;
                 if let Some(prev) = stored.state.filter(|s| s.holder != w.holder) {
                     tracing::info!(peer = %w.region, previous = format!("{:016x}", prev.holder), lease = %lease, adopted, "took over the peer");
@@ -214,13 +272,10 @@ impl Peer {
         Ok((ttl.ttl > 0).then_some(ttl.granted_ttl.max(1)))
     }
 
-    /// Resume through the watch unless the source has moved on so far that
-    /// a range diff is cheaper.
-    fn check_lag(&self, revision: i64, source_revision: i64) -> Start {
-        if source_revision - revision > self.cfg.resync_lag {
-            return Start::Sync(ResyncReason::Lag);
-        }
-        Start::Resume(revision)
+    /// Resume through the watch (`None`) unless the source has moved on so
+    /// far that a range diff is cheaper.
+    fn check_lag(&self, revision: i64, source_revision: i64) -> Option<ResyncReason> {
+        (source_revision - revision > self.cfg.resync_lag).then_some(ResyncReason::Lag)
     }
 }
 
@@ -246,4 +301,84 @@ fn source_mismatch(st: &State, now: &Header, source_id: u64) -> Option<String> {
         ));
     }
     None
+}
+
+/// A lease granted for a claim that has not (yet) succeeded with it. Dropped
+/// without [`Unclaimed::keep`] (the claim adopted another lease, failed, or
+/// its session was cancelled), it revokes the lease in a task of its own:
+/// nothing is attached to it but, at most, the state key of a claim whose
+/// answer was lost, which the next session finds gone and claims again.
+/// Left alone it would hold its id on the peer for a whole TTL.
+struct Unclaimed {
+    client: Client,
+    grant: LeaseGrant,
+    armed: bool,
+}
+
+/// A grant sent ahead of the claim's reads, in a task of its own so that a
+/// cancelled session cannot lose it in flight: the lease reaches this
+/// receiver as an [`Unclaimed`], so whoever drops it (the task when the
+/// receiver is gone, or the receiver) revokes it.
+struct Speculative(tokio::sync::oneshot::Receiver<etcd::Result<Unclaimed>>);
+
+impl Unclaimed {
+    fn new(client: &Client, grant: LeaseGrant) -> Unclaimed {
+        Unclaimed {
+            client: client.clone(),
+            grant,
+            armed: true,
+        }
+    }
+
+    /// Grants a lease of `ttl` seconds now, in the background.
+    fn grant(client: &Client, ttl: i64) -> Speculative {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let client = client.clone();
+        tokio::spawn(async move {
+            let granted = client
+                .lease_grant(ttl)
+                .await
+                .map(|g| Unclaimed::new(&client, g));
+            // A receiver gone drops (and so revokes) the lease here.
+            let _ = tx.send(granted);
+        });
+        Speculative(rx)
+    }
+
+    /// The claim succeeded with this lease: it is not revoked.
+    fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Speculative {
+    async fn wait(self) -> Result<Unclaimed> {
+        match self.0.await {
+            Ok(granted) => Ok(granted?),
+            // The grant's task cannot end without sending unless the
+            // runtime is shutting down.
+            Err(_) => Err(Error::Etcd(etcd::Error::Closed)),
+        }
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // No runtime left to send it: the lease runs out by its TTL.
+            return;
+        };
+        let (client, id) = (self.client.clone(), self.grant.id);
+        rt.spawn(async move {
+            match client.lease_revoke(id).await {
+                Ok(()) => tracing::debug!(lease = %id, "revoked a lease no claim used"),
+                Err(e) => {
+                    tracing::info!(lease = %id, error = %e, "could not revoke a lease no claim used; it runs out by its TTL")
+                }
+            }
+        });
+    }
 }

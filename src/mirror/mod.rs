@@ -32,7 +32,8 @@
 //!   (adopt or grant), the compare-and-swap on the state key, and whether
 //!   to resume or re-sync.
 //! - `sync`: the range-diff sync at one pinned revision, over `diff` (the
-//!   merge-join of both sides' pages).
+//!   merge-join of both sides' pages); a claim that will sync pins it and
+//!   starts its scans beside its last txn (`sync::pin`).
 //! - `live`: the live loop: watch in, batches out, the freshness probe.
 //!   [`batch`] turns watch events into batches of whole revisions;
 //!   `sequence` keeps per-key order and the acknowledged watermark.

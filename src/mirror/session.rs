@@ -21,8 +21,9 @@ use super::claim::Start;
 use super::live::Opened;
 use super::peer::Peer;
 use super::stats::{ErrorKind, ResyncReason, unix_ms};
+use super::sync::Pinned;
 use crate::error::{Error, Result};
-use crate::etcd::{self, Backoff, Range};
+use crate::etcd::{self, Backoff};
 
 impl Peer {
     /// Replicates until cancelled, or until another engine of this region
@@ -154,6 +155,14 @@ impl Peer {
 
     async fn session(&mut self) -> Result<()> {
         let cancel = self.cancel.clone();
+        // Every connection to the peer opens now, beside the claim, rather
+        // than on the first call that lands on it: a session start's calls
+        // are spread round robin over the peer's connections, and each
+        // paid a handshake before it in a row (a TCP connect is a round
+        // trip; TLS adds one or two). Aborted with the session.
+        let mut opening = tokio::task::JoinSet::new();
+        let peer = self.writer.client.clone();
+        opening.spawn(async move { peer.open_connections().await });
         let start = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             r = self.claim() => r?,
@@ -170,7 +179,7 @@ impl Peer {
         self.stats().conflicted.store(false, Relaxed);
         let mut live = match start {
             Start::Resume(rev) => Opened::later(rev + 1),
-            Start::Sync(reason) => match self.sync(reason).await? {
+            Start::Sync(reason, pinned) => match self.sync(reason, pinned).await? {
                 Some(live) => live,
                 None => return Ok(()),
             },
@@ -183,7 +192,7 @@ impl Peer {
                 )) => {
                     self.stats().error(ErrorKind::Compacted);
                     tracing::info!(peer = %self.region(), from, "watch cannot resume (compacted, or a response over the decode limit); re-syncing");
-                    match self.sync(ResyncReason::Compacted).await? {
+                    match self.sync(ResyncReason::Compacted, None).await? {
                         Some(next) => live = next,
                         None => return Ok(()),
                     }
@@ -193,8 +202,9 @@ impl Peer {
         }
     }
 
-    /// Syncs the peer at a revision S pinned first, with the live watch
-    /// from S + 1 opened before the sync starts. etcd serves a watch that
+    /// Syncs the peer at a revision S pinned first (by the claim, beside
+    /// its txn, or here), with the live watch from S + 1 opened before the
+    /// sync starts. etcd serves a watch that
     /// starts in the past from its *unsynced* group, at most 1,000
     /// revisions per 100 ms; a watch opened only after the sync, while the
     /// source is busy, started behind and stayed there through a whole
@@ -202,7 +212,11 @@ impl Peer {
     /// first, it
     /// starts caught up and its events wait in the watcher's byte-bounded
     /// buffer (then in HTTP/2 flow control) until the sync is done.
-    async fn sync(&mut self, reason: ResyncReason) -> Result<Option<Opened>> {
+    async fn sync(
+        &mut self,
+        reason: ResyncReason,
+        pinned: Option<Box<Pinned>>,
+    ) -> Result<Option<Opened>> {
         self.stats().resync(reason);
         self.stats().set_synced(false);
         self.sync_started_ms = unix_ms();
@@ -211,22 +225,23 @@ impl Peer {
         // The sync finds every value too large for the peer again.
         self.writer.forget_oversized();
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
-        let pin = self
-            .local
-            .range(Range::key(self.prefix.clone()).count_only());
-        let at = tokio::select! {
-            _ = self.cancel.cancelled() => return Ok(None),
-            r = pin => r?.header.revision,
+        let mut pinned = match pinned {
+            Some(pinned) => pinned,
+            None => {
+                let pin = super::sync::pin(
+                    self.local.clone(),
+                    self.writer.client.clone(),
+                    self.prefix.clone(),
+                    self.cfg.page_size,
+                    self.link.pacer.min_rtt(),
+                );
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return Ok(None),
+                    r = pin => Box::new(r?),
+                }
+            }
         };
-        let live = Opened::now(&self.local, &self.prefix, at + 1)?;
-        let fut = super::sync::run(
-            &self.writer,
-            &mut self.link,
-            &self.local,
-            self.prefix.clone(),
-            at,
-            &self.cfg,
-        );
+        let fut = super::sync::run(&self.writer, &mut self.link, &mut pinned);
         tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
@@ -238,7 +253,7 @@ impl Peer {
         // needed.
         self.prev_lease = None;
         self.stats().lapsed.store(false, Relaxed);
-        Ok(Some(live))
+        Ok(Some(pinned.live))
     }
 }
 

@@ -173,27 +173,35 @@ pub(crate) fn fence(key: &Bytes, create_revision: i64) -> Compare {
     Compare::create_revision(key.clone(), CompareOp::Equal, create_revision)
 }
 
-/// Claims the peer: replaces whatever state key is there (compare-and-delete,
-/// then create-if-absent) and returns the new fence. `None` if another
-/// engine created the key between the two steps.
-pub(crate) async fn claim(
+/// The first step of a claim when the peer holds a state key: deletes it
+/// if it is still as `seen` (compare-and-delete). From the moment this
+/// commits every txn of the key's holder fails its fence. False if the
+/// key moved meanwhile.
+pub(crate) async fn release(
     peer: &Client,
     key: &Bytes,
     seen: &Stored,
+) -> crate::etcd::Result<bool> {
+    let del = Txn::new()
+        .when([Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            seen.mod_revision,
+        )])
+        .and_then([Delete::key(key.clone())]);
+    Ok(peer.txn(del).await?.succeeded)
+}
+
+/// The claim's last step, once the peer holds no state key (seen absent,
+/// or [`release`]d): creates it (create-if-absent) and returns the new
+/// fence, its create revision. `None` if another engine created it first.
+/// Two steps, not one txn: etcd refuses a delete and a put of one key in
+/// the same txn, and the fence must be a new create revision.
+pub(crate) async fn create(
+    peer: &Client,
+    key: &Bytes,
     state: State,
 ) -> crate::etcd::Result<Option<i64>> {
-    if seen.create_revision != 0 {
-        let del = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                seen.mod_revision,
-            )])
-            .and_then([Delete::key(key.clone())]);
-        if !peer.txn(del).await?.succeeded {
-            return Ok(None);
-        }
-    }
     let create = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([Put::new(key.clone(), state.encode()).lease(state.lease)]);

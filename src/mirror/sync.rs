@@ -11,33 +11,71 @@
 //! subtree's size.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::batch::STATE_RESERVE_BYTES;
-use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
+use super::live::Opened;
 use super::pipeline::{Link, Pipeline};
 use super::stats::unix_ms;
 use super::writer::FencedWriter;
 use crate::error::Result;
-use crate::etcd::{Client, Delete, Op, TxnBatcher};
+use crate::etcd::{Client, Delete, Op, Range, TxnBatcher};
 
-/// Syncs the peer to the source as of revision `at`, which the caller
-/// pinned (see `Peer::sync`).
-pub(crate) async fn run(
-    writer: &FencedWriter,
-    link: &mut Link,
-    local: &Client,
+/// A sync made ready to run: the source pinned at a revision, the live
+/// watch from the next one open, and the scans of both sides started.
+pub(crate) struct Pinned {
+    /// The revision S the copy is brought to.
+    pub(crate) at: i64,
+    /// The live phase's watch, from S + 1.
+    pub(crate) live: Opened,
+    /// Just before S was read: the copy will hold everything the source
+    /// held then (a heartbeat may not claim a later moment).
+    started: Instant,
+    started_ms: i64,
+    merge: Merge,
+}
+
+/// Pins the source at its current revision S, opens the live watch at
+/// S + 1 (before the sync, so that it starts among etcd's synced watchers:
+/// see `Peer::sync`) and starts the merge's scans at S. A claim that will
+/// sync runs this beside its claim txn, so the peer's first page is read
+/// alongside the claim instead of a round trip after it. Reading the peer
+/// before the claim has committed is safe: the claim found the state key
+/// absent, or deleted it, so every txn of an earlier holder fails its
+/// fence from then on; a rival that claims first makes this claim fail,
+/// and the scans are dropped with it.
+pub(crate) async fn pin(
+    local: Client,
+    peer: Client,
     prefix: Bytes,
-    at: i64,
-    cfg: &MirrorConfig,
-) -> Result<()> {
-    // The copy will hold everything the source held when the scan began.
+    page_size: usize,
+    rtt: Option<Duration>,
+) -> Result<Pinned> {
     let started_ms = unix_ms();
-    let started = std::time::Instant::now();
-    let rtt = link.pacer.min_rtt();
-    let mut merge = Merge::start_over(local, &writer.client, prefix, cfg.page_size, at, rtt);
+    let started = Instant::now();
+    let at = local
+        .range(Range::key(prefix.clone()).count_only())
+        .await?
+        .header
+        .revision;
+    let live = Opened::now(&local, &prefix, at + 1)?;
+    let merge = Merge::start_over(&local, &peer, prefix, page_size, at, rtt);
+    Ok(Pinned {
+        at,
+        live,
+        started,
+        started_ms,
+        merge,
+    })
+}
+
+/// Syncs the peer to the source as pinned (see `Peer::sync`).
+pub(crate) async fn run(writer: &FencedWriter, link: &mut Link, pinned: &mut Pinned) -> Result<()> {
+    let (at, started, started_ms) = (pinned.at, pinned.started, pinned.started_ms);
+    let merge = &mut pinned.merge;
     let lease = writer.lease_id();
     let mut pipeline = Pipeline::new(writer, link);
     // Room for the fence compare; the state put goes in a txn of its own.

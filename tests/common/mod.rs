@@ -9,7 +9,9 @@
 //! * [`etcd::Cluster`]: several such members bootstrapped as one cluster.
 //! * [`tls::generate_tls`]: a throw-away CA plus server and client certificates.
 //! * [`proxy::FaultProxy`]: a loopback TCP proxy that can cut, black-hole,
-//!   delay and throttle traffic.
+//!   delay and throttle traffic, and count a client's round trips in a row
+//!   ([`round_trips::RoundTrips`]).
+//! * [`peer_proxy::PeerProxy`]: cuts etcd members from their quorum.
 //!
 //! Everything binds to 127.0.0.1 only.
 
@@ -19,6 +21,7 @@ pub mod mirror;
 pub mod peer_proxy;
 pub mod proxy;
 pub mod replicator;
+pub mod round_trips;
 pub mod tls;
 
 use std::time::{Duration, Instant};

@@ -15,8 +15,8 @@
 //! through the proxy): use `tokio::task::spawn_blocking` for that.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,6 +25,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
+
+use super::round_trips::{RoundTrips, Tap};
 
 const CHUNK: usize = 16 * 1024;
 /// Chunks buffered per direction between reader and (delayed) writer. The
@@ -52,6 +54,8 @@ struct Shared {
     active: AtomicU64,
     /// Bytes forwarded from the upstream to clients.
     to_client: AtomicU64,
+    /// Round-trip accounting for the connections accepted from now on.
+    trips: Mutex<Option<Arc<RoundTrips>>>,
 }
 
 impl Shared {
@@ -103,6 +107,7 @@ impl FaultProxy {
             accepted: AtomicU64::new(0),
             active: AtomicU64::new(0),
             to_client: AtomicU64::new(0),
+            trips: Mutex::new(None),
         });
         let cancel = CancellationToken::new();
         tokio::spawn(accept_loop(
@@ -189,6 +194,19 @@ impl FaultProxy {
     pub fn bytes_to_client(&self) -> u64 {
         self.shared.to_client.load(Ordering::Relaxed)
     }
+
+    /// Counts the serialized round trips of the (plaintext HTTP/2)
+    /// connections accepted from now on: see [`RoundTrips`]. Call it before
+    /// the client under test connects.
+    pub fn count_round_trips(&self) -> Arc<RoundTrips> {
+        let trips = Arc::new(RoundTrips::default());
+        *self
+            .shared
+            .trips
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(trips.clone());
+        trips
+    }
 }
 
 impl Drop for FaultProxy {
@@ -249,6 +267,16 @@ async fn connection(
     }
 
     let _ = client.set_nodelay(true);
+    let taps = shared
+        .trips
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .map(RoundTrips::connection);
+    let (up_tap, down_tap) = match taps {
+        Some((up, down)) => (Some(up), Some(down)),
+        None => (None, None),
+    };
     let forward = async {
         let server = tokio::select! {
             r = TcpStream::connect(upstream) => match r {
@@ -263,8 +291,8 @@ async fn connection(
         // Any error (reset, broken pipe) tears down both directions; a clean
         // EOF is propagated as a half-close.
         let _ = tokio::try_join!(
-            pipe(cr, sw, &shared, None),
-            pipe(sr, cw, &shared, Some(&shared.to_client))
+            pipe(cr, sw, &shared, None, up_tap),
+            pipe(sr, cw, &shared, Some(&shared.to_client), down_tap)
         );
     };
     // Dropping `forward` (cut / proxy dropped) closes both sockets.
@@ -283,8 +311,13 @@ async fn pipe(
     mut w: OwnedWriteHalf,
     shared: &Shared,
     count: Option<&AtomicU64>,
+    tap: Option<Tap>,
 ) -> std::io::Result<()> {
-    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>)>(PIPE_DEPTH);
+    // Each chunk carries the highest response level that ends in it (see
+    // `RoundTrips`), recorded as delivered once it is written on.
+    let (tx, mut rx) = mpsc::channel::<(Instant, Vec<u8>, u32)>(PIPE_DEPTH);
+    let reads = Arc::new(tap.map(Mutex::new));
+    let delivered = reads.clone();
     let reader = async move {
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -292,14 +325,25 @@ async fn pipe(
             if n == 0 {
                 return Ok::<(), std::io::Error>(()); // dropping tx = EOF to the writer
             }
-            if tx.send((Instant::now(), buf[..n].to_vec())).await.is_err() {
+            let level = match &*reads {
+                Some(t) => t
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .read(&buf[..n]),
+                None => 0,
+            };
+            if tx
+                .send((Instant::now(), buf[..n].to_vec(), level))
+                .await
+                .is_err()
+            {
                 return Ok(());
             }
         }
     };
     let writer = async move {
         let mut next_free = Instant::now();
-        while let Some((read_at, data)) = rx.recv().await {
+        while let Some((read_at, data, level)) = rx.recv().await {
             let latency = shared.latency();
             if !latency.is_zero() {
                 sleep_until(read_at + latency).await;
@@ -322,6 +366,11 @@ async fn pipe(
                         next_free += Duration::from_secs_f64(part.len() as f64 / bw as f64);
                     }
                 }
+            }
+            if let Some(t) = &*delivered {
+                t.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .delivered(level);
             }
         }
         w.shutdown().await

@@ -556,6 +556,19 @@ impl Client {
         self.inner.maintenance.status().await
     }
 
+    /// Opens every connection to the member in use now (the
+    /// [`ClientConfig::connections`] and the keep-alive stream's own), all
+    /// at once; resolves when each is up or has failed. Without it each
+    /// connection opens on the first call that lands on it, which waits for
+    /// the handshakes (TCP, and TLS): over a long link, a few calls in a row
+    /// spread over new connections each pay them in a row. Nothing is
+    /// reported: a connection that could not be opened is tried again by
+    /// the next call on it. It sends each connection one call to a method
+    /// etcd does not serve, which needs no token and does no work there.
+    pub async fn open_connections(&self) {
+        self.inner.transport.open_connections().await
+    }
+
     /// The alarms raised anywhere in the cluster.
     ///
     /// ```no_run

@@ -94,10 +94,13 @@
 //!   policy), `endpoints` (the channels per member URL, their health, and
 //!   the TLS they were built with, replaced as a whole), `token` (the auth
 //!   token every request carries), `retry` (which requests may be sent
-//!   again after which failures, by request type), and in its `mod.rs` the
-//!   balancing, failover, retries, re-authentication, the unary call
-//!   path and the opening of a server stream (the snapshot). It knows no service: the token fetch is the one call it makes
-//!   itself, because every other call may need it midway.
+//!   again after which failures, by request type), `warm` (opening every
+//!   connection at once, before a call needs it), and in its `mod.rs` the
+//!   balancing, failover, retries, re-authentication, the unary call path
+//!   and the opening of a server stream (the snapshot). It knows no
+//!   service: the token fetch is the one call it makes itself, because
+//!   every other call may need it midway (`warm`'s call is to a method no
+//!   server has).
 //! - `header`: the response header, the one type every service returns.
 //! - The services, each a small client over a `Transport` clone, none
 //!   importing another: `kv/` (`types`, the requests and answers as plain

@@ -22,6 +22,7 @@ mod config;
 mod endpoints;
 mod retry;
 mod token;
+mod warm;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
