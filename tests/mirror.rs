@@ -564,20 +564,32 @@ async fn randomized_convergence() {
 }
 
 /// The leases `etcd` holds, as etcdctl lists them (hex ids).
-fn leases_on(etcd: &Etcd) -> Vec<String> {
+/// The leases `etcd` holds, as `etcdctl lease list` shows them: in hex,
+/// zero-padded to 16 digits, so they are compared as numbers (an id whose
+/// top digit is 0 would not match an unpadded `{:x}`).
+fn leases_on(etcd: &Etcd) -> Vec<LeaseId> {
     let out = tokio::task::block_in_place(|| etcd.etcdctl_ok(&["lease", "list"]));
-    out.lines()
+    let mut ids: Vec<LeaseId> = out
+        .lines()
         .skip(1)
-        .map(|l| l.trim().to_string())
+        .map(str::trim)
         .filter(|l| !l.is_empty())
-        .collect()
+        .map(|l| {
+            let id = u64::from_str_radix(l, 16)
+                .unwrap_or_else(|e| panic!("etcdctl lease list printed {l:?}: {e}"));
+            LeaseId::new(id as i64)
+        })
+        .collect();
+    ids.sort();
+    ids
 }
 
 /// Waits (at most 15 s, well within the 60 s TTL of every lease granted
 /// here, so no lease can run out meanwhile) until `etcd` holds exactly
 /// `want`; panics naming `what` with what it held.
 async fn only_leases(etcd: &Etcd, want: &[LeaseId], what: &str) {
-    let want: Vec<String> = want.iter().map(|l| format!("{l:x}")).collect();
+    let mut want = want.to_vec();
+    want.sort();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         let held = leases_on(etcd);
