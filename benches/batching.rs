@@ -5,7 +5,7 @@ use aether_replicator::etcd::LeaseId;
 use std::hint::black_box;
 use std::time::Instant;
 
-use aether_replicator::etcd::{Event, EventKind, TxnLimits};
+use aether_replicator::etcd::{Event, EventKind, Put, Txn, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::batch::Batcher;
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -80,6 +80,35 @@ fn bench(c: &mut Criterion) {
             )
         });
     }
+    g.finish();
+
+    // What packing costs on the client side: 128 puts built into a txn
+    // through `TxnBatcher` (de-duplication and byte accounting) against the
+    // plain builder, both from fresh keys and values (BENCHMARKS §5).
+    let mut g = c.benchmark_group("txn_of_128_puts");
+    g.throughput(Throughput::Elements(128));
+    let key = |i: usize| {
+        format!(
+            "/aether/v1/regions/a/clusters/c1/services/svc-{:03}/protocols/http/endpoints/10.0.{}.{}",
+            i % 500,
+            i >> 8,
+            i & 255
+        )
+    };
+    g.bench_function("TxnBatcher", |b| {
+        b.iter(|| {
+            let mut batch = TxnBatcher::new(TxnLimits::default());
+            for i in 0..128 {
+                batch.put(key(i), vec![b'v'; 100], LeaseId::NONE);
+            }
+            black_box(batch.finish())
+        })
+    });
+    g.bench_function("Txn::and_then", |b| {
+        b.iter(|| {
+            black_box(Txn::new().and_then((0..128).map(|i| Put::new(key(i), vec![b'v'; 100]))))
+        })
+    });
     g.finish();
 }
 

@@ -9,9 +9,11 @@
 //! under a range delete already in the txn starts a new txn, which keeps the
 //! order of the stream intact.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
 
 use bytes::Bytes;
+use hashbrown::HashTable;
 
 use super::kv::{Compare, Delete, Op, Put, Txn};
 use super::lease_id::LeaseId;
@@ -50,10 +52,19 @@ struct Open {
     guards: Vec<Compare>,
     /// Encoded bytes of `ops` and `guards`.
     bytes: usize,
-    /// Single-key writes: key → index in `ops`.
-    keys: HashMap<Bytes, usize>,
+    /// Single-key writes, as indexes into `ops`, found by their key's hash.
+    /// The table holds no key of its own: the op already has it, and a
+    /// second `Bytes` handle per key (plus a map that grows from empty for
+    /// every txn) was most of what batching a put cost.
+    keys: HashTable<usize>,
+    hasher: RandomState,
     /// Range deletes in this txn, as `[from, to)`.
     ranges: Vec<(Bytes, Bytes)>,
+}
+
+/// The key of a single-key write at `ops[i]`.
+fn key_at(ops: &[Op], i: usize) -> &[u8] {
+    ops[i].key().map_or(&[][..], |k| &k[..])
 }
 
 impl Open {
@@ -62,22 +73,36 @@ impl Open {
         self.ranges.iter().any(|(from, to)| in_range(key, from, to))
     }
 
-    /// Adds a single-key write of encoded size `len`, replacing an earlier
-    /// write to the same key.
-    fn push_key(&mut self, key: Bytes, op: Op, len: usize) {
-        let at = self.keys.get(&key).copied();
-        self.push_key_at(key, op, len, at);
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
     }
 
-    /// [`Open::push_key`] with the key's index already looked up.
-    fn push_key_at(&mut self, key: Bytes, op: Op, len: usize, at: Option<usize>) {
+    /// The index in `ops` of the write to `key` (hashed as `hash`), if any.
+    fn find(&self, key: &[u8], hash: u64) -> Option<usize> {
+        let ops = &self.ops;
+        self.keys.find(hash, |&i| key_at(ops, i) == key).copied()
+    }
+
+    /// Adds a single-key write of encoded size `len`, replacing an earlier
+    /// write to the same key.
+    fn push_key(&mut self, op: Op, len: usize) {
+        let key = op.key().map_or(&[][..], |k| &k[..]);
+        let hash = self.hash(key);
+        let at = self.find(key, hash);
+        self.push_key_at(op, len, hash, at);
+    }
+
+    /// [`Open::push_key`] with the key's hash and index already looked up.
+    fn push_key_at(&mut self, op: Op, len: usize, hash: u64, at: Option<usize>) {
         match at {
             Some(i) => {
                 self.bytes = self.bytes - self.ops[i].encoded_len() + len;
                 self.ops[i] = op;
             }
             None => {
-                self.keys.insert(key, self.ops.len());
+                let (ops, hasher) = (&self.ops, &self.hasher);
+                self.keys
+                    .insert_unique(hash, ops.len(), |&i| hasher.hash_one(key_at(ops, i)));
                 self.ops.push(op);
                 self.bytes += len;
             }
@@ -90,15 +115,20 @@ impl Open {
         if let Op::Delete(d) = &op {
             let (from, to) = d.bounds();
             let (from, to) = (from.clone(), to.clone());
-            if self.keys.keys().any(|k| in_range(k, &from, &to)) {
+            let ops = &self.ops;
+            if self
+                .keys
+                .iter()
+                .any(|&i| in_range(key_at(ops, i), &from, &to))
+            {
                 let old = std::mem::take(&mut self.ops);
                 self.keys.clear();
                 self.bytes = self.guards.iter().map(Compare::encoded_len).sum();
                 for op in old {
                     let len = op.encoded_len();
-                    match op.key().cloned() {
-                        Some(k) if in_range(&k, &from, &to) => {}
-                        Some(k) => self.push_key(k, op, len),
+                    match op.key() {
+                        Some(k) if in_range(k, &from, &to) => {}
+                        Some(_) => self.push_key(op, len),
                         None => {
                             self.bytes += len;
                             self.ops.push(op);
@@ -112,13 +142,24 @@ impl Open {
         self.ops.push(op);
     }
 
+    /// Makes room for a txn of `n` single-key writes, so the table does
+    /// not grow (and re-hash every key) while a txn fills.
+    fn reserve(&mut self, n: usize) {
+        let (ops, hasher) = (&self.ops, &self.hasher);
+        self.keys.reserve(n, |&i| hasher.hash_one(key_at(ops, i)));
+        self.ops.reserve(n);
+    }
+
+    /// Seals the txn. The next one starts with room for as many ops, so a
+    /// stream of full txns allocates each txn's ops once.
     fn take(&mut self) -> Sealed {
         self.keys.clear();
         self.ranges.clear();
         self.bytes = 0;
+        let room = self.ops.len();
         Sealed {
             guards: std::mem::take(&mut self.guards),
-            ops: std::mem::take(&mut self.ops),
+            ops: std::mem::replace(&mut self.ops, Vec::with_capacity(room)),
         }
     }
 }
@@ -243,6 +284,9 @@ impl TxnBatcher {
             .limits
             .max_bytes
             .saturating_sub(REQUEST_OVERHEAD_BYTES + compares + self.reserved_bytes);
+        // Up to a bound: a server with a huge `--max-txn-ops` need not
+        // cost that much memory before any write comes.
+        self.open.reserve(self.max_ops.min(1024));
     }
 
     /// Packs for other limits from now on (a server found to take less
@@ -283,7 +327,7 @@ impl TxnBatcher {
 
     /// Whether the open txn already writes `key`.
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.open.keys.contains_key(key)
+        self.open.find(key, self.open.hash(key)).is_some()
     }
 
     /// Whether `new_ops` more ops of `bytes` bytes in all would join the
@@ -326,19 +370,20 @@ impl TxnBatcher {
         }
         let len = op.encoded_len();
         let need = len + guard_len;
-        match op.key().cloned() {
+        match op.key() {
             Some(key) => {
-                if self.open.covered(&key) {
+                if self.open.covered(key) {
                     // A range delete in this txn would conflict with the
                     // put: start a new txn, which also keeps their order.
                     self.flush();
                 }
-                let mut at = self.open.keys.get(&key).copied();
+                let hash = self.open.hash(key);
+                let mut at = self.open.find(key, hash);
                 if !self.has_room(usize::from(at.is_none()), need) {
                     self.flush();
                     at = None;
                 }
-                self.open.push_key_at(key, op, len, at);
+                self.open.push_key_at(op, len, hash, at);
             }
             None => {
                 if !self.has_room(1, need) {
@@ -681,5 +726,32 @@ mod tests {
             Txn::new().and_then([one.clone()]).encoded_len(),
             one.encoded_len()
         );
+    }
+
+    #[test]
+    fn finds_every_key_after_the_table_grows_past_its_reserve() {
+        // More keys than the 1024 reserved up front: the table re-hashes
+        // each key from its op while it grows, and must still find all.
+        let limits = TxnLimits {
+            max_ops: 3000,
+            max_bytes: usize::MAX / 2,
+        };
+        let mut b = TxnBatcher::new(limits);
+        for i in 0..2500 {
+            b.put(format!("/k/{i}"), "old", LeaseId::NONE);
+        }
+        for i in 0..2500 {
+            assert!(b.contains(format!("/k/{i}").as_bytes()), "lost /k/{i}");
+            b.put(format!("/k/{i}"), "new", LeaseId::NONE);
+        }
+        assert!(!b.contains(b"/k/2500"));
+        let txns = b.finish();
+        assert_eq!(txns.len(), 1);
+        let req = &txns[0].0;
+        assert_eq!(req.success.len(), 2500);
+        assert!(req.success.iter().all(|op| matches!(
+            &op.request,
+            Some(PbOp::RequestPut(p)) if &p.value[..] == b"new"
+        )));
     }
 }

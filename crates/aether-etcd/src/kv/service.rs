@@ -2,9 +2,9 @@
 
 use crate::error::Result;
 use crate::header::Header;
-use crate::pb::PbCompactionRequest;
 use crate::pb::PbKvClient;
-use crate::transport::{Svc, Transport};
+use crate::pb::{PbCompactionRequest, PbPutResponse, PbTxnResponse};
+use crate::transport::{SharedRequest, Svc, Transport};
 
 use super::types::{
     Delete, DeleteResponse, Put, PutResponse, Range, RangeResponse, Txn, TxnResponse,
@@ -43,9 +43,11 @@ impl KvClient {
     }
 
     pub(crate) async fn put(&self, req: Put) -> Result<PutResponse> {
-        let resp = self
+        let resp: PbPutResponse = self
             .transport
-            .unary(req.0, |svc, r| async move { self.grpc(svc).put(r).await })
+            .unary(SharedRequest::new(req.0), |svc, r| {
+                self.transport.call(svc, "/etcdserverpb.KV/Put", r)
+            })
             .await?;
         Ok(resp.into())
     }
@@ -61,9 +63,11 @@ impl KvClient {
     }
 
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        let resp = self
+        let resp: PbTxnResponse = self
             .transport
-            .unary(txn.0, |svc, r| async move { self.grpc(svc).txn(r).await })
+            .unary(SharedRequest::new(txn.0), |svc, r| {
+                self.transport.call(svc, "/etcdserverpb.KV/Txn", r)
+            })
             .await?;
         Ok(resp.into())
     }

@@ -21,6 +21,7 @@
 mod config;
 mod endpoints;
 mod retry;
+mod shared_request;
 mod token;
 mod warm;
 
@@ -38,6 +39,7 @@ pub use config::{
     RetryPolicy, TlsConfig, UNHEALTHY_FOR,
 };
 pub(crate) use retry::Repeat;
+pub(crate) use shared_request::SharedRequest;
 pub(crate) use token::Svc;
 
 use super::error::{Error, Result};
