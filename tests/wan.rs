@@ -468,3 +468,63 @@ async fn a_restart_over_a_state_value_without_its_ttl_asks_the_lease_and_resumes
 /// the compare-and-delete, then the create; the live txn one after.
 const RESTART_CLAIM_LEVEL: u32 = 4;
 const RESTART_DATA_LEVEL: u32 = 5;
+
+/// `Client::warm_connections` grows etcd's flow-control window on every
+/// call connection before any data is sent, where `open_connections`
+/// does not: grpc-go's first BDP sample counts the warm-up's padding and
+/// raises the stream window (a SETTINGS frame) above its initial 64 KiB.
+/// Two clients, each behind its own 100 ms proxy, start at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warming_the_connections_grows_the_servers_window_before_any_data() {
+    let etcd = common::Etcd::start();
+    let (warm_proxy, cold_proxy) = (
+        FaultProxy::start(etcd.client_addr()).await,
+        FaultProxy::start(etcd.client_addr()).await,
+    );
+    let (warm_trips, cold_trips) = (
+        warm_proxy.count_round_trips(),
+        cold_proxy.count_round_trips(),
+    );
+    for p in [&warm_proxy, &cold_proxy] {
+        p.set_latency(Duration::from_millis(50));
+    }
+    let connect = |p: &FaultProxy| {
+        Client::connect(ClientConfig::new([p.endpoint()]).with_connections(4)).unwrap()
+    };
+    let (warm, cold) = (connect(&warm_proxy), connect(&cold_proxy));
+    tokio::join!(warm.warm_connections(), cold.open_connections());
+    // The raise follows the ping's ack: about two round trips after the
+    // padding left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let grown = |w: &[u32]| w.iter().filter(|&&n| n > 65_535).count();
+    loop {
+        let w = warm_trips.stream_windows();
+        // 4 call connections and the keep-alive's (not warmed).
+        if grown(&w) >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server raised the window of {} of 4 warmed connections within 10 s: {w:?}\n{}",
+            grown(&w),
+            warm_trips.flow_report(Duration::from_millis(100))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let w = warm_trips.stream_windows();
+    println!(
+        "warmed: stream windows {w:?}; opened only: {:?}\n{}",
+        cold_trips.stream_windows(),
+        warm_trips.flow_report(Duration::from_millis(100))
+    );
+    assert!(
+        w.iter().all(|&n| n < 2 * 65_535 + 4096),
+        "one doubling at most from one sample: {w:?}"
+    );
+    assert_eq!(
+        grown(&cold_trips.stream_windows()),
+        0,
+        "opened without padding, no window grew:\n{}",
+        cold_trips.flow_report(Duration::from_millis(100))
+    );
+}
