@@ -2,7 +2,7 @@
 //!
 //! `<state_root><region>/state` lives outside the registry root, under the
 //! mirror lease, and reads
-//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> heartbeat=<ms> synced=<0|1>`:
+//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> origin=<hex> heartbeat=<ms> synced=<0|1> ttl=<s>`:
 //!
 //! - `revision`: every source revision up to it is applied on this peer.
 //!   It is a lower bound (txns may be in flight past it), so resuming from
