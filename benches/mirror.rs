@@ -951,6 +951,69 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// A probe of the 50k-key WAN base sync's phases, run only with
+/// `AETHER_BENCH_WAN_PROBE=<samples>` (`cargo bench --bench mirror --
+/// wan_probe`): per sample, the RTTs of `AETHER_BENCH_WAN_RTTS` (default
+/// 0, 100, 250) interleaved, each on an empty peer behind a fresh proxy
+/// that reads the HTTP/2 frames. It prints, per sync, the time to the first
+/// data txn, to the last client DATA frame and to the final state write,
+/// and the client bytes per round trip summed over the connections (the
+/// flow-control ramp); `AETHER_BENCH_WAN_PROBE_FLOW=1` adds each
+/// connection's bytes, WINDOW_UPDATEs and PINGs per round trip.
+fn wan_probe(_c: &mut Criterion) {
+    let Some(samples) = std::env::var("AETHER_BENCH_WAN_PROBE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    else {
+        return;
+    };
+    let flow = std::env::var("AETHER_BENCH_WAN_PROBE_FLOW").is_ok_and(|v| v == "1");
+    let rt = runtime();
+    let _in = rt.enter();
+    let n = 50_000;
+    let rtts = wan_rtts(&[0, 100, 250]);
+    let (_src, s, mut dst) = wan_stores(&rt, n);
+    for sample in 0..samples {
+        for &rtt in &rtts {
+            dst.restart_empty();
+            let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
+            let trips = proxy.count_round_trips();
+            trips.mark("data", b"clusterName");
+            trips.mark("last", b"synced=1");
+            proxy.set_latency(Duration::from_millis(rtt) / 2);
+            let t0 = Instant::now();
+            let (engine, took) = wan_sync(&rt, &s, &proxy);
+            let at = |m: &str| {
+                trips
+                    .first(m)
+                    .map_or(f64::NAN, |x| x.at.duration_since(t0).as_secs_f64())
+            };
+            let bucket = Duration::from_millis(rtt.max(20));
+            let per_conn = trips.client_bytes(bucket);
+            let width = per_conn.iter().map(Vec::len).max().unwrap_or(0);
+            let sums: Vec<String> = (0..width)
+                .map(|i| {
+                    let b: u64 = per_conn.iter().filter_map(|r| r.get(i)).sum();
+                    format!("{}", b / 1024)
+                })
+                .collect();
+            println!(
+                "PROBE sample={sample} rtt_ms={rtt} sync_s={:.3} first_data_s={:.3} final_state_s={:.3} conns={} client_kib_per_{}ms=[{}]",
+                took.as_secs_f64(),
+                at("data"),
+                at("last"),
+                trips.connections(),
+                bucket.as_millis(),
+                sums.join(" ")
+            );
+            if flow {
+                print!("{}", trips.flow_report(bucket));
+            }
+            rt.block_on(engine.shutdown());
+        }
+    }
+}
+
 /// The round trips to measure: `AETHER_BENCH_WAN_RTTS` (ms, comma
 /// separated), or `default`.
 fn wan_rtts(default: &[u64]) -> Vec<u64> {
@@ -972,10 +1035,14 @@ fn wan_stores(rt: &tokio::runtime::Runtime, n: usize) -> (Etcd, Client, Etcd) {
 /// built as the binary builds its peer clients, and waits for the base
 /// sync: the engine and how long it took from the start.
 fn wan_sync(rt: &tokio::runtime::Runtime, s: &Client, proxy: &FaultProxy) -> (Engine, Duration) {
-    let far = Client::connect(
-        ClientConfig::new([proxy.endpoint()]).with_connections(DEFAULT_PEER_CONNECTIONS),
-    )
-    .expect("client");
+    // `AETHER_BENCH_PEER_CONNECTIONS` overrides the binary's default, to
+    // compare connection counts in one run.
+    let conns = std::env::var("AETHER_BENCH_PEER_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_PEER_CONNECTIONS);
+    let far = Client::connect(ClientConfig::new([proxy.endpoint()]).with_connections(conns))
+        .expect("client");
     let start = Instant::now();
     let engine = Engine::start(s.clone(), vec![("b".into(), far)], cfg()).expect("engine");
     rt.block_on(engine.wait_synced());
@@ -1003,6 +1070,7 @@ criterion_group!(
     load_curve,
     wan,
     wan_large,
+    wan_probe,
     regions,
     lower_limits
 );

@@ -95,6 +95,7 @@ fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
         source_id: 0,
         heartbeat_unix_ms,
         synced,
+        lease_ttl: 0,
     }
 }
 

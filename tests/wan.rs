@@ -6,7 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use aether_replicator::etcd::{Client, ClientConfig, LeaseId};
+use aether_replicator::etcd::{Client, ClientConfig, LeaseId, Put, Range};
+use aether_replicator::mirror::state::State;
 use aether_replicator::mirror::{
     DEFAULT_PEER_CONNECTIONS, Engine, ErrorKind, MirrorConfig, ResyncReason,
 };
@@ -330,12 +331,23 @@ const PEER_LAST_LEVEL: u32 = 5;
 const SOURCE_DATA_TRIPS: u32 = 4;
 const SOURCE_LAST_TRIPS: u32 = 14;
 
+/// What a restart over a live copy cost on the peer link.
+struct RestartCount {
+    /// Levels of the claim's create txn and of the first live txn.
+    claim: u32,
+    data: u32,
+    /// The state value the successor wrote with its claim.
+    claimed: State,
+    report: String,
+}
+
 /// A restart over a live copy (a successor adopting its predecessor's
 /// lease and resuming by watch), counted like a base sync's start: the
 /// round trips on the peer link before the claim's create txn, and before
 /// the first live txn, which carries a write made while no engine ran.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_over_a_live_copy_costs_few_round_trips_on_the_peer_link() {
+/// `without_ttl`: the predecessor's state value is rewritten (same lease)
+/// as an engine that predates its `ttl=` field wrote it.
+async fn count_restart(without_ttl: bool) -> RestartCount {
     let scene = Scene::start();
     let (src, dst) = scene.clients();
     put_many(&src, (0..300).map(|i| (key(i), format!("v{i}")))).await;
@@ -347,9 +359,23 @@ async fn a_restart_over_a_live_copy_costs_few_round_trips_on_the_peer_link() {
         .expect("the predecessor synced");
     converged(&src, &dst, &cfg).await;
     first.shutdown().await;
-    src.put(aether_replicator::etcd::Put::new(key(7), PROBE_VALUE))
-        .await
-        .unwrap();
+    let state_key = cfg.state_key();
+    let stored = dst.range(Range::key(state_key.clone())).await.unwrap();
+    let kv = stored.kvs().first().expect("the predecessor's state key");
+    let before = State::decode(kv.value()).expect("a state value");
+    assert_eq!(before.lease_ttl, 30, "the state value records the TTL");
+    if without_ttl {
+        let text = String::from_utf8(kv.value().to_vec()).unwrap();
+        let old = text
+            .split(' ')
+            .filter(|f| !f.starts_with("ttl="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        dst.put(Put::new(state_key.clone(), old).lease(kv.lease()))
+            .await
+            .unwrap();
+    }
+    src.put(Put::new(key(7), PROBE_VALUE)).await.unwrap();
 
     let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     let trips = proxy.count_round_trips();
@@ -374,24 +400,131 @@ async fn a_restart_over_a_live_copy_costs_few_round_trips_on_the_peer_link() {
     let (Some(claim), Some(data)) = (trips.first("claim"), trips.first("data")) else {
         panic!("no claim or no live txn seen:\n{}", trips.report(u32::MAX));
     };
+    let after = dst.range(Range::key(state_key)).await.unwrap();
+    let claimed = State::decode(
+        after
+            .kvs()
+            .first()
+            .expect("the successor's state key")
+            .value(),
+    )
+    .expect("a state value");
     second.shutdown().await;
+    assert_eq!(claimed.lease, before.lease, "the lease adopted");
+    RestartCount {
+        claim: claim.level,
+        data: data.level,
+        claimed,
+        report: trips.report(data.level),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_over_a_live_copy_costs_few_round_trips_on_the_peer_link() {
+    let c = count_restart(false).await;
     println!(
         "restart over a live copy, peer link at {:.0} ms RTT: the claim's create txn sent after {} round trips in a row, the first live txn after {}\n{}",
         (COUNT_ONE_WAY * 2).as_secs_f64() * 1e3,
-        claim.level - 1,
-        data.level - 1,
-        trips.report(data.level)
+        c.claim - 1,
+        c.data - 1,
+        c.report
     );
     assert!(
-        claim.level <= RESTART_CLAIM_LEVEL && data.level <= RESTART_DATA_LEVEL,
+        c.claim <= RESTART_CLAIM_LEVEL && c.data <= RESTART_DATA_LEVEL,
         "the claim waited for {} round trips (at most {} expected), the first live txn for {} (at most {})",
-        claim.level - 1,
+        c.claim - 1,
         RESTART_CLAIM_LEVEL - 1,
-        data.level - 1,
+        c.data - 1,
         RESTART_DATA_LEVEL - 1
     );
 }
 
-/// Levels of a restart's claim (create txn) and first live txn.
-const RESTART_CLAIM_LEVEL: u32 = 5;
-const RESTART_DATA_LEVEL: u32 = 6;
+/// A rolling upgrade: the predecessor's state value predates the `ttl=`
+/// field. The successor asks the lease its TTL (one round trip more than
+/// the restart above), adopts it and resumes all the same, and its claim
+/// records the TTL for the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_over_a_state_value_without_its_ttl_asks_the_lease_and_resumes() {
+    let c = count_restart(true).await;
+    println!(
+        "restart over a state value without ttl=: claim after {} round trips, first live txn after {}\n{}",
+        c.claim - 1,
+        c.data - 1,
+        c.report
+    );
+    assert_eq!(c.claimed.lease_ttl, 30, "the claim records the TTL again");
+    assert!(
+        c.claim <= RESTART_CLAIM_LEVEL + 1 && c.data <= RESTART_DATA_LEVEL + 1,
+        "the claim waited for {} round trips (at most {} expected), the first live txn for {} (at most {})",
+        c.claim - 1,
+        RESTART_CLAIM_LEVEL,
+        c.data - 1,
+        RESTART_DATA_LEVEL
+    );
+}
+
+/// Levels of a restart's claim (create txn) and first live txn: the
+/// connect, the state read (whose value carries the lease's TTL: no query),
+/// the compare-and-delete, then the create; the live txn one after.
+const RESTART_CLAIM_LEVEL: u32 = 4;
+const RESTART_DATA_LEVEL: u32 = 5;
+
+/// `Client::warm_connections` grows etcd's flow-control window on every
+/// call connection before any data is sent, where `open_connections`
+/// does not: grpc-go's first BDP sample counts the warm-up's padding and
+/// raises the stream window (a SETTINGS frame) above its initial 64 KiB.
+/// Two clients, each behind its own 100 ms proxy, start at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warming_the_connections_grows_the_servers_window_before_any_data() {
+    let etcd = common::Etcd::start();
+    let (warm_proxy, cold_proxy) = (
+        FaultProxy::start(etcd.client_addr()).await,
+        FaultProxy::start(etcd.client_addr()).await,
+    );
+    let (warm_trips, cold_trips) = (
+        warm_proxy.count_round_trips(),
+        cold_proxy.count_round_trips(),
+    );
+    for p in [&warm_proxy, &cold_proxy] {
+        p.set_latency(Duration::from_millis(50));
+    }
+    let connect = |p: &FaultProxy| {
+        Client::connect(ClientConfig::new([p.endpoint()]).with_connections(4)).unwrap()
+    };
+    let (warm, cold) = (connect(&warm_proxy), connect(&cold_proxy));
+    tokio::join!(warm.warm_connections(), cold.open_connections());
+    // The raise follows the ping's ack: about two round trips after the
+    // padding left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let grown = |w: &[u32]| w.iter().filter(|&&n| n > 65_535).count();
+    loop {
+        let w = warm_trips.stream_windows();
+        // 4 call connections and the keep-alive's (not warmed).
+        if grown(&w) >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server raised the window of {} of 4 warmed connections within 10 s: {w:?}\n{}",
+            grown(&w),
+            warm_trips.flow_report(Duration::from_millis(100))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let w = warm_trips.stream_windows();
+    println!(
+        "warmed: stream windows {w:?}; opened only: {:?}\n{}",
+        cold_trips.stream_windows(),
+        warm_trips.flow_report(Duration::from_millis(100))
+    );
+    assert!(
+        w.iter().all(|&n| n < 2 * 65_535 + 4096),
+        "one doubling at most from one sample: {w:?}"
+    );
+    assert_eq!(
+        grown(&cold_trips.stream_windows()),
+        0,
+        "opened without padding, no window grew:\n{}",
+        cold_trips.flow_report(Duration::from_millis(100))
+    );
+}

@@ -375,6 +375,7 @@ mod tests {
                 source_id: 0,
                 heartbeat_unix_ms: 0,
                 synced: true,
+                lease_ttl: 0,
             }),
             lease_left: left,
             lease_granted: granted,

@@ -76,7 +76,7 @@ impl Peer {
                     .then_some(st.source_cluster)
             };
             if let Some(other) = other
-                && self.live_lease(st.lease).await?.is_some()
+                && self.stored_lease(&st).await?.is_some()
             {
                 return Err(Error::Conflict {
                     peer: self.region().to_owned(),
@@ -105,7 +105,14 @@ impl Peer {
         // A lease granted for this claim: revoked unless the claim succeeds.
         let mut granted = None;
         let mut ttl_changed = false;
-        let (lease, adopted) = match self.live_lease(candidate).await? {
+        // A state key present names a live lease (it is attached to it),
+        // and a recent one says with which TTL: no round trip to ask.
+        let candidate_ttl = match stored.state {
+            Some(st) => self.stored_lease(&st).await?,
+            None => self.live_lease(candidate).await?,
+        };
+        let mut lease_ttl = want_ttl;
+        let (lease, adopted) = match candidate_ttl {
             Some(granted) if granted == want_ttl => {
                 if w.lease_id() != candidate || !own_lease_alive {
                     new_handle = Some(
@@ -145,6 +152,7 @@ impl Peer {
                         .keep_alive(grant.id, grant.ttl)
                         .await?,
                 );
+                lease_ttl = grant.ttl;
                 granted = Some(unclaimed);
                 (grant.id, false)
             }
@@ -203,6 +211,7 @@ impl Peer {
         let claimed = State {
             revision: resume.map_or(0, |st| st.revision),
             lease,
+            lease_ttl,
             ..self.writer.state(0)
         };
         // A sync is pinned, its watch opened and its scans started beside
@@ -249,6 +258,7 @@ impl Peer {
                     lease.keep();
                 }
                 w.fence = fence;
+                w.marks.lease_ttl.store(lease_ttl, Relaxed);
                 if let Some(prev) = stored.state.filter(|s| s.holder != w.holder) {
                     tracing::info!(peer = %w.region, previous = format!("{:016x}", prev.holder), lease = %lease, adopted, "took over the peer");
                 }
@@ -261,6 +271,21 @@ impl Peer {
                 peer: w.region.clone(),
             }),
         }
+    }
+
+    /// The granted TTL of the lease a state key read from the peer names,
+    /// if it is alive. The key is attached to that lease, so its presence
+    /// proves the lease alive as of the read; a value that records the TTL
+    /// (`ttl=`) answers without a round trip. One written before that field
+    /// existed (an older engine, during a rolling upgrade) asks the peer.
+    /// The lease may still run out just after the read: then the claim's
+    /// compare-and-delete or its create txn fails, as they would after a
+    /// query, and the next session reads the key again.
+    async fn stored_lease(&self, st: &State) -> Result<Option<i64>> {
+        if st.lease_ttl > 0 && !st.lease.is_none() {
+            return Ok(Some(st.lease_ttl));
+        }
+        self.live_lease(st.lease).await
     }
 
     /// The granted TTL of `lease` if it is alive on the peer.

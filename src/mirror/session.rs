@@ -162,7 +162,20 @@ impl Peer {
         // trip; TLS adds one or two). Aborted with the session.
         let mut opening = tokio::task::JoinSet::new();
         let peer = self.writer.client.clone();
-        opening.spawn(async move { peer.open_connections().await });
+        // An engine's first session most likely copies the subtree (or
+        // soon writes a burst), on connections that may be new: each also
+        // carries a padding body that starts etcd's window growth during
+        // the claim's round trips (`Client::warm_connections`), so the
+        // copy's first round trip carries twice as much. Later sessions
+        // find the connections warm.
+        let warm = self.fresh;
+        opening.spawn(async move {
+            if warm {
+                peer.warm_connections().await
+            } else {
+                peer.open_connections().await
+            }
+        });
         let start = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             r = self.claim() => r?,

@@ -2,7 +2,7 @@
 //!
 //! `<state_root><region>/state` lives outside the registry root, under the
 //! mirror lease, and reads
-//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> heartbeat=<ms> synced=<0|1>`:
+//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> origin=<hex> heartbeat=<ms> synced=<0|1> ttl=<s>`:
 //!
 //! - `revision`: every source revision up to it is applied on this peer.
 //!   It is a lower bound (txns may be in flight past it), so resuming from
@@ -24,10 +24,15 @@
 //!   consumer's staleness is its clock minus this (clock skew included).
 //! - `synced`: a complete copy was made under this lease: a consumer never
 //!   mistakes a half-done first sync for the region's registry.
+//! - `ttl`: the TTL the lease was granted with, in seconds. The key lives
+//!   under that lease, so a successor that reads it knows the lease alive
+//!   and its TTL without asking the peer (a round trip less on a restart).
 //!
-//! The last four were added later; a value without them decodes with
-//! `source=0` and `origin=0` (unknown), `heartbeat=0` (never) and
-//! `synced=0`.
+//! The last five were added later; a value without them decodes with
+//! `source=0` and `origin=0` (unknown), `heartbeat=0` (never),
+//! `synced=0` and `ttl=0` (unknown: the reader asks the lease). Readers
+//! skip fields they do not know, so an engine that predates a field reads
+//! a value that carries it (a rolling upgrade runs both).
 //!
 //! **Fencing.** An engine claims a peer by deleting the state key and
 //! creating it anew; the creation revision is its fence. Every mirror txn
@@ -59,13 +64,16 @@ pub struct State {
     pub heartbeat_unix_ms: i64,
     /// A complete copy was made under this lease.
     pub synced: bool,
+    /// The TTL the lease was granted with, seconds; 0: unknown (written
+    /// by an engine that predates the field).
+    pub lease_ttl: i64,
 }
 
 impl State {
     /// The encoded value.
     pub fn encode(&self) -> Bytes {
         Bytes::from(format!(
-            "v1 revision={} lease={} holder={:016x} source={:016x} origin={:016x} heartbeat={} synced={}",
+            "v1 revision={} lease={} holder={:016x} source={:016x} origin={:016x} heartbeat={} synced={} ttl={}",
             self.revision,
             // Decimal, as the format always had it (not LeaseId's hex).
             self.lease.get(),
@@ -73,7 +81,8 @@ impl State {
             self.source_cluster,
             self.source_id,
             self.heartbeat_unix_ms,
-            u8::from(self.synced)
+            u8::from(self.synced),
+            self.lease_ttl
         ))
     }
 
@@ -87,6 +96,7 @@ impl State {
         let (mut revision, mut lease, mut holder) = (None, None, None);
         let (mut source_cluster, mut source_id, mut heartbeat_unix_ms, mut synced) =
             (0, 0, 0, false);
+        let mut lease_ttl = 0;
         for part in parts {
             let (k, v) = part.split_once('=')?;
             match k {
@@ -97,6 +107,8 @@ impl State {
                 "origin" => source_id = u64::from_str_radix(v, 16).ok()?,
                 "heartbeat" => heartbeat_unix_ms = v.parse().ok()?,
                 "synced" => synced = v == "1",
+                // A negative TTL is no TTL: ask the lease.
+                "ttl" => lease_ttl = v.parse::<i64>().ok()?.max(0),
                 _ => {}
             }
         }
@@ -108,6 +120,7 @@ impl State {
             source_id,
             heartbeat_unix_ms,
             synced,
+            lease_ttl,
         })
     }
 }
@@ -266,6 +279,7 @@ mod tests {
             source_id: 0x1234_5678_9abc_def1,
             heartbeat_unix_ms: 1_796_000_000_123,
             synced: true,
+            lease_ttl: 30,
         };
         assert_eq!(State::decode(&s.encode()), Some(s));
         // Written by an engine before the identity fields.
@@ -280,6 +294,18 @@ mod tests {
             ),
             (9, 0, 0, 0, false)
         );
+        assert_eq!(old.lease_ttl, 0, "unknown: the reader asks the lease");
+        // Written before the TTL field, and read by an engine that has it.
+        let before_ttl = State::decode(
+            b"v1 revision=9 lease=3 holder=00000000000000aa source=0000000000000001 origin=0000000000000002 heartbeat=5 synced=1",
+        )
+        .unwrap();
+        assert_eq!((before_ttl.synced, before_ttl.lease_ttl), (true, 0));
+        // A field this engine does not know (written by a later one) is
+        // skipped, as an engine before `ttl` skips `ttl`.
+        let later = State::decode(b"v1 revision=9 lease=3 holder=aa ttl=7 future=x").unwrap();
+        assert_eq!(later.lease_ttl, 7);
+        assert_eq!(State::decode(b"v1 revision=1 lease=1 holder=1 ttl=x"), None);
         assert_eq!(State::decode(b"v2 revision=1 lease=1 holder=1"), None);
         assert_eq!(State::decode(b"v1 revision=x lease=1 holder=1"), None);
         assert_eq!(State::decode(b"\xff"), None);

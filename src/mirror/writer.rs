@@ -60,6 +60,9 @@ pub(crate) struct Marks {
     pub(crate) heartbeat_unix_ms: AtomicI64,
     /// A complete copy is on the peer under this lease.
     pub(crate) synced: AtomicBool,
+    /// The TTL the lease was granted with, seconds (0: none held): written
+    /// into the state key so that a successor need not ask it.
+    pub(crate) lease_ttl: AtomicI64,
 }
 
 impl FencedWriter {
@@ -139,6 +142,7 @@ impl FencedWriter {
         self.lease = None;
         self.fence = 0;
         self.marks.synced.store(false, Relaxed);
+        self.marks.lease_ttl.store(0, Relaxed);
         self.stats.set_lease(LeaseId::NONE, None);
     }
 
@@ -157,6 +161,7 @@ impl FencedWriter {
             source_id: self.marks.source_id.load(Relaxed),
             heartbeat_unix_ms: self.marks.heartbeat_unix_ms.load(Relaxed),
             synced: self.marks.synced.load(Relaxed),
+            lease_ttl: self.marks.lease_ttl.load(Relaxed),
         }
     }
 

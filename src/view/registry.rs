@@ -372,6 +372,7 @@ mod tests {
             source_id: 0,
             heartbeat_unix_ms,
             synced,
+            lease_ttl: 0,
         }
     }
 

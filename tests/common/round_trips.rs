@@ -42,7 +42,11 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0;
 const HEADERS: u8 = 1;
 const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const WINDOW_UPDATE: u8 = 8;
 const ACK: u8 = 1;
+/// SETTINGS_INITIAL_WINDOW_SIZE.
+const INITIAL_WINDOW: u16 = 4;
 
 /// Round-trip accounting for one proxy (see the module docs). Shared by
 /// every connection the proxy accepts after
@@ -63,6 +67,29 @@ struct Inner {
     requests: Vec<Request>,
     conns: Vec<Conn>,
     started: Option<Instant>,
+    /// Flow-control events, for [`RoundTrips::flow_report`].
+    flow: Vec<Flow>,
+}
+
+/// What one frame did to HTTP/2 flow control.
+#[derive(Clone, Copy)]
+struct Flow {
+    at: Instant,
+    conn: usize,
+    what: FlowKind,
+}
+
+#[derive(Clone, Copy)]
+enum FlowKind {
+    /// Payload bytes of a client DATA frame (what the server's receive
+    /// window and its BDP estimator count).
+    ClientData(u32),
+    /// A connection-level WINDOW_UPDATE from the server.
+    ServerConnWindow(u32),
+    /// A SETTINGS_INITIAL_WINDOW_SIZE from the server (the stream window).
+    ServerStreamWindow(u32),
+    /// A PING from the server (grpc-go's BDP probe, or a keep-alive).
+    ServerPing,
 }
 
 struct Mark {
@@ -161,6 +188,84 @@ impl RoundTrips {
         out
     }
 
+    /// HTTP/2 flow control as the proxy saw it, one line per connection
+    /// and `bucket` of time since the first connection: the client's DATA
+    /// bytes (what the server's windows admit), the server's
+    /// connection-level WINDOW_UPDATE increments, its PINGs (grpc-go's
+    /// BDP probes: one per sample) and any new stream window it set. A
+    /// connection whose client bytes double bucket by bucket while the
+    /// sender has more to send is in the window's ramp.
+    pub fn flow_report(&self, bucket: std::time::Duration) -> String {
+        let inner = self.lock();
+        let Some(t0) = inner.started else {
+            return String::new();
+        };
+        let b = bucket.as_secs_f64();
+        // (conn, bucket) -> (client bytes, window increments, pings, stream window)
+        let mut rows: std::collections::BTreeMap<(usize, u64), (u64, u64, u32, u32)> =
+            Default::default();
+        for f in &inner.flow {
+            let k = (f.conn, (f.at.duration_since(t0).as_secs_f64() / b) as u64);
+            let r = rows.entry(k).or_default();
+            match f.what {
+                FlowKind::ClientData(n) => r.0 += u64::from(n),
+                FlowKind::ServerConnWindow(n) => r.1 += u64::from(n),
+                FlowKind::ServerPing => r.2 += 1,
+                FlowKind::ServerStreamWindow(n) => r.3 = n,
+            }
+        }
+        let mut out = String::new();
+        for ((conn, i), (data, win, pings, sw)) in rows {
+            out.push_str(&format!(
+                "  conn {conn} t {:>5} ms: client data {:>8} B, window +{:>8} B, {pings} pings{}\n",
+                (i as f64 * b * 1e3) as u64,
+                data,
+                win,
+                if sw > 0 {
+                    format!(", stream window {sw}")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        out
+    }
+
+    /// Per connection, the largest stream window the server has set
+    /// (SETTINGS_INITIAL_WINDOW_SIZE; grpc-go raises it with the
+    /// connection's window as its BDP estimate grows), 0 if none.
+    pub fn stream_windows(&self) -> Vec<u32> {
+        let inner = self.lock();
+        let mut out = vec![0; inner.conns.len()];
+        for f in &inner.flow {
+            if let FlowKind::ServerStreamWindow(n) = f.what {
+                out[f.conn] = out[f.conn].max(n);
+            }
+        }
+        out
+    }
+
+    /// Client DATA bytes per connection, in `bucket`s of time since the
+    /// first connection: `[conn][bucket]`.
+    pub fn client_bytes(&self, bucket: std::time::Duration) -> Vec<Vec<u64>> {
+        let inner = self.lock();
+        let Some(t0) = inner.started else {
+            return Vec::new();
+        };
+        let mut out = vec![Vec::new(); inner.conns.len()];
+        for f in &inner.flow {
+            if let FlowKind::ClientData(n) = f.what {
+                let i = (f.at.duration_since(t0).as_secs_f64() / bucket.as_secs_f64()) as usize;
+                let row: &mut Vec<u64> = &mut out[f.conn];
+                if row.len() <= i {
+                    row.resize(i + 1, 0);
+                }
+                row[i] += u64::from(n);
+            }
+        }
+        out
+    }
+
     /// A connection was accepted: its handshake is one exchange.
     pub(super) fn connection(self: &Arc<Self>) -> (Tap, Tap) {
         let mut inner = self.lock();
@@ -207,6 +312,15 @@ impl Tap {
         let mut inner = self.trips.lock();
         let now = Instant::now();
         let mut level = 0;
+        for f in &frames {
+            if let Some(what) = flow_of(self.from_client, f) {
+                inner.flow.push(Flow {
+                    at: now,
+                    conn: self.conn,
+                    what,
+                });
+            }
+        }
         for f in frames {
             if self.from_client {
                 inner.client_frame(self.conn, &f, now);
@@ -288,6 +402,25 @@ impl Inner {
             }
             None => 0,
         }
+    }
+}
+
+/// The flow-control effect of a frame, if any.
+fn flow_of(from_client: bool, f: &Frame) -> Option<FlowKind> {
+    match (from_client, f.kind) {
+        (true, DATA) => Some(FlowKind::ClientData(f.payload.len() as u32)),
+        (false, WINDOW_UPDATE) if f.stream == 0 && f.payload.len() >= 4 => {
+            let p = &f.payload;
+            Some(FlowKind::ServerConnWindow(
+                u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff,
+            ))
+        }
+        (false, PING) if f.flags & ACK == 0 => Some(FlowKind::ServerPing),
+        (false, SETTINGS) if f.flags & ACK == 0 => f.payload.chunks_exact(6).find_map(|c| {
+            (u16::from_be_bytes([c[0], c[1]]) == INITIAL_WINDOW)
+                .then(|| FlowKind::ServerStreamWindow(u32::from_be_bytes([c[2], c[3], c[4], c[5]])))
+        }),
+        _ => None,
     }
 }
 

@@ -95,7 +95,8 @@
 //!   the TLS they were built with, replaced as a whole), `token` (the auth
 //!   token every request carries), `retry` (which requests may be sent
 //!   again after which failures, by request type), `warm` (opening every
-//!   connection at once, before a call needs it), and in its `mod.rs` the
+//!   connection at once, before a call needs it, and warming the server's
+//!   flow-control window on them), and in its `mod.rs` the
 //!   balancing, failover, retries, re-authentication, the unary call path
 //!   and the opening of a server stream (the snapshot). It knows no
 //!   service: the token fetch is the one call it makes itself, because
