@@ -5,6 +5,7 @@
 #   e2e/multiregion.sh up      [--state DIR] [--regions 2..10] [--ttl SECONDS] [--bin PATH] [--prometheus]
 #                              [--link-delay MS] [--link-jitter MS] [--replicas 1|2]
 #                              [--preload N] [--sync-timeout SECONDS]
+#                              [--replicator-arg ARG]... [--etcd-arg ARG]...
 #   e2e/multiregion.sh verify  [--state DIR]
 #   e2e/multiregion.sh alerts  [--state DIR]
 #   e2e/multiregion.sh quiet   [--state DIR] [--seconds N]
@@ -85,6 +86,10 @@
 #                   start (see Scale above); default 0. up only.
 #   --sync-timeout S  how long `up` waits for every region to be ready
 #                   (default 60). up only.
+#   --replicator-arg ARG, --etcd-arg ARG  one more argument (no spaces) for
+#                   every replicator / every etcd, e.g.
+#                   --replicator-arg --max-concurrent-syncs=9
+#                   --etcd-arg --snapshot-count=10000. Repeatable; up only.
 #   --ttl SECONDS   mirror lease TTL, at least 4; default 6. The election TTL
 #                   is a third of it, at least 2s. up only.
 #   --bin PATH      the aether-replicator binary (default
@@ -372,12 +377,13 @@ etcd_start() {
   pp=$(getv "ETCD_PEER_PORT_$r")
   log="$STATE/logs/etcd-$r.log"
   echo "--- $(date -u +%FT%TZ) start etcd $r client :$cp peer :$pp" >>"$log"
+  # shellcheck disable=SC2086 # E2E_ETCD_ARGS: one word per argument
   setsid etcd --name "$r" --data-dir "$STATE/etcd-$r" \
     --listen-client-urls "http://127.0.0.1:$cp" --advertise-client-urls "http://127.0.0.1:$cp" \
     --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
     --initial-cluster "$r=http://127.0.0.1:$pp" --initial-cluster-state new \
     --initial-cluster-token "aether-e2e-$r" \
-    --logger=zap --log-outputs=stderr --log-level=error \
+    --logger=zap --log-outputs=stderr --log-level=error ${E2E_ETCD_ARGS-} \
     </dev/null >>"$log" 2>&1 &
   pid=$!
   disown "$pid"
@@ -572,6 +578,8 @@ replica_start() {
   done
   echo "$port $r $s" >>"$STATE/instances"
   args+=(--lease-ttl "${TTL}s" --election-ttl "${ELECTION_TTL}s" --metrics-addr "127.0.0.1:$port")
+  # shellcheck disable=SC2206 # split on purpose: one word per argument
+  args+=(${E2E_REPLICATOR_ARGS-})
   log="$STATE/logs/replica-$r-$s.log"
   echo "--- $(date -u +%FT%TZ) start replica $r/$s metrics :$port" >>"$log"
   AETHER_E2E_STATE="$STATE" NO_COLOR=1 setsid "$E2E_BIN" "${args[@]}" </dev/null >>"$log" 2>&1 &
@@ -923,6 +931,8 @@ cmd_up() {
   setv E2E_TTL "$TTL"
   setv E2E_ELECTION_TTL "$ELECTION_TTL"
   setv E2E_SLOTS "${SLOTS[*]}"
+  setv E2E_REPLICATOR_ARGS "${REPLICATOR_ARGS[*]}"
+  setv E2E_ETCD_ARGS "${ETCD_ARGS[*]}"
   setv E2E_BIN "$STATE/bin/aether-replicator"
   setv E2E_LINK_DELAY "${LINK_DELAY:-0}"
   setv E2E_LINK_JITTER "${LINK_JITTER:-0}"
@@ -1915,6 +1925,8 @@ ROUNDS=3
 NREPLICAS=2
 PRELOAD=0
 SYNC_TIMEOUT=60
+REPLICATOR_ARGS=()
+ETCD_ARGS=()
 REGIONS=()
 while (($#)); do
   case $1 in
@@ -1952,6 +1964,8 @@ while (($#)); do
   --replicas) (($# >= 2)) || die "--replicas needs a value"; NREPLICAS=$2; shift ;;
   --preload) (($# >= 2)) || die "--preload needs a value"; PRELOAD=$2; shift ;;
   --sync-timeout) (($# >= 2)) || die "--sync-timeout needs a value"; SYNC_TIMEOUT=$2; shift ;;
+  --replicator-arg) (($# >= 2)) || die "--replicator-arg needs a value"; [[ $2 != *[[:space:]]* ]] || die "--replicator-arg $2: no spaces"; REPLICATOR_ARGS+=("$2"); shift ;;
+  --etcd-arg) (($# >= 2)) || die "--etcd-arg needs a value"; [[ $2 != *[[:space:]]* ]] || die "--etcd-arg $2: no spaces"; ETCD_ARGS+=("$2"); shift ;;
   -h | --help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
   esac
