@@ -46,10 +46,7 @@ async fn one_sync_slot_syncs_every_peer_one_at_a_time() {
             counts.push(count(d, PREFIX).await);
         }
         samples += 1;
-        let partial = counts
-            .iter()
-            .filter(|&&n| n > 0 && n < KEYS as i64)
-            .count();
+        let partial = counts.iter().filter(|&&n| n > 0 && n < KEYS as i64).count();
         partial_seen += usize::from(partial > 0);
         if partial > 1 && overlap.is_none() {
             overlap = Some(counts.clone());

@@ -86,9 +86,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LAPSE_AFTER, DEFAULT_LEASE_TTL, DEFAULT_LIMIT_REPROBE,
-    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_CONCURRENT_SYNCS, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
-    DEFAULT_PEER_CONNECTIONS, DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT, DEFAULT_VERIFY_INTERVAL,
-    DEFAULT_VERIFY_RATE, MIN_LEASE_TTL, MirrorConfig, PeerConfig,
+    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_CONCURRENT_SYNCS, DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_PEER_CONNECTIONS, DEFAULT_RESYNC_LAG,
+    DEFAULT_STATE_ROOT, DEFAULT_VERIFY_INTERVAL, DEFAULT_VERIFY_RATE, MIN_LEASE_TTL, MirrorConfig,
+    PeerConfig,
 };
 pub use stats::{ErrorKind, PeerStats, ResyncReason, VerifySkip};
 
@@ -163,8 +164,7 @@ impl Engine {
                 peer_cfg,
                 stats,
                 holder,
-                (cancel.child_token(), pause.clone()),
-                sync_slots.clone(),
+                (cancel.child_token(), pause.clone(), sync_slots.clone()),
             );
             let fenced_tx = fenced_tx.clone();
             let span = tracing::info_span!("peer", peer = %region);

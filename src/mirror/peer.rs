@@ -73,8 +73,9 @@ impl Peer {
         cfg: Arc<MirrorConfig>,
         stats: Arc<PeerStats>,
         holder: u64,
-        (cancel, pause): (CancellationToken, CancellationToken),
-        sync_slots: Arc<Semaphore>,
+        // The engine's handles every peer shares: its stop, its step-down,
+        // its sync slots.
+        (cancel, pause, sync_slots): (CancellationToken, CancellationToken, Arc<Semaphore>),
     ) -> Peer {
         // Staleness counts from this engine's start until a store says
         // better (a resumed state key's heartbeat, or a probe): counters

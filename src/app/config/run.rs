@@ -21,8 +21,8 @@ use super::settings::{
 };
 use crate::etcd::{ClientConfig, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
 use crate::mirror::{
-    DEFAULT_MAX_CONCURRENT_SYNCS, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_PEER_CONNECTIONS, MirrorConfig,
-    PeerConfig,
+    DEFAULT_MAX_CONCURRENT_SYNCS, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
+    DEFAULT_PEER_CONNECTIONS, MirrorConfig, PeerConfig,
 };
 use crate::schema::{DEFAULT_ROOT, validate_segment};
 
