@@ -10,6 +10,9 @@
 # 2. Live burst: a synced, idle mirror; BURST single-put revisions from
 #    WRITERS concurrent writers at the source; time from the last write
 #    returning to the peer holding everything.
+#    For both steps, the CPU-seconds (utime + stime, /proc/PID/stat) the
+#    mirror process spent, and the two etcds', scaled to 100k keys synced
+#    and to 100k live events: what a pod is sized by.
 # 3. With --rss-keys N (e.g. 1000000): the replicator's peak RSS (VmHWM)
 #    during a base sync of N keys.
 # 4. With --wan "0,20,100,250": for each round trip (ms), a delay proxy
@@ -94,6 +97,18 @@ start_mirror() {
 
 now_ms() { date +%s%3N; }
 
+# cpu_ticks PID: utime + stime of a live PID in clock ticks.
+cpu_ticks() {
+  local st
+  st=$(cat "/proc/$1/stat")
+  st=${st##*) }
+  awk '{ print $12 + $13 }' <<<"$st"
+}
+HZ=$(getconf CLK_TCK)
+
+# per_100k TICKS N: TICKS as CPU-seconds per 100k of N.
+per_100k() { python3 -c "print(round($1 / $HZ * 100000 / max($2, 1), 2))"; }
+
 # start_proxy UPSTREAM_URL ONE_WAY_MS: sets PROXY_URL (and PPID_ for stop_pid).
 start_proxy() {
   local up_port=${1##*:} port
@@ -110,7 +125,7 @@ count_keys() {
   { "$LOAD" wait "$1" "$PREFIX" 999999999 0 2>&1 || true; } | sed -n 's/.*with \(-\{0,1\}[0-9]*\) of.*/\1/p'
 }
 
-declare -A BASE LIVE
+declare -A BASE LIVE CPU_BASE CPU_LIVE ECPU_BASE ECPU_LIVE
 tools=(make-mirror aether-replicator)
 [ "$RSS_ONLY" = 1 ] && tools=()
 [ "$WAN_ONLY" = 1 ] && tools=()
@@ -118,11 +133,16 @@ for tool in "${tools[@]}"; do
   start_etcd "src-$tool-base"; SRC=$URL; S1=$EPID
   start_etcd "dst-$tool-base"; DST=$URL; D1=$EPID
   "$LOAD" fill "$SRC" "$PREFIX" "$KEYS"
+  e0=$(( $(cpu_ticks "$S1") + $(cpu_ticks "$D1") ))
   t0=$(now_ms)
   start_mirror "$tool" "$SRC" "$DST"
   t1=$("$LOAD" wait "$DST" "$PREFIX" "$KEYS" 600)
   BASE[$tool]=$(( KEYS * 1000 / (t1 - t0 > 0 ? t1 - t0 : 1) ))
-  echo "base sync  $tool: $KEYS keys in $((t1 - t0)) ms = ${BASE[$tool]} keys/s"
+  # Since the mirror started: it did nothing but this sync. The etcds'
+  # figure includes the fill, so it is read before and after below.
+  CPU_BASE[$tool]=$(per_100k "$(cpu_ticks "$MPID")" "$KEYS")
+  echo "base sync  $tool: $KEYS keys in $((t1 - t0)) ms = ${BASE[$tool]} keys/s; ${CPU_BASE[$tool]} CPU-s per 100k keys"
+  ECPU_BASE[$tool]=$(per_100k $(( $(cpu_ticks "$S1") + $(cpu_ticks "$D1") - e0 )) "$KEYS")
   stop_pid "$MPID"; stop_pid "$S1"; stop_pid "$D1"
 
   start_etcd "src-$tool-live"; SRC=$URL; S2=$EPID
@@ -131,12 +151,17 @@ for tool in "${tools[@]}"; do
   # Synced and live: one probe key makes it across.
   ETCDCTL_API=3 etcdctl --endpoints="$SRC" put "${PREFIX}probe" x >/dev/null
   "$LOAD" wait "$DST" "$PREFIX" 1 60 >/dev/null
+  c0=$(cpu_ticks "$MPID")
+  e0=$(( $(cpu_ticks "$S2") + $(cpu_ticks "$D2") ))
   start=$(now_ms)
   t_end=$("$LOAD" burst "$SRC" "$PREFIX" "$BURST" "$WRITERS")
   t_conv=$("$LOAD" wait "$DST" "$PREFIX" $((BURST + 1)) 600)
+  CPU_LIVE[$tool]=$(per_100k $(( $(cpu_ticks "$MPID") - c0 )) "$BURST")
+  # The etcds' figure includes the burst's own writes at the source.
+  ECPU_LIVE[$tool]=$(per_100k $(( $(cpu_ticks "$S2") + $(cpu_ticks "$D2") - e0 )) "$BURST")
   rate=$(( BURST * 1000 / (t_end - start > 0 ? t_end - start : 1) ))
   LIVE[$tool]=$(( t_conv - t_end ))
-  echo "live burst $tool: $BURST revisions at ~$rate rev/s; peer complete $(( t_conv - t_end )) ms after the last write"
+  echo "live burst $tool: $BURST revisions at ~$rate rev/s; peer complete $(( t_conv - t_end )) ms after the last write; ${CPU_LIVE[$tool]} CPU-s per 100k events"
   stop_pid "$MPID"; stop_pid "$S2"; stop_pid "$D2"
 done
 
@@ -147,6 +172,14 @@ printf '%-28s %16s %20s %7sx\n' "base sync (keys/s)" "${BASE[make-mirror]}" "${B
   "$(python3 -c "print(round(${BASE[aether-replicator]}/max(${BASE[make-mirror]},1),1))")"
 printf '%-28s %16s %20s %7sx\n' "burst: done after last (ms)" "${LIVE[make-mirror]}" "${LIVE[aether-replicator]}" \
   "$(python3 -c "print(round(max(${LIVE[make-mirror]},1)/max(${LIVE[aether-replicator]},1),1))")"
+# CPU ratios: make-mirror's over ours, so > 1 means we spend less.
+printf '%-28s %16s %20s %7sx\n' "CPU-s per 100k keys synced" "${CPU_BASE[make-mirror]}" "${CPU_BASE[aether-replicator]}" \
+  "$(python3 -c "print(round(${CPU_BASE[make-mirror]}/max(${CPU_BASE[aether-replicator]},0.01),1))")"
+printf '%-28s %16s %20s %7sx\n' "CPU-s per 100k live events" "${CPU_LIVE[make-mirror]}" "${CPU_LIVE[aether-replicator]}" \
+  "$(python3 -c "print(round(${CPU_LIVE[make-mirror]}/max(${CPU_LIVE[aether-replicator]},0.01),1))")"
+printf '%-28s %16s %20s\n' "  both etcds, per 100k synced" "${ECPU_BASE[make-mirror]}" "${ECPU_BASE[aether-replicator]}"
+printf '%-28s %16s %20s\n' "  both etcds, per 100k live" "${ECPU_LIVE[make-mirror]}" "${ECPU_LIVE[aether-replicator]}"
+echo "REPORT cpu keys=$KEYS burst=$BURST mm_sync_cpu_s_per_100k=${CPU_BASE[make-mirror]} ar_sync_cpu_s_per_100k=${CPU_BASE[aether-replicator]} mm_live_cpu_s_per_100k=${CPU_LIVE[make-mirror]} ar_live_cpu_s_per_100k=${CPU_LIVE[aether-replicator]} mm_sync_keys_per_s=${BASE[make-mirror]} ar_sync_keys_per_s=${BASE[aether-replicator]} etcd_sync_cpu_s_per_100k_mm=${ECPU_BASE[make-mirror]} etcd_sync_cpu_s_per_100k_ar=${ECPU_BASE[aether-replicator]} etcd_live_cpu_s_per_100k_mm=${ECPU_LIVE[make-mirror]} etcd_live_cpu_s_per_100k_ar=${ECPU_LIVE[aether-replicator]}"
 fi
 
 if [ "$RSS_KEYS" -gt 0 ]; then

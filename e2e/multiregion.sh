@@ -2,8 +2,10 @@
 # A multi-region aether-replicator deployment of real processes on loopback:
 # per region one etcd and two replicator replicas (one leads, one stands by).
 #
-#   e2e/multiregion.sh up      [--state DIR] [--regions 2|3] [--ttl SECONDS] [--bin PATH] [--prometheus]
-#                              [--link-delay MS] [--link-jitter MS]
+#   e2e/multiregion.sh up      [--state DIR] [--regions 2..10] [--ttl SECONDS] [--bin PATH] [--prometheus]
+#                              [--link-delay MS] [--link-jitter MS] [--replicas 1|2]
+#                              [--preload N] [--sync-timeout SECONDS]
+#                              [--replicator-arg ARG]... [--etcd-arg ARG]...
 #   e2e/multiregion.sh verify  [--state DIR]
 #   e2e/multiregion.sh alerts  [--state DIR]
 #   e2e/multiregion.sh quiet   [--state DIR] [--seconds N]
@@ -55,15 +57,41 @@
 #          one REPORT line per round: how long after the last write returned
 #          the last peer held everything, the mirror txns and events per txn
 #          of the leaders, and the largest peak RSS (VmHWM) of a replica.
-#          Defaults: 5000 revisions, 16 writers, 3 rounds.
+#          Defaults: 5000 revisions, 16 writers, 3 rounds. Also prints
+#          per round the CPU-seconds every replica spent (sum, largest) and
+#          per 100k applied events, and a STAT line per process (below).
 #
+# Scale (issue 21: ten regions at 100k keys each; not in CI, it takes
+# minutes and a few GB of disk):
+#   e2e/multiregion.sh up --regions 10 --replicas 1 --ttl 30 --preload 100000 --sync-timeout 1800
+#   e2e/multiregion.sh burst --revisions 2000 --rounds 3
+#   e2e/multiregion.sh down
+# With --preload N, `up` writes N endpoint keys (examples/loadgen
+# fill-endpoints: registry-shaped keys and ~150-byte JSON values) into every
+# region's own subtree before any replicator starts, then starts them all at
+# once and prints REPORT sync: the time until every leader reported every
+# peer synced, after which every copy's count is checked (N keys of every
+# region in every peer) and 20 keys per region are spot-checked in every
+# peer (same value, on a live lease). STAT lines give each replica's and
+# each etcd's CPU-seconds (utime+stime from /proc/PID/stat) and peak RSS
+# (VmHWM) so far.#
 # Options:
 #   --state DIR     where pids, ports, data dirs and logs live
 #                   (default ${TMPDIR:-/tmp}/aether-e2e); `down` removes it.
-#   --regions N     2 to 5 (regions a, b, ... e); default 2. up only. verify
-#                   and alerts use a, b and c.
+#   --regions N     2 to 10 (regions a, b, ... j); default 2. up only.
+#                   verify and alerts use a, b and c.
+#   --replicas N    replicas per region, 1 or 2 (default 2; verify, alerts
+#                   and record need 2). up only.
+#   --preload N     keys written into every region before the replicators
+#                   start (see Scale above); default 0. up only.
+#   --sync-timeout S  how long `up` waits for every region to be ready
+#                   (default 60). up only.
+#   --replicator-arg ARG, --etcd-arg ARG  one more argument (no spaces) for
+#                   every replicator / every etcd, e.g.
+#                   --replicator-arg --max-concurrent-syncs=9
+#                   --etcd-arg --snapshot-count=10000. Repeatable; up only.
 #   --ttl SECONDS   mirror lease TTL, at least 4; default 6. The election TTL
-#                   is 2s (at most half the lease TTL). up only.
+#                   is a third of it, at least 2s. up only.
 #   --bin PATH      the aether-replicator binary (default
 #                   target/release/aether-replicator, brought up to date
 #                   with `cargo build --release`). up only; it is
@@ -96,10 +124,10 @@ readonly SCRIPT_DIR REPO
 . "$SCRIPT_DIR/lib.sh"
 readonly KEY_ROOT=/aether/v1/regions/
 readonly STATE_KEY_ROOT=/aether/v1/replication/
-readonly ELECTION_TTL=2
+ELECTION_TTL=2
 readonly MARKER=.aether-e2e-state
-readonly ALL_REGIONS=(a b c d e)
-readonly SLOTS=(1 2)
+readonly ALL_REGIONS=(a b c d e f g h i j)
+SLOTS=(1 2)
 
 export ETCDCTL_API=3
 # Flags of the replicator can come from AETHER_REPLICATOR_* variables; make
@@ -188,7 +216,9 @@ load_env() {
   source "$STATE/env"
   mapfile -t ENV_VARS < <(sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' "$STATE/env")
   read -r -a REGIONS <<<"$E2E_REGIONS"
+  read -r -a SLOTS <<<"${E2E_SLOTS:-1 2}"
   TTL=$E2E_TTL
+  ELECTION_TTL=$E2E_ELECTION_TTL
 }
 
 peer_list() {
@@ -347,12 +377,13 @@ etcd_start() {
   pp=$(getv "ETCD_PEER_PORT_$r")
   log="$STATE/logs/etcd-$r.log"
   echo "--- $(date -u +%FT%TZ) start etcd $r client :$cp peer :$pp" >>"$log"
+  # shellcheck disable=SC2086 # E2E_ETCD_ARGS: one word per argument
   setsid etcd --name "$r" --data-dir "$STATE/etcd-$r" \
     --listen-client-urls "http://127.0.0.1:$cp" --advertise-client-urls "http://127.0.0.1:$cp" \
     --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
     --initial-cluster "$r=http://127.0.0.1:$pp" --initial-cluster-state new \
     --initial-cluster-token "aether-e2e-$r" \
-    --logger=zap --log-outputs=stderr --log-level=error \
+    --logger=zap --log-outputs=stderr --log-level=error ${E2E_ETCD_ARGS-} \
     </dev/null >>"$log" 2>&1 &
   pid=$!
   disown "$pid"
@@ -547,6 +578,8 @@ replica_start() {
   done
   echo "$port $r $s" >>"$STATE/instances"
   args+=(--lease-ttl "${TTL}s" --election-ttl "${ELECTION_TTL}s" --metrics-addr "127.0.0.1:$port")
+  # shellcheck disable=SC2206 # split on purpose: one word per argument
+  args+=(${E2E_REPLICATOR_ARGS-})
   log="$STATE/logs/replica-$r-$s.log"
   echo "--- $(date -u +%FT%TZ) start replica $r/$s metrics :$port" >>"$log"
   AETHER_E2E_STATE="$STATE" NO_COLOR=1 setsid "$E2E_BIN" "${args[@]}" </dev/null >>"$log" 2>&1 &
@@ -845,16 +878,24 @@ stop_all() {
 # ---------------------------------------------------------------- up
 
 cmd_up() {
-  local t0 c r s bin
+  local t0 c r s bin t_sync
   local -a rs=()
   t0=$(now_ms)
   for c in etcd etcdctl python3 curl setsid timeout; do
     command -v "$c" >/dev/null || die "$c is not installed"
   done
-  [[ $NREGIONS =~ ^[2-5]$ ]] || die "--regions must be 2 to 5"
+  [[ $NREGIONS =~ ^([2-9]|10)$ ]] || die "--regions must be 2 to 10"
+  [[ $NREPLICAS =~ ^[12]$ ]] || die "--replicas must be 1 or 2"
+  [[ $PRELOAD =~ ^[0-9]+$ ]] || die "--preload $PRELOAD: not a whole number of keys"
+  [[ $SYNC_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--sync-timeout $SYNC_TIMEOUT: not a whole number of seconds"
   [[ -z $LINK_DELAY || $LINK_DELAY =~ ^[0-9]+$ ]] || die "--link-delay $LINK_DELAY: not a whole number of ms"
   [[ -z $LINK_JITTER || $LINK_JITTER =~ ^[0-9]+$ ]] || die "--link-jitter $LINK_JITTER: not a whole number of ms"
   [[ $TTL =~ ^[0-9]+$ ]] || die "--ttl $TTL: not a whole number of seconds"
+  # A third of the lease TTL, as the replicator's own default suggests: a
+  # longer lease TTL is asked for when the machine is loaded (scale runs),
+  # and an election lease of 2s would lapse there first.
+  ((TTL / 3 > ELECTION_TTL)) && ELECTION_TTL=$((TTL / 3))
+  SLOTS=("${SLOTS[@]:0:NREPLICAS}")
   ((TTL >= 2 * ELECTION_TTL)) ||
     die "--ttl must be at least twice the election TTL (${ELECTION_TTL}s)"
 
@@ -889,6 +930,9 @@ cmd_up() {
   setv E2E_REGIONS "${REGIONS[*]}"
   setv E2E_TTL "$TTL"
   setv E2E_ELECTION_TTL "$ELECTION_TTL"
+  setv E2E_SLOTS "${SLOTS[*]}"
+  setv E2E_REPLICATOR_ARGS "${REPLICATOR_ARGS[*]}"
+  setv E2E_ETCD_ARGS "${ETCD_ARGS[*]}"
   setv E2E_BIN "$STATE/bin/aether-replicator"
   setv E2E_LINK_DELAY "${LINK_DELAY:-0}"
   setv E2E_LINK_JITTER "${LINK_JITTER:-0}"
@@ -903,21 +947,146 @@ cmd_up() {
   if [[ -n $LINK_DELAY || -n $LINK_JITTER ]]; then
     start_links || up_failed
   fi
+  if ((PRELOAD)); then
+    preload || up_failed
+  fi
   for r in "${REGIONS[@]}"; do
     for s in "${SLOTS[@]}"; do rs+=("$r/$s"); done
   done
+  t_sync=$(now_ms)
   start_replicas "${rs[@]}" || up_failed
-  if ! wait_ready 60 "${REGIONS[@]}"; then
+  if ! wait_ready "$SYNC_TIMEOUT" "${REGIONS[@]}"; then
     up_failed
   fi
+  t_sync=$(($(now_ms) - t_sync))
   for r in "${REGIONS[@]}"; do
     region_ready "$r" || true
     echo "  region $r: leader $r/$LEADER_SLOT, peers synced: $(peer_list "$r")"
   done
+  if ((PRELOAD)); then
+    check_preload "$t_sync" || up_failed
+  fi
   if ((WITH_PROM)); then
     prom_start || up_failed
   fi
   echo "== up in $(fmt_ms $(($(now_ms) - t0))); env: $STATE/env"
+}
+
+loadgen_bin() {
+  local load=${CARGO_TARGET_DIR:-$REPO/target}/release/examples/loadgen
+  # Always built (cargo returns at once when it is up to date): a stale
+  # loadgen may lack a command this script uses.
+  (cd "$REPO" && cargo build --release --quiet --example loadgen) >&2 || return 1
+  echo "$load"
+}
+
+# preload: PRELOAD endpoint keys into every region's own subtree, all
+# regions at once, before any replicator runs.
+preload() {
+  local load r t0
+  local -a pids=()
+  load=$(loadgen_bin) || return 1
+  t0=$(now_ms)
+  for r in "${REGIONS[@]}"; do
+    "$load" fill-endpoints "$(getv "ETCD_URL_$r")" "$(prefix_of "$r")" "$PRELOAD" &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do
+    wait "$r" || {
+      echo "preload failed" >&2
+      return 1
+    }
+  done
+  echo "  preloaded $PRELOAD keys into each of ${#REGIONS[@]} regions in $(fmt_ms $(($(now_ms) - t0)))"
+}
+
+# check_preload SYNC_MS: every peer holds all PRELOAD keys of every other
+# region (counted by etcd), 20 of them per region hold the source's value
+# on a live lease in every peer; then REPORT sync and the STAT lines.
+check_preload() {
+  local load r p t_check peers
+  local -a urls
+  load=$(loadgen_bin) || return 1
+  t_check=$(now_ms)
+  for r in "${REGIONS[@]}"; do
+    urls=()
+    for p in $(peers_of "$r"); do
+      "$load" wait "$(getv "ETCD_URL_$p")" "$(prefix_of "$r")" "$PRELOAD" 0 >/dev/null ||
+        {
+          echo "check: $p does not hold all $PRELOAD keys of $r" >&2
+          return 1
+        }
+      urls+=("$(getv "ETCD_URL_$p")")
+    done
+    "$load" spot "$(getv "ETCD_URL_$r")" "$(prefix_of "$r")" "$PRELOAD" 20 "${urls[@]}" >/dev/null || {
+      echo "check: $r's copies fail the spot check" >&2
+      return 1
+    }
+  done
+  peers=$((${#REGIONS[@]} - 1))
+  echo "  checked: every peer holds all $PRELOAD keys of every region; 20 keys per region spot-checked in all $peers peers (value, live lease) in $(fmt_ms $(($(now_ms) - t_check)))"
+  echo "REPORT sync regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * peers)) keys_per_region=$PRELOAD mirrored_writes=$((PRELOAD * ${#REGIONS[@]} * peers)) synced_ms=$1 $(stat_totals)"
+  print_stats
+}
+
+# cpu_ticks PID: utime + stime of PID in clock ticks (0 if gone).
+cpu_ticks() {
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || {
+    echo 0
+    return 0
+  }
+  st=${st##*) }
+  # After the command name: state is field 3, utime 14 and stime 15.
+  awk '{ print $12 + $13 }' <<<"$st"
+}
+
+hwm_kib() {
+  awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0
+}
+
+# stat_totals: replica and etcd CPU-seconds and peak RSS, summed and maxed.
+stat_totals() {
+  local r s pid hz
+  hz=$(getconf CLK_TCK)
+  for r in "${REGIONS[@]}"; do
+    for s in "${SLOTS[@]}"; do
+      pid=$(getv "REPLICA_PID_${r}_$s")
+      echo "rep $(cpu_ticks "$pid") $(hwm_kib "$pid")"
+    done
+    pid=$(getv "ETCD_PID_$r")
+    echo "etcd $(cpu_ticks "$pid") $(hwm_kib "$pid")"
+  done | awk -v hz="$hz" '
+    { c[$1] += $2; if ($2 > cm[$1]) cm[$1] = $2; if ($3 > hm[$1]) hm[$1] = $3 }
+    END { printf "replica_cpu_s_sum=%.1f replica_cpu_s_max=%.1f replica_peak_rss_mib_max=%.1f etcd_cpu_s_sum=%.1f etcd_peak_rss_mib_max=%.0f",
+      c["rep"] / hz, cm["rep"] / hz, hm["rep"] / 1024, c["etcd"] / hz, hm["etcd"] / 1024 }'
+}
+
+# print_stats: one STAT line per replica and per etcd (CPU-seconds since
+# it started, peak RSS).
+print_stats() {
+  local r s pid hz
+  hz=$(getconf CLK_TCK)
+  for r in "${REGIONS[@]}"; do
+    for s in "${SLOTS[@]}"; do
+      pid=$(getv "REPLICA_PID_${r}_$s")
+      awk -v n="replica-$r-$s" -v t="$(cpu_ticks "$pid")" -v h="$(hwm_kib "$pid")" -v hz="$hz" \
+        'BEGIN { printf "STAT %s cpu_s=%.1f peak_rss_mib=%.1f\n", n, t / hz, h / 1024 }'
+    done
+    pid=$(getv "ETCD_PID_$r")
+    awk -v n="etcd-$r" -v t="$(cpu_ticks "$pid")" -v h="$(hwm_kib "$pid")" -v hz="$hz" \
+      'BEGIN { printf "STAT %s cpu_s=%.1f peak_rss_mib=%.1f\n", n, t / hz, h / 1024 }'
+  done
+}
+
+# replicas_cpu_ticks: every replica's CPU ticks, one line each.
+replicas_cpu_ticks() {
+  local r s
+  for r in "${REGIONS[@]}"; do
+    for s in "${SLOTS[@]}"; do
+      cpu_ticks "$(getv "REPLICA_PID_${r}_$s")"
+    done
+  done
 }
 
 up_failed() {
@@ -1678,14 +1847,15 @@ cmd_burst() {
   if [[ ! -x $load ]]; then
     (cd "$REPO" && cargo build --release --quiet --example loadgen) || die "cargo build --example loadgen failed"
   fi
-  local round r p s f pid dir t_end t_last t_max rss rss_max txns0 ev0 txns1 ev1
-  local -a pids
+  local round r p s f pid dir t_end t_last t_max rss rss_max txns0 ev0 txns1 ev1 cpu
+  local -a pids cpu0 cpu1
   wait_ready 30 "${REGIONS[@]}" || die "regions not ready: $NOT_READY"
   dir=$STATE/burst
   mkdir -p "$dir"
   for ((round = 0; round < ROUNDS; round++)); do
     txns0=$(replicas_sum aether_replicator_txns_applied_total)
     ev0=$(replicas_sum aether_replicator_events_applied_total)
+    mapfile -t cpu0 < <(replicas_cpu_ticks)
     pids=()
     for r in "${REGIONS[@]}"; do
       "$load" burst "$(getv "ETCD_URL_$r")" "${KEY_ROOT}$r/burst$round/" "$REVISIONS" "$WRITERS" >"$dir/end.$r" &
@@ -1721,8 +1891,17 @@ cmd_burst() {
     done
     txns1=$(replicas_sum aether_replicator_txns_applied_total)
     ev1=$(replicas_sum aether_replicator_events_applied_total)
-    echo "REPORT burst regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * (${#REGIONS[@]} - 1))) round=$round revisions=$REVISIONS writers=$WRITERS converged_after_last_write_ms=$((t_max - t_end)) txns=$(awk -v a="$txns1" -v b="$txns0" 'BEGIN { print a - b }') events_per_txn=$(awk -v t="$txns1" -v t0="$txns0" -v e="$ev1" -v e0="$ev0" 'BEGIN { d = t - t0; r = 0; if (d > 0) r = (e - e0) / d; printf "%.1f", r }') peak_rss_kib_max=$rss_max"
+    mapfile -t cpu1 < <(replicas_cpu_ticks)
+    # CPU over the round (bursts, convergence and the checks' polling) per
+    # replica; per 100k events applied by all of them.
+    cpu=$(for i in "${!cpu1[@]}"; do echo $((cpu1[i] - cpu0[i])); done |
+      awk -v hz="$(getconf CLK_TCK)" -v e="$(awk -v a="$ev1" -v b="$ev0" 'BEGIN { print a - b }')" '
+        { s += $1; if ($1 > m) m = $1 }
+        END { printf "replica_cpu_s_sum=%.2f replica_cpu_s_max=%.2f replica_cpu_s_per_100k_events=%.2f", s / hz, m / hz, (e > 0 ? s / hz * 100000 / e : 0) }')
+    echo "REPORT burst regions=${#REGIONS[@]} streams=$((${#REGIONS[@]} * (${#REGIONS[@]} - 1))) round=$round revisions=$REVISIONS writers=$WRITERS converged_after_last_write_ms=$((t_max - t_end)) txns=$(awk -v a="$txns1" -v b="$txns0" 'BEGIN { print a - b }') events_per_txn=$(awk -v t="$txns1" -v t0="$txns0" -v e="$ev1" -v e0="$ev0" 'BEGIN { d = t - t0; r = 0; if (d > 0) r = (e - e0) / d; printf "%.1f", r }') peak_rss_kib_max=$rss_max $cpu"
   done
+  echo "REPORT totals $(stat_totals)"
+  print_stats
 }
 
 # ---------------------------------------------------------------- main
@@ -1743,6 +1922,11 @@ WITH_PROM=0
 REVISIONS=5000
 WRITERS=16
 ROUNDS=3
+NREPLICAS=2
+PRELOAD=0
+SYNC_TIMEOUT=60
+REPLICATOR_ARGS=()
+ETCD_ARGS=()
 REGIONS=()
 while (($#)); do
   case $1 in
@@ -1777,6 +1961,11 @@ while (($#)); do
   --revisions) (($# >= 2)) || die "--revisions needs a value"; REVISIONS=$2; shift ;;
   --writers) (($# >= 2)) || die "--writers needs a value"; WRITERS=$2; shift ;;
   --rounds) (($# >= 2)) || die "--rounds needs a value"; ROUNDS=$2; shift ;;
+  --replicas) (($# >= 2)) || die "--replicas needs a value"; NREPLICAS=$2; shift ;;
+  --preload) (($# >= 2)) || die "--preload needs a value"; PRELOAD=$2; shift ;;
+  --sync-timeout) (($# >= 2)) || die "--sync-timeout needs a value"; SYNC_TIMEOUT=$2; shift ;;
+  --replicator-arg) (($# >= 2)) || die "--replicator-arg needs a value"; [[ $2 != *[[:space:]]* ]] || die "--replicator-arg $2: no spaces"; REPLICATOR_ARGS+=("$2"); shift ;;
+  --etcd-arg) (($# >= 2)) || die "--etcd-arg needs a value"; [[ $2 != *[[:space:]]* ]] || die "--etcd-arg $2: no spaces"; ETCD_ARGS+=("$2"); shift ;;
   -h | --help) usage; exit 0 ;;
   *) usage >&2; exit 2 ;;
   esac

@@ -5,7 +5,16 @@
 //! loadgen burst <endpoint> <prefix> <n> <writers>  # n single-put revisions from <writers> tasks
 //! loadgen wait  <endpoint> <prefix> <n> <timeout-s> # until <prefix> holds n keys
 //! loadgen scan  <endpoint> <prefix> <page-size>     # pages through <prefix>, prints keys and ms
+//! loadgen fill-endpoints <endpoint> <prefix> <n>  # like fill, with endpoint JSON values (~150 bytes)
+//! loadgen spot  <source> <prefix> <n> <samples> <peer>...  # spot-check n keys' copies
 //! ```
+//!
+//! `fill-endpoints` writes the value an endpoint registry stores (cluster,
+//! zone, address, port, weight, labels), different for every key, so a
+//! copy that swapped or truncated values would show. `spot` reads
+//! `<samples>` of the first n keys (spread evenly) from the source and from
+//! every peer, and fails unless each peer holds the same value on a lease
+//! that is alive there; it prints `spot ok <samples> keys x <peers> peers`.
 //!
 //! `burst` prints the Unix time in ms when its last write returned, `wait`
 //! the Unix time in ms when the count was reached, so a script can subtract.
@@ -25,6 +34,71 @@ fn now_ms() -> u128 {
 #[path = "../tests/common/keys.rs"]
 mod keys;
 use keys::load_key as key;
+
+/// The value `fill-endpoints` stores at key i: an endpoint record of about
+/// 150 bytes, as the registry writes it, distinct per key.
+fn endpoint_value(i: usize) -> Vec<u8> {
+    format!(
+        r#"{{"clusterName":"c1","zone":"zone-{}","address":"10.{}.{}.{}","port":{},"weight":{},"labels":{{"version":"v{}","track":"stable"}},"ready":true}}"#,
+        i % 3,
+        (i >> 16) & 255,
+        (i >> 8) & 255,
+        i & 255,
+        8000 + i % 1000,
+        1 + i % 100,
+        i % 7
+    )
+    .into_bytes()
+}
+
+/// Reads `samples` of the first `n` keys under `prefix` (evenly spread)
+/// from `source` and from every peer: each peer must hold the source's
+/// value, on a lease that is alive there. Says which key and peer differ.
+async fn spot(
+    source: &Client,
+    peers: &[Client],
+    prefix: &str,
+    n: usize,
+    samples: usize,
+) -> Result<(), String> {
+    for s in 0..samples {
+        let k = key(prefix, s * n.max(1) / samples);
+        let want = source
+            .range(Range::key(k.clone()))
+            .await
+            .map_err(|e| format!("read {k} at the source: {e}"))?;
+        let want = want
+            .kvs()
+            .first()
+            .ok_or_else(|| format!("{k} is not at the source"))?
+            .value()
+            .clone();
+        for (p, peer) in peers.iter().enumerate() {
+            let got = peer
+                .range(Range::key(k.clone()))
+                .await
+                .map_err(|e| format!("read {k} at peer {p}: {e}"))?;
+            let kv = got
+                .kvs()
+                .first()
+                .ok_or_else(|| format!("{k} is missing at peer {p}"))?;
+            if *kv.value() != want {
+                return Err(format!("{k} at peer {p}: value {:?}", kv.value()));
+            }
+            if kv.lease().is_none() {
+                return Err(format!("{k} at peer {p} has no lease"));
+            }
+            let ttl = peer
+                .lease_time_to_live(kv.lease(), false)
+                .await
+                .map_err(|e| format!("lease of {k} at peer {p}: {e}"))?;
+            if ttl.ttl <= 0 {
+                return Err(format!("{k} at peer {p}: its lease has expired"));
+            }
+        }
+    }
+    Ok(())
+}
 
 #[tokio::main]
 async fn main() {
@@ -49,6 +123,44 @@ async fn main() {
     };
     let value = vec![b'v'; 100];
     match cmd {
+        "fill-endpoints" => {
+            let mut b = TxnBatcher::new(TxnLimits::default());
+            for i in 0..n {
+                b.put(key(&prefix, i), endpoint_value(i), LeaseId::NONE);
+            }
+            let mut set: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
+                tokio::task::JoinSet::new();
+            for t in b.finish() {
+                if set.len() >= 16
+                    && let Some(r) = set.join_next().await
+                {
+                    r.expect("join").expect("txn");
+                }
+                let c = client.clone();
+                set.spawn(async move { c.txn(t).await });
+            }
+            while let Some(r) = set.join_next().await {
+                r.expect("join").expect("txn");
+            }
+        }
+        "spot" => {
+            let samples = extra.max(1);
+            let peers: Vec<Client> = args
+                .iter()
+                .skip(6)
+                .map(|e| {
+                    Client::connect(ClientConfig::new([e.clone()])).unwrap_or_else(|e| {
+                        eprintln!("error: {e}");
+                        std::process::exit(2);
+                    })
+                })
+                .collect();
+            if let Err(why) = spot(&client, &peers, &prefix, n, samples).await {
+                eprintln!("error: spot check: {why}");
+                std::process::exit(1);
+            }
+            println!("spot ok {samples} keys x {} peers", peers.len());
+        }
         "fill" => {
             let mut b = TxnBatcher::new(TxnLimits::default());
             for i in 0..n {

@@ -225,6 +225,7 @@ impl Peer {
                 self.prefix.clone(),
                 self.cfg.page_size,
                 self.link.pacer.min_rtt(),
+                self.sync_slots.clone(),
             )
         });
         let w = &mut self.writer;

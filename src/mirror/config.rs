@@ -33,6 +33,15 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 16 << 20;
 ///
 /// [`etcd::DEFAULT_PAGE_BYTES`]: crate::etcd::DEFAULT_PAGE_BYTES
 pub const DEFAULT_PAGE_SIZE: usize = 10_000;
+/// Default cap on the range-diff syncs one engine runs at once, over all
+/// its peers. Each sync holds a few pages of both sides (about 15 MiB at
+/// pages of 10,000 ~250-byte entries) and reads the whole source subtree
+/// again, so at ten regions nine concurrent syncs held over 150 MiB per
+/// replicator and loaded every etcd with nine writers at once; four keep a
+/// replicator under 100 MiB (BENCHMARKS.md §4). Further peers wait for a
+/// slot: on links where each peer's write rate, not the source, bounds a
+/// sync, raise it to the number of peers to start them all at once.
+pub const DEFAULT_MAX_CONCURRENT_SYNCS: usize = 4;
 /// Default cap on the backoff between attempts to reach a failing peer.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The shortest lease TTL the engine asks for: etcd grants at least
@@ -95,6 +104,9 @@ pub struct MirrorConfig {
     pub max_inflight_bytes: usize,
     /// Keys per page in the initial sync.
     pub page_size: usize,
+    /// Range-diff syncs run at once over all peers (at least 1); the
+    /// others wait for a slot before pinning the source.
+    pub max_concurrent_syncs: usize,
     /// Cap on the retry backoff for a failing peer.
     pub max_backoff: Duration,
     /// Prefix of the state key; the key is `<state_root><region>/state`.
@@ -128,6 +140,7 @@ impl MirrorConfig {
             max_inflight: DEFAULT_MAX_INFLIGHT_TXNS,
             max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
             page_size: DEFAULT_PAGE_SIZE,
+            max_concurrent_syncs: DEFAULT_MAX_CONCURRENT_SYNCS,
             max_backoff: DEFAULT_MAX_BACKOFF,
             state_root: DEFAULT_STATE_ROOT.to_string(),
             resync_lag: DEFAULT_RESYNC_LAG,

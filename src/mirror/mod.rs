@@ -86,9 +86,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LAPSE_AFTER, DEFAULT_LEASE_TTL, DEFAULT_LIMIT_REPROBE,
-    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
-    DEFAULT_PEER_CONNECTIONS, DEFAULT_RESYNC_LAG, DEFAULT_STATE_ROOT, DEFAULT_VERIFY_INTERVAL,
-    DEFAULT_VERIFY_RATE, MIN_LEASE_TTL, MirrorConfig, PeerConfig,
+    DEFAULT_MAX_BACKOFF, DEFAULT_MAX_CONCURRENT_SYNCS, DEFAULT_MAX_INFLIGHT_BYTES,
+    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_PEER_CONNECTIONS, DEFAULT_RESYNC_LAG,
+    DEFAULT_STATE_ROOT, DEFAULT_VERIFY_INTERVAL, DEFAULT_VERIFY_RATE, MIN_LEASE_TTL, MirrorConfig,
+    PeerConfig,
 };
 pub use stats::{ErrorKind, PeerStats, ResyncReason, VerifySkip};
 
@@ -141,6 +142,9 @@ impl Engine {
         let cancel = CancellationToken::new();
         let pause = CancellationToken::new();
         let (fenced_tx, fenced) = mpsc::unbounded_channel();
+        // Shared by every peer: a sync takes a slot before it pins the
+        // source and gives it back when it completes or is dropped.
+        let sync_slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent_syncs));
         let mut tasks = Vec::new();
         let mut all_stats = Vec::new();
         for (region, client, stats) in peers {
@@ -160,7 +164,7 @@ impl Engine {
                 peer_cfg,
                 stats,
                 holder,
-                (cancel.child_token(), pause.clone()),
+                (cancel.child_token(), pause.clone(), sync_slots.clone()),
             );
             let fenced_tx = fenced_tx.clone();
             let span = tracing::info_span!("peer", peer = %region);
@@ -285,6 +289,9 @@ fn validate<'a>(cfg: &MirrorConfig, peers: impl Iterator<Item = &'a str>) -> Res
     }
     if cfg.limits.max_ops < 2 || cfg.peer_limits.values().any(|l| l.max_ops < 2) {
         return bad("max txn ops must be at least 2".into());
+    }
+    if cfg.max_concurrent_syncs == 0 {
+        return bad("max concurrent syncs must be at least 1".into());
     }
     if !cfg.state_root.starts_with('/') || !cfg.state_root.ends_with('/') {
         return bad(format!(

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::config::MirrorConfig;
@@ -59,6 +60,9 @@ pub(crate) struct Peer {
     /// sessions, so what was learnt about the link in the sync carries into
     /// the live phase and across retries.
     pub(super) link: Link,
+    /// The engine's sync slots ([`MirrorConfig::max_concurrent_syncs`]),
+    /// shared by all its peers.
+    pub(super) sync_slots: Arc<Semaphore>,
 }
 
 impl Peer {
@@ -69,7 +73,9 @@ impl Peer {
         cfg: Arc<MirrorConfig>,
         stats: Arc<PeerStats>,
         holder: u64,
-        (cancel, pause): (CancellationToken, CancellationToken),
+        // The engine's handles every peer shares: its stop, its step-down,
+        // its sync slots.
+        (cancel, pause, sync_slots): (CancellationToken, CancellationToken, Arc<Semaphore>),
     ) -> Peer {
         // Staleness counts from this engine's start until a store says
         // better (a resumed state key's heartbeat, or a probe): counters
@@ -100,6 +106,7 @@ impl Peer {
             replay_horizon: 0,
             source_id_key,
             verify,
+            sync_slots,
         }
     }
 

@@ -247,6 +247,7 @@ impl Peer {
                     self.prefix.clone(),
                     self.cfg.page_size,
                     self.link.pacer.min_rtt(),
+                    self.sync_slots.clone(),
                 );
                 tokio::select! {
                     _ = self.cancel.cancelled() => return Ok(None),

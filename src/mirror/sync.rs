@@ -10,10 +10,12 @@
 //! per side and the txns in flight (bounded in bytes), whatever the
 //! subtree's size.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::batch::STATE_RESERVE_BYTES;
 use super::diff::{Diff, Merge};
@@ -36,9 +38,12 @@ pub(crate) struct Pinned {
     started: Instant,
     started_ms: i64,
     merge: Merge,
+    /// The engine's sync slot this sync holds until it is dropped.
+    _slot: Option<OwnedSemaphorePermit>,
 }
 
-/// Pins the source at its current revision S, opens the live watch at
+/// Waits for one of the engine's sync slots (`slots`), then pins the
+/// source at its current revision S, opens the live watch at
 /// S + 1 (before the sync, so that it starts among etcd's synced watchers:
 /// see `Peer::sync`) and starts the merge's scans at S. A claim that will
 /// sync runs this beside its claim txn, so the peer's first page is read
@@ -53,7 +58,19 @@ pub(crate) async fn pin(
     prefix: Bytes,
     page_size: usize,
     rtt: Option<Duration>,
+    slots: Arc<Semaphore>,
 ) -> Result<Pinned> {
+    let slot = match slots.clone().try_acquire_owned() {
+        Ok(slot) => Some(slot),
+        Err(_) => {
+            tracing::info!(
+                "waiting for a sync slot: every one of the engine's concurrent syncs is taken"
+            );
+            // The semaphore is never closed, so this only fails if it were:
+            // then the sync runs without a slot rather than not at all.
+            slots.acquire_owned().await.ok()
+        }
+    };
     let started_ms = unix_ms();
     let started = Instant::now();
     let at = local
@@ -69,6 +86,7 @@ pub(crate) async fn pin(
         started,
         started_ms,
         merge,
+        _slot: slot,
     })
 }
 

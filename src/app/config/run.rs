@@ -21,8 +21,8 @@ use super::settings::{
 };
 use crate::etcd::{ClientConfig, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
 use crate::mirror::{
-    DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE, DEFAULT_PEER_CONNECTIONS, MirrorConfig,
-    PeerConfig,
+    DEFAULT_MAX_CONCURRENT_SYNCS, DEFAULT_MAX_INFLIGHT_TXNS, DEFAULT_PAGE_SIZE,
+    DEFAULT_PEER_CONNECTIONS, MirrorConfig, PeerConfig,
 };
 use crate::schema::{DEFAULT_ROOT, validate_segment};
 
@@ -106,6 +106,10 @@ impl RunArgs {
         let max_inflight = count(layered!(layers, max_inflight), DEFAULT_MAX_INFLIGHT_TXNS)?;
         let connections = count(layered!(layers, peer_connections), DEFAULT_PEER_CONNECTIONS)?;
         let page_size = count(layered!(layers, page_size), DEFAULT_PAGE_SIZE)?;
+        let max_concurrent_syncs = count(
+            layered!(layers, max_concurrent_syncs),
+            DEFAULT_MAX_CONCURRENT_SYNCS,
+        )?;
 
         let mut mirror = MirrorConfig::new(region.clone());
         if root.starts_with(&mirror.state_root) || mirror.state_root.starts_with(&root) {
@@ -121,6 +125,7 @@ impl RunArgs {
         mirror.limits = limits;
         mirror.max_inflight = max_inflight;
         mirror.page_size = page_size;
+        mirror.max_concurrent_syncs = max_concurrent_syncs;
         let (raw, origin) = layered!(layers, heartbeat_interval);
         if let Some(raw) = raw {
             mirror.heartbeat_interval = at_least(&origin, &raw, Duration::from_millis(100))?;

@@ -134,6 +134,20 @@ pub struct Settings {
     )]
     pub page_size: Option<usize>,
 
+    /// Range-diff syncs run at once over all peers (at least 1). Each holds
+    /// a few pages of both sides and reads the source subtree in full, so
+    /// this bounds the memory of a start (or of a regional outage's
+    /// recovery) with many peers; peers beyond it wait for a slot. Raise it
+    /// to the number of peers when each peer's write rate, not the source
+    /// or memory, bounds a sync. [default: 4]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_MAX_CONCURRENT_SYNCS",
+        value_name = "N",
+        help_heading = "Mirror"
+    )]
+    pub max_concurrent_syncs: Option<usize>,
+
     /// How often to check each peer's and the source's identity and
     /// revision and write the heartbeat into the peer's state key; also the
     /// resolution of peer_staleness_seconds.

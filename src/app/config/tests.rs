@@ -205,6 +205,7 @@ fn everything_set() {
         "--max-request-bytes=512KiB",
         "--max-inflight=3",
         "--page-size=500",
+        "--max-concurrent-syncs=9",
         "--root=/tenant/aether/v1/regions/",
         "--metrics-addr=[::1]:9000",
         "--log-format=json",
@@ -250,6 +251,7 @@ fn everything_set() {
     assert_eq!(c.mirror.limits, limits);
     assert_eq!(c.mirror.max_inflight, 3);
     assert_eq!(c.mirror.page_size, 500);
+    assert_eq!(c.mirror.max_concurrent_syncs, 9);
     assert_eq!(c.metrics_addr, "[::1]:9000".parse().unwrap());
     assert_eq!(c.log_format, LogFormat::Json);
 }
@@ -602,6 +604,11 @@ fn limits() {
         "at least 1",
     );
     refused_in_a(&["--page-size=0"], "--page-size", "at least 1");
+    refused_in_a(
+        &["--max-concurrent-syncs=0"],
+        "--max-concurrent-syncs",
+        "at least 1",
+    );
     refused_in_a(
         &["--max-request-bytes=4095"],
         "--max-request-bytes",
