@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use aether_replicator::etcd::{
     Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
 };
-use aether_replicator::mirror::{DEFAULT_PEER_CONNECTIONS, Engine, MirrorConfig};
+use aether_replicator::mirror::{DEFAULT_PEER_CONNECTIONS, Engine, MirrorConfig, PeerStats};
 use common::{Etcd, FaultProxy};
 use criterion::measurement::WallTime;
 use criterion::{
@@ -41,9 +41,14 @@ fn client(e: &Etcd) -> Client {
 
 /// A source and a peer etcd (running while held), a client of each, and an
 /// engine mirroring the source to the peer, region b, once it has synced.
+///
+/// `AETHER_BENCH_ETCD_ARGS` (flags separated by spaces) is passed to both
+/// etcds, to measure a configuration of theirs.
 fn synced_pair(rt: &tokio::runtime::Runtime) -> ([Etcd; 2], Client, Client, Engine) {
-    let src = Etcd::start();
-    let dst = Etcd::start();
+    let args = std::env::var("AETHER_BENCH_ETCD_ARGS").unwrap_or_default();
+    let args: Vec<&str> = args.split_whitespace().collect();
+    let src = Etcd::builder().extra_args(&args).start();
+    let dst = Etcd::builder().extra_args(&args).start();
     let (s, d) = (client(&src), client(&dst));
     let engine = Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg()).expect("engine");
     rt.block_on(engine.wait_synced());
@@ -289,7 +294,68 @@ async fn burst(
     writers: usize,
     rate: Option<f64>,
 ) -> (Vec<Duration>, Duration, f64) {
-    let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; revisions]));
+    let b = burst_traced(src, dst, base, revisions, writers, rate, None).await;
+    (b.lat, b.tail, b.rate)
+}
+
+/// What [`burst_traced`] measured.
+struct Burst {
+    /// Per-key latencies from the source put's start to the peer's watch
+    /// event, sorted.
+    lat: Vec<Duration>,
+    /// From the last write to the peer holding everything.
+    tail: Duration,
+    /// Achieved source rate, revisions/s.
+    rate: f64,
+    /// Gaps of more than [`STALL_GAP`] between consecutive arrivals at the
+    /// measuring watch while the source was still writing.
+    stalls: usize,
+    /// Latencies above [`STALL_LATENCY`].
+    slow: usize,
+    /// Where each key's latency went, when the engine's stats were given.
+    stages: Option<Stages>,
+}
+
+/// A stall as the bench counts it: no event at the measuring watch for
+/// this long while the source is still being written.
+const STALL_GAP: Duration = Duration::from_millis(250);
+/// A latency counted as stalled.
+const STALL_LATENCY: Duration = Duration::from_millis(500);
+
+/// A key's latency split at the engine's two counters, sampled every
+/// millisecond by a thread of its own (outside tokio, so a stalled runtime
+/// would show as such): the put (start to the source's reply), the source
+/// watch (reply to the engine having seen the revision), the engine's
+/// txns (seen to acknowledged by the peer), and the measuring watch
+/// (acknowledged to its event). The largest of each, in ms, and the
+/// number of keys whose stage took more than [`STALL_GAP`].
+#[derive(Default, Debug)]
+struct Stages {
+    max_ms: [f64; 4],
+    over: [usize; 4],
+    /// The longest gap of the measuring watch: its start, relative to the
+    /// burst's start, and its length, in ms.
+    worst_gap: (f64, f64),
+    /// The longest time without a put completing at the source, in ms.
+    worst_put_gap_ms: f64,
+}
+
+const STAGE_NAMES: [&str; 4] = ["put", "source_watch", "engine_txns", "measuring_watch"];
+
+/// [`burst`], also counting stalls and, given the engine's stats for this
+/// peer, splitting each key's latency into [`Stages`].
+async fn burst_traced(
+    src: &Client,
+    dst: &Client,
+    base: usize,
+    revisions: usize,
+    writers: usize,
+    rate: Option<f64>,
+    stats: Option<Arc<PeerStats>>,
+) -> Burst {
+    // (start of the put, its reply, the source revision it made)
+    let sent: Arc<Mutex<Vec<Option<(Instant, Instant, i64)>>>> =
+        Arc::new(Mutex::new(vec![None; revisions]));
     let (_stream, mut watcher) = dst.watch(WatchOptions::prefix(PREFIX)).expect("watch");
     // Make sure the peer watch is live before writing: the create request
     // is pipelined, so a single probe could land before the watch exists.
@@ -309,6 +375,7 @@ async fn burst(
     }
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
+    let sampler = stats.map(|st| Sampler::start(st, start));
     let mut tasks = Vec::new();
     for _ in 0..writers {
         let (src, sent, next) = (src.clone(), sent.clone(), next.clone());
@@ -323,16 +390,19 @@ async fn burst(
                     tokio::time::sleep_until(due.into()).await;
                 }
                 let t0 = Instant::now();
-                src.put(Put::new(key(base + i), value(i)))
+                let r = src
+                    .put(Put::new(key(base + i), value(i)))
                     .await
                     .expect("put");
-                sent.lock().expect("lock")[i] = Some(t0);
+                sent.lock().expect("lock")[i] = Some((t0, Instant::now(), r.header.revision));
             }
         }));
     }
     let mut arrived: Vec<Option<Instant>> = vec![None; revisions];
     let mut remaining = revisions;
     let mut last_write_done = None;
+    // Arrival times of the watch responses that carried burst keys.
+    let mut arrivals = Vec::new();
     let give_up = Instant::now() + Duration::from_secs(120);
     while remaining > 0 {
         assert!(
@@ -343,6 +413,7 @@ async fn burst(
             r = watcher.next() => {
                 let r = r.expect("watch").expect("watch");
                 let now = Instant::now();
+                let before = remaining;
                 for e in r.events {
                     let k = String::from_utf8_lossy(e.kv.key()).to_string();
                     if let Some(i) = index_of(&k, base, revisions)
@@ -351,6 +422,9 @@ async fn burst(
                         arrived[i] = Some(now);
                         remaining -= 1;
                     }
+                }
+                if remaining < before {
+                    arrivals.push(now);
                 }
             }
             _ = tokio::time::sleep(Duration::from_millis(5)) => {}
@@ -363,20 +437,200 @@ async fn burst(
         t.await.expect("writer");
     }
     let done = Instant::now();
+    let samples = sampler.map(Sampler::stop);
     let source_end = last_write_done.unwrap_or(done);
     let sent = sent.lock().expect("lock");
     let mut lat: Vec<Duration> = sent
         .iter()
         .zip(&arrived)
-        .filter_map(|(s, a)| Some(a.as_ref()?.saturating_duration_since((*s)?)))
+        .filter_map(|(s, a)| Some(a.as_ref()?.saturating_duration_since((*s)?.0)))
         .collect();
     lat.sort();
+    // Gaps from the first write (the first arrival can't precede it)
+    // while the source is still being written.
+    let mut stalls = 0;
+    let mut worst_gap = (0.0, 0.0);
+    let mut prev = start;
+    for &a in arrivals.iter().filter(|&&a| a <= source_end) {
+        let gap = a - prev;
+        if gap > STALL_GAP {
+            stalls += 1;
+        }
+        if gap.as_secs_f64() * 1e3 > worst_gap.1 {
+            worst_gap = ((prev - start).as_secs_f64() * 1e3, gap.as_secs_f64() * 1e3);
+        }
+        prev = a;
+    }
+    let stages = samples.map(|samples| {
+        let mut st = Stages {
+            worst_gap,
+            ..Stages::default()
+        };
+        let mut replies: Vec<Instant> = sent.iter().flatten().map(|s| s.1).collect();
+        replies.sort();
+        st.worst_put_gap_ms = replies
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+            .fold(
+                replies
+                    .first()
+                    .map_or(0.0, |f| (*f - start).as_secs_f64() * 1e3),
+                f64::max,
+            );
+        for (s, a) in sent.iter().zip(&arrived) {
+            let (Some((t0, t1, rev)), Some(tw)) = (*s, *a) else {
+                continue;
+            };
+            // The first sample at which each counter held the revision;
+            // the reply when the engine saw it before the put returned.
+            let seen = first_at(&samples, |s| s.1 >= rev).unwrap_or(tw).max(t1);
+            let acked = first_at(&samples, |s| s.2 >= rev).unwrap_or(tw).max(seen);
+            let marks = [t0, t1, seen, acked, tw.max(acked)];
+            for (k, w) in marks.windows(2).enumerate() {
+                let d = w[1] - w[0];
+                st.max_ms[k] = st.max_ms[k].max(d.as_secs_f64() * 1e3);
+                if d > STALL_GAP {
+                    st.over[k] += 1;
+                }
+            }
+        }
+        st
+    });
     let elapsed = source_end.duration_since(start).as_secs_f64();
-    (
+    Burst {
+        slow: lat.iter().filter(|&&l| l > STALL_LATENCY).count(),
         lat,
-        done.saturating_duration_since(source_end),
-        revisions as f64 / elapsed,
+        tail: done.saturating_duration_since(source_end),
+        rate: revisions as f64 / elapsed,
+        stalls,
+        stages,
+    }
+}
+
+/// The time of the first sample for which `pred` holds.
+fn first_at(
+    samples: &[(Instant, i64, i64)],
+    pred: impl Fn(&(Instant, i64, i64)) -> bool,
+) -> Option<Instant> {
+    // The counters only grow, so the samples are sorted for `pred`.
+    let i = samples.partition_point(|s| !pred(s));
+    samples.get(i).map(|s| s.0)
+}
+
+/// A thread sampling a peer's `source_revision` (seen on the source watch)
+/// and `applied_revision` (acknowledged by the peer) every millisecond.
+struct Sampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(Instant, i64, i64)>>,
+}
+
+impl Sampler {
+    fn start(st: Arc<PeerStats>, _from: Instant) -> Sampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut v = Vec::with_capacity(8192);
+            while !flag.load(Ordering::Relaxed) {
+                let s = (
+                    Instant::now(),
+                    st.source_revision.load(Ordering::Relaxed),
+                    st.applied_revision.load(Ordering::Relaxed),
+                );
+                if v.last()
+                    .is_none_or(|l: &(Instant, i64, i64)| (l.1, l.2) != (s.1, s.2))
+                {
+                    v.push(s);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            v
+        });
+        Sampler { stop, thread }
+    }
+
+    fn stop(self) -> Vec<(Instant, i64, i64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("sampler")
+    }
+}
+
+/// The etcd metrics that could explain a stall, summed over their label
+/// sets (histograms by `_sum` and `_count`).
+const WATCHED_METRICS: &[&str] = &[
+    "etcd_debugging_mvcc_slow_watcher_total",
+    "etcd_debugging_mvcc_pending_events_total",
+    "etcd_debugging_mvcc_watcher_total",
+    "etcd_debugging_mvcc_watch_stream_total",
+    "etcd_debugging_mvcc_events_total",
+    "etcd_disk_backend_commit_duration_seconds_sum",
+    "etcd_disk_backend_commit_duration_seconds_count",
+    "etcd_disk_wal_fsync_duration_seconds_sum",
+    "etcd_disk_wal_fsync_duration_seconds_count",
+    "etcd_server_slow_apply_total",
+    "etcd_server_slow_read_indexes_total",
+    "etcd_server_heartbeat_send_failures_total",
+    "etcd_debugging_snap_save_total_duration_seconds_count",
+    "etcd_disk_backend_snapshot_duration_seconds_count",
+    "etcd_mvcc_db_total_size_in_bytes",
+    "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count",
+    "etcd_server_apply_duration_seconds_sum",
+    "etcd_server_apply_duration_seconds_count",
+    "go_gc_duration_seconds_count",
+    "go_gc_duration_seconds_sum",
+    "grpc_server_msg_sent_total",
+];
+
+/// [`WATCHED_METRICS`] from an etcd's `/metrics`, summed per name.
+fn etcd_metrics(e: &Etcd) -> std::collections::BTreeMap<&'static str, f64> {
+    let text = e.metrics().unwrap_or_default();
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name_labels, v)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = name_labels.split('{').next().unwrap_or("");
+        if let (Some(m), Ok(v)) = (
+            WATCHED_METRICS.iter().find(|&&m| m == name),
+            v.parse::<f64>(),
+        ) {
+            *out.entry(*m).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+/// The metrics that moved between `a` and `b`, as `name=+delta` pairs.
+fn metrics_delta(
+    a: &std::collections::BTreeMap<&'static str, f64>,
+    b: &std::collections::BTreeMap<&'static str, f64>,
+) -> String {
+    b.iter()
+        .filter_map(|(k, v)| {
+            let d = v - a.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| format!("{k}={d:+.4}"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The lines of an etcd's log from byte `from` on that say a request or
+/// apply was slow, and how many there were.
+fn slow_log_lines(e: &Etcd, from: usize) -> (usize, Option<String>) {
+    let text = std::fs::read_to_string(e.log_path()).unwrap_or_default();
+    let new = text.get(from..).unwrap_or("");
+    let slow: Vec<&str> = new
+        .lines()
+        .filter(|l| l.contains("took too long") || l.contains("slow"))
+        .collect();
+    (
+        slow.len(),
+        slow.first().map(|l| l.chars().take(300).collect()),
     )
+}
+
+/// The length of an etcd's log so far, in bytes.
+fn log_len(e: &Etcd) -> usize {
+    std::fs::metadata(e.log_path()).map_or(0, |m| m.len() as usize)
 }
 
 /// Keys are generated by `key(i)`; recover `i - base` from the key.
@@ -392,7 +646,7 @@ fn live(c: &mut Criterion) {
     common::init_logging();
     let rt = runtime();
     let _in = rt.enter();
-    let (_etcds, s, d, engine) = synced_pair(&rt);
+    let (etcds, s, d, engine) = synced_pair(&rt);
     let mut base = 0;
     for (name, revisions, rate) in [
         ("saturated", 20_000usize, None),
@@ -404,11 +658,52 @@ fn live(c: &mut Criterion) {
         let mut tails = Vec::new();
         let mut rates = Vec::new();
         let mut applied = Vec::new();
+        let mut run = 0;
+        let mut runs_stalled = 0;
         bench_runs(g, "burst_to_convergence", || {
+            let before = [etcd_metrics(&etcds[0]), etcd_metrics(&etcds[1])];
+            let logs = [log_len(&etcds[0]), log_len(&etcds[1])];
+            let st = engine.stats()[0].clone();
             let start = Instant::now();
-            let (lat, tail, rate) = rt.block_on(burst(&s, &d, base, revisions, 64, rate));
-            base += revisions;
+            let b = rt.block_on(burst_traced(&s, &d, base, revisions, 64, rate, Some(st)));
             let took = start.elapsed();
+            let (lat, tail, rate) = (b.lat, b.tail, b.rate);
+            // Each run on its own: a stall is one run's, and the p99 over
+            // all runs hides which (and how many) had one.
+            run += 1;
+            runs_stalled += usize::from(b.stalls > 0);
+            let stages = b.stages.map_or(String::new(), |st| {
+                let mut out = String::new();
+                for (k, name) in STAGE_NAMES.iter().enumerate() {
+                    out.push_str(&format!(
+                        " {name}_max_ms={:.0} {name}_over_250ms={}",
+                        st.max_ms[k], st.over[k]
+                    ));
+                }
+                out.push_str(&format!(
+                    " worst_gap_at_ms={:.0} worst_gap_ms={:.0} worst_put_gap_ms={:.0}",
+                    st.worst_gap.0, st.worst_gap.1, st.worst_put_gap_ms
+                ));
+                out
+            });
+            println!(
+                "REPORT live_run={name} run={run} source_rev_per_s={rate:.0} p50_ms={:.1} p99_ms={:.1} max_ms={:.1} stalls={} over_500ms={} converge_after_last_write_ms={:.0}{stages}",
+                percentile_ms(&lat, 0.5),
+                percentile_ms(&lat, 0.99),
+                lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+                b.stalls,
+                b.slow,
+                tail.as_secs_f64() * 1e3,
+            );
+            for (k, who) in ["source", "peer"].iter().enumerate() {
+                let after = etcd_metrics(&etcds[k]);
+                let (slow, first) = slow_log_lines(&etcds[k], logs[k]);
+                println!(
+                    "REPORT live_run={name} run={run} etcd={who} slow_log_lines={slow} {} first_slow={first:?}",
+                    metrics_delta(&before[k], &after),
+                );
+            }
+            base += revisions;
             all_lat.extend(lat);
             tails.push(tail.as_secs_f64());
             rates.push(rate);
@@ -426,7 +721,7 @@ fn live(c: &mut Criterion) {
         let applied_median = median(&mut applied);
         let st = &engine.stats()[0];
         println!(
-            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} peer_apply_rev_per_s={:.0} peer_apply_keys_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={}",
+            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} peer_apply_rev_per_s={:.0} peer_apply_keys_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={} runs={run} runs_with_a_stall={runs_stalled}",
             median(&mut rates),
             applied_median,
             // Every revision here puts one key.
