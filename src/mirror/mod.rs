@@ -64,6 +64,7 @@ pub mod batch;
 pub mod check;
 mod claim;
 mod config;
+mod count;
 mod diff;
 mod limits;
 mod live;

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::config::MirrorConfig;
+use super::count::CountSplits;
 use super::limits::Limits;
 use super::pipeline::Link;
 use super::stats::{PeerStats, ResyncReason};
@@ -59,6 +60,9 @@ pub(crate) struct Peer {
     /// sessions, so what was learnt about the link in the sync carries into
     /// the live phase and across retries.
     pub(super) link: Link,
+    /// Where the freshness probe splits its key counts: learnt from the
+    /// keys written, so it outlives sessions like the copy does.
+    pub(super) splits: CountSplits,
 }
 
 impl Peer {
@@ -100,6 +104,7 @@ impl Peer {
             replay_horizon: 0,
             source_id_key,
             verify,
+            splits: CountSplits::default(),
         }
     }
 
