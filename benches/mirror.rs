@@ -1226,6 +1226,136 @@ fn regions(c: &mut Criterion) {
     );
 }
 
+/// Issue 21's mechanism on its own, engine-free: one etcd holding
+/// `AETHER_BENCH_COUNT_KEYS` keys (default 200k) under the prefix, 16
+/// writers overwriting them as fast as it takes, and every 300 ms a count
+/// of the whole prefix, alternately as one `count_only` range (what the
+/// freshness probe sent before), as `count_only` ranges of ~4k keys each
+/// all in one txn, and the same 8 to a txn (what it sends now). Reports, per way of counting, the
+/// count's duration and the slowest put that started while it ran, against
+/// the slowest put of the same length of time with no count running.
+fn count_stall(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n: usize = env_or("AETHER_BENCH_COUNT_KEYS", 200_000);
+    let e = Etcd::start();
+    let s = client(&e);
+    rt.block_on(write_batched(&s, 0..n, 16));
+    // Boundaries at every 4096th key in key order, as the engine learns
+    // them from the keys it writes.
+    let mut keys: Vec<String> = (0..n).map(key).collect();
+    keys.sort();
+    let bounds: Vec<String> = keys.iter().skip(4096).step_by(4096).cloned().collect();
+    drop(keys);
+    let end = String::from_utf8(aether_replicator::etcd::prefix_end(PREFIX.as_bytes()).to_vec())
+        .expect("utf8");
+    let pieces: Vec<Range> = std::iter::once(PREFIX.to_string())
+        .chain(bounds.iter().cloned())
+        .zip(bounds.iter().cloned().chain(std::iter::once(end)))
+        .map(|(a, b)| Range::between(a, b).count_only())
+        .collect();
+    let g = group(c, "count_stall");
+    // (way, count duration, slowest put during it, slowest put in a
+    // quiet window as long)
+    let mut seen: Vec<(usize, f64, f64, f64)> = Vec::new();
+    bench_runs(g, "whole_then_pieces", || {
+        let started = Instant::now();
+        rt.block_on(async {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let puts: Arc<Mutex<Vec<(Instant, Duration)>>> = Arc::default();
+            let mut writers = tokio::task::JoinSet::new();
+            for w in 0..16usize {
+                let (s, stop, puts) = (s.clone(), stop.clone(), puts.clone());
+                writers.spawn(async move {
+                    let mut i = w;
+                    while !stop.load(Ordering::Relaxed) {
+                        let t0 = Instant::now();
+                        s.put(Put::new(key(i % n), value(i))).await.expect("put");
+                        puts.lock().expect("lock").push((t0, t0.elapsed()));
+                        i += 16;
+                    }
+                });
+            }
+            let mut windows = Vec::new();
+            for round in 0..12usize {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let way = round % 3;
+                let t0 = Instant::now();
+                let total: i64 = if way == 0 {
+                    s.range(Range::prefix(PREFIX).count_only())
+                        .await
+                        .expect("count")
+                        .count
+                } else {
+                    let ops: Vec<aether_replicator::etcd::Op> =
+                        pieces.iter().cloned().map(Into::into).collect();
+                    let mut sum = 0;
+                    // All in one txn (etcd's default limit is 128
+                    // ops), or 8 to a txn, as the engine sends them.
+                    let per = if way == 1 { 127 } else { 8 };
+                    for chunk in ops.chunks(per) {
+                        let r = s
+                            .txn(aether_replicator::etcd::Txn::new().and_then(chunk.to_vec()))
+                            .await
+                            .expect("count txn");
+                        for r in r.responses {
+                            if let aether_replicator::etcd::OpResponse::Range(r) = r {
+                                sum += r.count;
+                            }
+                        }
+                    }
+                    sum
+                };
+                assert_eq!(total as usize, n, "the two ways must count the same");
+                windows.push((way, t0, t0.elapsed()));
+            }
+            stop.store(true, Ordering::Relaxed);
+            while let Some(w) = writers.join_next().await {
+                w.expect("writer");
+            }
+            let puts = puts.lock().expect("lock");
+            let slowest = |from: Instant, to: Instant| {
+                puts.iter()
+                    .filter(|(t, _)| *t >= from && *t <= to)
+                    .map(|(_, d)| d.as_secs_f64() * 1e3)
+                    .fold(0.0, f64::max)
+            };
+            for (way, t0, took) in windows {
+                // The quiet window: as long, ending 100 ms before the
+                // count started (the last one ended 300 ms before that).
+                let quiet_to = t0 - Duration::from_millis(100);
+                seen.push((
+                    way,
+                    took.as_secs_f64() * 1e3,
+                    slowest(t0, t0 + took),
+                    slowest(quiet_to - took, quiet_to),
+                ));
+            }
+        });
+        started.elapsed()
+    });
+    for (way, name) in [(0, "whole"), (1, "pieces_one_txn"), (2, "pieces_8_per_txn")] {
+        let mut took: Vec<f64> = seen.iter().filter(|s| s.0 == way).map(|s| s.1).collect();
+        let mut during: Vec<f64> = seen.iter().filter(|s| s.0 == way).map(|s| s.2).collect();
+        let mut quiet: Vec<f64> = seen.iter().filter(|s| s.0 == way).map(|s| s.3).collect();
+        if took.is_empty() {
+            continue;
+        }
+        let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        println!(
+            "REPORT count_stall keys={n} way={name} pieces={} counts={} count_ms_median={:.1} max={:.1} slowest_put_during_ms_median={:.1} max={:.1} slowest_put_quiet_ms_median={:.1} max={:.1}",
+            if way == 0 { 1 } else { pieces.len() },
+            took.len(),
+            median(&mut took),
+            max(&took),
+            median(&mut during),
+            max(&during),
+            median(&mut quiet),
+            max(&quiet),
+        );
+    }
+}
+
 /// This process's resident set now (VmRSS), in KiB; 0 if unknown.
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -1299,6 +1429,7 @@ criterion_group!(
     wan,
     wan_large,
     regions,
-    lower_limits
+    lower_limits,
+    count_stall
 );
 criterion_main!(benches);
