@@ -342,6 +342,10 @@ struct Stages {
 
 const STAGE_NAMES: [&str; 4] = ["put", "source_watch", "engine_txns", "measuring_watch"];
 
+/// Each key's put as the writers saw it: its start, the source's reply,
+/// and the revision it made.
+type Sent = Arc<Mutex<Vec<Option<(Instant, Instant, i64)>>>>;
+
 /// [`burst`], also counting stalls and, given the engine's stats for this
 /// peer, splitting each key's latency into [`Stages`].
 async fn burst_traced(
@@ -354,8 +358,7 @@ async fn burst_traced(
     stats: Option<Arc<PeerStats>>,
 ) -> Burst {
     // (start of the put, its reply, the source revision it made)
-    let sent: Arc<Mutex<Vec<Option<(Instant, Instant, i64)>>>> =
-        Arc::new(Mutex::new(vec![None; revisions]));
+    let sent: Sent = Arc::new(Mutex::new(vec![None; revisions]));
     let (_stream, mut watcher) = dst.watch(WatchOptions::prefix(PREFIX)).expect("watch");
     // Make sure the peer watch is live before writing: the create request
     // is pipelined, so a single probe could land before the watch exists.

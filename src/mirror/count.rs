@@ -118,7 +118,7 @@ const PIECES_PER_TXN: usize = 8;
 /// The ops of one txn: at most `max_ops` and [`PIECES_PER_TXN`], and at
 /// least two (the peer's state key and one piece).
 fn per_txn(max_ops: usize) -> usize {
-    max_ops.min(PIECES_PER_TXN).max(2)
+    max_ops.clamp(2, PIECES_PER_TXN)
 }
 
 /// The range counts of `resp`'s results from the `skip`-th on.
