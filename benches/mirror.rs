@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use aether_replicator::etcd::{
     Client, ClientConfig, Delete, Put, Range, TxnBatcher, TxnLimits, WatchOptions,
 };
-use aether_replicator::mirror::{DEFAULT_PEER_CONNECTIONS, Engine, MirrorConfig};
+use aether_replicator::mirror::{DEFAULT_PEER_CONNECTIONS, Engine, MirrorConfig, PeerStats};
 use common::{Etcd, FaultProxy};
 use criterion::measurement::WallTime;
 use criterion::{
@@ -41,9 +41,14 @@ fn client(e: &Etcd) -> Client {
 
 /// A source and a peer etcd (running while held), a client of each, and an
 /// engine mirroring the source to the peer, region b, once it has synced.
+///
+/// `AETHER_BENCH_ETCD_ARGS` (flags separated by spaces) is passed to both
+/// etcds, to measure a configuration of theirs.
 fn synced_pair(rt: &tokio::runtime::Runtime) -> ([Etcd; 2], Client, Client, Engine) {
-    let src = Etcd::start();
-    let dst = Etcd::start();
+    let args = std::env::var("AETHER_BENCH_ETCD_ARGS").unwrap_or_default();
+    let args: Vec<&str> = args.split_whitespace().collect();
+    let src = Etcd::builder().extra_args(&args).start();
+    let dst = Etcd::builder().extra_args(&args).start();
     let (s, d) = (client(&src), client(&dst));
     let engine = Engine::start(s.clone(), vec![("b".into(), d.clone())], cfg()).expect("engine");
     rt.block_on(engine.wait_synced());
@@ -289,7 +294,71 @@ async fn burst(
     writers: usize,
     rate: Option<f64>,
 ) -> (Vec<Duration>, Duration, f64) {
-    let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; revisions]));
+    let b = burst_traced(src, dst, base, revisions, writers, rate, None).await;
+    (b.lat, b.tail, b.rate)
+}
+
+/// What [`burst_traced`] measured.
+struct Burst {
+    /// Per-key latencies from the source put's start to the peer's watch
+    /// event, sorted.
+    lat: Vec<Duration>,
+    /// From the last write to the peer holding everything.
+    tail: Duration,
+    /// Achieved source rate, revisions/s.
+    rate: f64,
+    /// Gaps of more than [`STALL_GAP`] between consecutive arrivals at the
+    /// measuring watch while the source was still writing.
+    stalls: usize,
+    /// Latencies above [`STALL_LATENCY`].
+    slow: usize,
+    /// Where each key's latency went, when the engine's stats were given.
+    stages: Option<Stages>,
+}
+
+/// A stall as the bench counts it: no event at the measuring watch for
+/// this long while the source is still being written.
+const STALL_GAP: Duration = Duration::from_millis(250);
+/// A latency counted as stalled.
+const STALL_LATENCY: Duration = Duration::from_millis(500);
+
+/// A key's latency split at the engine's two counters, sampled every
+/// millisecond by a thread of its own (outside tokio, so a stalled runtime
+/// would show as such): the put (start to the source's reply), the source
+/// watch (reply to the engine having seen the revision), the engine's
+/// txns (seen to acknowledged by the peer), and the measuring watch
+/// (acknowledged to its event). The largest of each, in ms, and the
+/// number of keys whose stage took more than [`STALL_GAP`].
+#[derive(Default, Debug)]
+struct Stages {
+    max_ms: [f64; 4],
+    over: [usize; 4],
+    /// The longest gap of the measuring watch: its start, relative to the
+    /// burst's start, and its length, in ms.
+    worst_gap: (f64, f64),
+    /// The longest time without a put completing at the source, in ms.
+    worst_put_gap_ms: f64,
+}
+
+const STAGE_NAMES: [&str; 4] = ["put", "source_watch", "engine_txns", "measuring_watch"];
+
+/// Each key's put as the writers saw it: its start, the source's reply,
+/// and the revision it made.
+type Sent = Arc<Mutex<Vec<Option<(Instant, Instant, i64)>>>>;
+
+/// [`burst`], also counting stalls and, given the engine's stats for this
+/// peer, splitting each key's latency into [`Stages`].
+async fn burst_traced(
+    src: &Client,
+    dst: &Client,
+    base: usize,
+    revisions: usize,
+    writers: usize,
+    rate: Option<f64>,
+    stats: Option<Arc<PeerStats>>,
+) -> Burst {
+    // (start of the put, its reply, the source revision it made)
+    let sent: Sent = Arc::new(Mutex::new(vec![None; revisions]));
     let (_stream, mut watcher) = dst.watch(WatchOptions::prefix(PREFIX)).expect("watch");
     // Make sure the peer watch is live before writing: the create request
     // is pipelined, so a single probe could land before the watch exists.
@@ -309,6 +378,7 @@ async fn burst(
     }
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
+    let sampler = stats.map(|st| Sampler::start(st, start));
     let mut tasks = Vec::new();
     for _ in 0..writers {
         let (src, sent, next) = (src.clone(), sent.clone(), next.clone());
@@ -323,16 +393,19 @@ async fn burst(
                     tokio::time::sleep_until(due.into()).await;
                 }
                 let t0 = Instant::now();
-                src.put(Put::new(key(base + i), value(i)))
+                let r = src
+                    .put(Put::new(key(base + i), value(i)))
                     .await
                     .expect("put");
-                sent.lock().expect("lock")[i] = Some(t0);
+                sent.lock().expect("lock")[i] = Some((t0, Instant::now(), r.header.revision));
             }
         }));
     }
     let mut arrived: Vec<Option<Instant>> = vec![None; revisions];
     let mut remaining = revisions;
     let mut last_write_done = None;
+    // Arrival times of the watch responses that carried burst keys.
+    let mut arrivals = Vec::new();
     let give_up = Instant::now() + Duration::from_secs(120);
     while remaining > 0 {
         assert!(
@@ -343,6 +416,7 @@ async fn burst(
             r = watcher.next() => {
                 let r = r.expect("watch").expect("watch");
                 let now = Instant::now();
+                let before = remaining;
                 for e in r.events {
                     let k = String::from_utf8_lossy(e.kv.key()).to_string();
                     if let Some(i) = index_of(&k, base, revisions)
@@ -351,6 +425,9 @@ async fn burst(
                         arrived[i] = Some(now);
                         remaining -= 1;
                     }
+                }
+                if remaining < before {
+                    arrivals.push(now);
                 }
             }
             _ = tokio::time::sleep(Duration::from_millis(5)) => {}
@@ -363,20 +440,200 @@ async fn burst(
         t.await.expect("writer");
     }
     let done = Instant::now();
+    let samples = sampler.map(Sampler::stop);
     let source_end = last_write_done.unwrap_or(done);
     let sent = sent.lock().expect("lock");
     let mut lat: Vec<Duration> = sent
         .iter()
         .zip(&arrived)
-        .filter_map(|(s, a)| Some(a.as_ref()?.saturating_duration_since((*s)?)))
+        .filter_map(|(s, a)| Some(a.as_ref()?.saturating_duration_since((*s)?.0)))
         .collect();
     lat.sort();
+    // Gaps from the first write (the first arrival can't precede it)
+    // while the source is still being written.
+    let mut stalls = 0;
+    let mut worst_gap = (0.0, 0.0);
+    let mut prev = start;
+    for &a in arrivals.iter().filter(|&&a| a <= source_end) {
+        let gap = a - prev;
+        if gap > STALL_GAP {
+            stalls += 1;
+        }
+        if gap.as_secs_f64() * 1e3 > worst_gap.1 {
+            worst_gap = ((prev - start).as_secs_f64() * 1e3, gap.as_secs_f64() * 1e3);
+        }
+        prev = a;
+    }
+    let stages = samples.map(|samples| {
+        let mut st = Stages {
+            worst_gap,
+            ..Stages::default()
+        };
+        let mut replies: Vec<Instant> = sent.iter().flatten().map(|s| s.1).collect();
+        replies.sort();
+        st.worst_put_gap_ms = replies
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+            .fold(
+                replies
+                    .first()
+                    .map_or(0.0, |f| (*f - start).as_secs_f64() * 1e3),
+                f64::max,
+            );
+        for (s, a) in sent.iter().zip(&arrived) {
+            let (Some((t0, t1, rev)), Some(tw)) = (*s, *a) else {
+                continue;
+            };
+            // The first sample at which each counter held the revision;
+            // the reply when the engine saw it before the put returned.
+            let seen = first_at(&samples, |s| s.1 >= rev).unwrap_or(tw).max(t1);
+            let acked = first_at(&samples, |s| s.2 >= rev).unwrap_or(tw).max(seen);
+            let marks = [t0, t1, seen, acked, tw.max(acked)];
+            for (k, w) in marks.windows(2).enumerate() {
+                let d = w[1] - w[0];
+                st.max_ms[k] = st.max_ms[k].max(d.as_secs_f64() * 1e3);
+                if d > STALL_GAP {
+                    st.over[k] += 1;
+                }
+            }
+        }
+        st
+    });
     let elapsed = source_end.duration_since(start).as_secs_f64();
-    (
+    Burst {
+        slow: lat.iter().filter(|&&l| l > STALL_LATENCY).count(),
         lat,
-        done.saturating_duration_since(source_end),
-        revisions as f64 / elapsed,
+        tail: done.saturating_duration_since(source_end),
+        rate: revisions as f64 / elapsed,
+        stalls,
+        stages,
+    }
+}
+
+/// The time of the first sample for which `pred` holds.
+fn first_at(
+    samples: &[(Instant, i64, i64)],
+    pred: impl Fn(&(Instant, i64, i64)) -> bool,
+) -> Option<Instant> {
+    // The counters only grow, so the samples are sorted for `pred`.
+    let i = samples.partition_point(|s| !pred(s));
+    samples.get(i).map(|s| s.0)
+}
+
+/// A thread sampling a peer's `source_revision` (seen on the source watch)
+/// and `applied_revision` (acknowledged by the peer) every millisecond.
+struct Sampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(Instant, i64, i64)>>,
+}
+
+impl Sampler {
+    fn start(st: Arc<PeerStats>, _from: Instant) -> Sampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut v = Vec::with_capacity(8192);
+            while !flag.load(Ordering::Relaxed) {
+                let s = (
+                    Instant::now(),
+                    st.source_revision.load(Ordering::Relaxed),
+                    st.applied_revision.load(Ordering::Relaxed),
+                );
+                if v.last()
+                    .is_none_or(|l: &(Instant, i64, i64)| (l.1, l.2) != (s.1, s.2))
+                {
+                    v.push(s);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            v
+        });
+        Sampler { stop, thread }
+    }
+
+    fn stop(self) -> Vec<(Instant, i64, i64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("sampler")
+    }
+}
+
+/// The etcd metrics that could explain a stall, summed over their label
+/// sets (histograms by `_sum` and `_count`).
+const WATCHED_METRICS: &[&str] = &[
+    "etcd_debugging_mvcc_slow_watcher_total",
+    "etcd_debugging_mvcc_pending_events_total",
+    "etcd_debugging_mvcc_watcher_total",
+    "etcd_debugging_mvcc_watch_stream_total",
+    "etcd_debugging_mvcc_events_total",
+    "etcd_disk_backend_commit_duration_seconds_sum",
+    "etcd_disk_backend_commit_duration_seconds_count",
+    "etcd_disk_wal_fsync_duration_seconds_sum",
+    "etcd_disk_wal_fsync_duration_seconds_count",
+    "etcd_server_slow_apply_total",
+    "etcd_server_slow_read_indexes_total",
+    "etcd_server_heartbeat_send_failures_total",
+    "etcd_debugging_snap_save_total_duration_seconds_count",
+    "etcd_disk_backend_snapshot_duration_seconds_count",
+    "etcd_mvcc_db_total_size_in_bytes",
+    "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count",
+    "etcd_server_apply_duration_seconds_sum",
+    "etcd_server_apply_duration_seconds_count",
+    "go_gc_duration_seconds_count",
+    "go_gc_duration_seconds_sum",
+    "grpc_server_msg_sent_total",
+];
+
+/// [`WATCHED_METRICS`] from an etcd's `/metrics`, summed per name.
+fn etcd_metrics(e: &Etcd) -> std::collections::BTreeMap<&'static str, f64> {
+    let text = e.metrics().unwrap_or_default();
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name_labels, v)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = name_labels.split('{').next().unwrap_or("");
+        if let (Some(m), Ok(v)) = (
+            WATCHED_METRICS.iter().find(|&&m| m == name),
+            v.parse::<f64>(),
+        ) {
+            *out.entry(*m).or_insert(0.0) += v;
+        }
+    }
+    out
+}
+
+/// The metrics that moved between `a` and `b`, as `name=+delta` pairs.
+fn metrics_delta(
+    a: &std::collections::BTreeMap<&'static str, f64>,
+    b: &std::collections::BTreeMap<&'static str, f64>,
+) -> String {
+    b.iter()
+        .filter_map(|(k, v)| {
+            let d = v - a.get(k).copied().unwrap_or(0.0);
+            (d != 0.0).then(|| format!("{k}={d:+.4}"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The lines of an etcd's log from byte `from` on that say a request or
+/// apply was slow, and how many there were.
+fn slow_log_lines(e: &Etcd, from: usize) -> (usize, Option<String>) {
+    let text = std::fs::read_to_string(e.log_path()).unwrap_or_default();
+    let new = text.get(from..).unwrap_or("");
+    let slow: Vec<&str> = new
+        .lines()
+        .filter(|l| l.contains("took too long") || l.contains("slow"))
+        .collect();
+    (
+        slow.len(),
+        slow.first().map(|l| l.chars().take(300).collect()),
     )
+}
+
+/// The length of an etcd's log so far, in bytes.
+fn log_len(e: &Etcd) -> usize {
+    std::fs::metadata(e.log_path()).map_or(0, |m| m.len() as usize)
 }
 
 /// Keys are generated by `key(i)`; recover `i - base` from the key.
@@ -392,7 +649,7 @@ fn live(c: &mut Criterion) {
     common::init_logging();
     let rt = runtime();
     let _in = rt.enter();
-    let (_etcds, s, d, engine) = synced_pair(&rt);
+    let (etcds, s, d, engine) = synced_pair(&rt);
     let mut base = 0;
     for (name, revisions, rate) in [
         ("saturated", 20_000usize, None),
@@ -404,11 +661,52 @@ fn live(c: &mut Criterion) {
         let mut tails = Vec::new();
         let mut rates = Vec::new();
         let mut applied = Vec::new();
+        let mut run = 0;
+        let mut runs_stalled = 0;
         bench_runs(g, "burst_to_convergence", || {
+            let before = [etcd_metrics(&etcds[0]), etcd_metrics(&etcds[1])];
+            let logs = [log_len(&etcds[0]), log_len(&etcds[1])];
+            let st = engine.stats()[0].clone();
             let start = Instant::now();
-            let (lat, tail, rate) = rt.block_on(burst(&s, &d, base, revisions, 64, rate));
-            base += revisions;
+            let b = rt.block_on(burst_traced(&s, &d, base, revisions, 64, rate, Some(st)));
             let took = start.elapsed();
+            let (lat, tail, rate) = (b.lat, b.tail, b.rate);
+            // Each run on its own: a stall is one run's, and the p99 over
+            // all runs hides which (and how many) had one.
+            run += 1;
+            runs_stalled += usize::from(b.stalls > 0);
+            let stages = b.stages.map_or(String::new(), |st| {
+                let mut out = String::new();
+                for (k, name) in STAGE_NAMES.iter().enumerate() {
+                    out.push_str(&format!(
+                        " {name}_max_ms={:.0} {name}_over_250ms={}",
+                        st.max_ms[k], st.over[k]
+                    ));
+                }
+                out.push_str(&format!(
+                    " worst_gap_at_ms={:.0} worst_gap_ms={:.0} worst_put_gap_ms={:.0}",
+                    st.worst_gap.0, st.worst_gap.1, st.worst_put_gap_ms
+                ));
+                out
+            });
+            println!(
+                "REPORT live_run={name} run={run} source_rev_per_s={rate:.0} p50_ms={:.1} p99_ms={:.1} max_ms={:.1} stalls={} over_500ms={} converge_after_last_write_ms={:.0}{stages}",
+                percentile_ms(&lat, 0.5),
+                percentile_ms(&lat, 0.99),
+                lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+                b.stalls,
+                b.slow,
+                tail.as_secs_f64() * 1e3,
+            );
+            for (k, who) in ["source", "peer"].iter().enumerate() {
+                let after = etcd_metrics(&etcds[k]);
+                let (slow, first) = slow_log_lines(&etcds[k], logs[k]);
+                println!(
+                    "REPORT live_run={name} run={run} etcd={who} slow_log_lines={slow} {} first_slow={first:?}",
+                    metrics_delta(&before[k], &after),
+                );
+            }
+            base += revisions;
             all_lat.extend(lat);
             tails.push(tail.as_secs_f64());
             rates.push(rate);
@@ -426,7 +724,7 @@ fn live(c: &mut Criterion) {
         let applied_median = median(&mut applied);
         let st = &engine.stats()[0];
         println!(
-            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} peer_apply_rev_per_s={:.0} peer_apply_keys_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={}",
+            "REPORT live={name} revisions={revisions} source_rev_per_s={:.0} peer_apply_rev_per_s={:.0} peer_apply_keys_per_s={:.0} latency_p50_ms={:.1} p99_ms={:.1} max_ms={:.1} converge_after_last_write_ms_median={:.0} max={:.0} peer_txns={} events={} runs={run} runs_with_a_stall={runs_stalled}",
             median(&mut rates),
             applied_median,
             // Every revision here puts one key.
@@ -931,6 +1229,136 @@ fn regions(c: &mut Criterion) {
     );
 }
 
+/// Issue 21's mechanism on its own, engine-free: one etcd holding
+/// `AETHER_BENCH_COUNT_KEYS` keys (default 200k) under the prefix, 16
+/// writers overwriting them as fast as it takes, and every 300 ms a count
+/// of the whole prefix, alternately as one `count_only` range (what the
+/// freshness probe sent before), as `count_only` ranges of ~4k keys each
+/// all in one txn, and the same 8 to a txn (what it sends now). Reports, per way of counting, the
+/// count's duration and the slowest put that started while it ran, against
+/// the slowest put of the same length of time with no count running.
+fn count_stall(c: &mut Criterion) {
+    let rt = runtime();
+    let _in = rt.enter();
+    let n: usize = env_or("AETHER_BENCH_COUNT_KEYS", 200_000);
+    let e = Etcd::start();
+    let s = client(&e);
+    rt.block_on(write_batched(&s, 0..n, 16));
+    // Boundaries at every 4096th key in key order, as the engine learns
+    // them from the keys it writes.
+    let mut keys: Vec<String> = (0..n).map(key).collect();
+    keys.sort();
+    let bounds: Vec<String> = keys.iter().skip(4096).step_by(4096).cloned().collect();
+    drop(keys);
+    let end = String::from_utf8(aether_replicator::etcd::prefix_end(PREFIX.as_bytes()).to_vec())
+        .expect("utf8");
+    let pieces: Vec<Range> = std::iter::once(PREFIX.to_string())
+        .chain(bounds.iter().cloned())
+        .zip(bounds.iter().cloned().chain(std::iter::once(end)))
+        .map(|(a, b)| Range::between(a, b).count_only())
+        .collect();
+    let g = group(c, "count_stall");
+    // (way, count duration, slowest put during it, slowest put in a
+    // quiet window as long)
+    let mut seen: Vec<(usize, f64, f64, f64)> = Vec::new();
+    bench_runs(g, "whole_then_pieces", || {
+        let started = Instant::now();
+        rt.block_on(async {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let puts: Arc<Mutex<Vec<(Instant, Duration)>>> = Arc::default();
+            let mut writers = tokio::task::JoinSet::new();
+            for w in 0..16usize {
+                let (s, stop, puts) = (s.clone(), stop.clone(), puts.clone());
+                writers.spawn(async move {
+                    let mut i = w;
+                    while !stop.load(Ordering::Relaxed) {
+                        let t0 = Instant::now();
+                        s.put(Put::new(key(i % n), value(i))).await.expect("put");
+                        puts.lock().expect("lock").push((t0, t0.elapsed()));
+                        i += 16;
+                    }
+                });
+            }
+            let mut windows = Vec::new();
+            for round in 0..12usize {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let way = round % 3;
+                let t0 = Instant::now();
+                let total: i64 = if way == 0 {
+                    s.range(Range::prefix(PREFIX).count_only())
+                        .await
+                        .expect("count")
+                        .count
+                } else {
+                    let ops: Vec<aether_replicator::etcd::Op> =
+                        pieces.iter().cloned().map(Into::into).collect();
+                    let mut sum = 0;
+                    // All in one txn (etcd's default limit is 128
+                    // ops), or 8 to a txn, as the engine sends them.
+                    let per = if way == 1 { 127 } else { 8 };
+                    for chunk in ops.chunks(per) {
+                        let r = s
+                            .txn(aether_replicator::etcd::Txn::new().and_then(chunk.to_vec()))
+                            .await
+                            .expect("count txn");
+                        for r in r.responses {
+                            if let aether_replicator::etcd::OpResponse::Range(r) = r {
+                                sum += r.count;
+                            }
+                        }
+                    }
+                    sum
+                };
+                assert_eq!(total as usize, n, "the two ways must count the same");
+                windows.push((way, t0, t0.elapsed()));
+            }
+            stop.store(true, Ordering::Relaxed);
+            while let Some(w) = writers.join_next().await {
+                w.expect("writer");
+            }
+            let puts = puts.lock().expect("lock");
+            let slowest = |from: Instant, to: Instant| {
+                puts.iter()
+                    .filter(|(t, _)| *t >= from && *t <= to)
+                    .map(|(_, d)| d.as_secs_f64() * 1e3)
+                    .fold(0.0, f64::max)
+            };
+            for (way, t0, took) in windows {
+                // The quiet window: as long, ending 100 ms before the
+                // count started (the last one ended 300 ms before that).
+                let quiet_to = t0 - Duration::from_millis(100);
+                seen.push((
+                    way,
+                    took.as_secs_f64() * 1e3,
+                    slowest(t0, t0 + took),
+                    slowest(quiet_to - took, quiet_to),
+                ));
+            }
+        });
+        started.elapsed()
+    });
+    for (way, name) in [(0, "whole"), (1, "pieces_one_txn"), (2, "pieces_8_per_txn")] {
+        let mut took: Vec<f64> = seen.iter().filter(|s| s.0 == way).map(|s| s.1).collect();
+        let mut during: Vec<f64> = seen.iter().filter(|s| s.0 == way).map(|s| s.2).collect();
+        let mut quiet: Vec<f64> = seen.iter().filter(|s| s.0 == way).map(|s| s.3).collect();
+        if took.is_empty() {
+            continue;
+        }
+        let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        println!(
+            "REPORT count_stall keys={n} way={name} pieces={} counts={} count_ms_median={:.1} max={:.1} slowest_put_during_ms_median={:.1} max={:.1} slowest_put_quiet_ms_median={:.1} max={:.1}",
+            if way == 0 { 1 } else { pieces.len() },
+            took.len(),
+            median(&mut took),
+            max(&took),
+            median(&mut during),
+            max(&during),
+            median(&mut quiet),
+            max(&quiet),
+        );
+    }
+}
+
 /// This process's resident set now (VmRSS), in KiB; 0 if unknown.
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -1072,6 +1500,7 @@ criterion_group!(
     wan_large,
     wan_probe,
     regions,
-    lower_limits
+    lower_limits,
+    count_stall
 );
 criterion_main!(benches);

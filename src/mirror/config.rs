@@ -25,11 +25,11 @@ pub const DEFAULT_MAX_INFLIGHT_BYTES: usize = 16 << 20;
 /// Default keys per page when scanning the source and the peer. Large
 /// because etcd 3.4 walks its index over the whole rest of a range for every
 /// limited page (the scan's windows soften that, see `etcd::Scan`); memory
-/// is about four pages per peer during a sync, ~8 MiB at 200-byte entries.
+/// is about four pages per running sync, ~8 MiB at 200-byte entries.
 /// A page is also bounded by bytes ([`etcd::DEFAULT_PAGE_BYTES`], 16 MiB,
 /// and at most a quarter of the client's decode limit): with large values
 /// it holds fewer keys, so a page always fits the decode limit and the
-/// sync's memory stays under ~64 MiB per peer whatever the values' size.
+/// sync's memory stays under ~64 MiB per running sync whatever the values' size.
 ///
 /// [`etcd::DEFAULT_PAGE_BYTES`]: crate::etcd::DEFAULT_PAGE_BYTES
 pub const DEFAULT_PAGE_SIZE: usize = 10_000;

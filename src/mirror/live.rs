@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::batch::{Batch, Batcher};
 use super::config::MirrorConfig;
+use super::count::{self, CountSplits};
 use super::limits::ProbeResult;
 use super::peer::Peer;
 use super::pipeline::{Done, Pipeline};
@@ -66,6 +67,7 @@ impl Peer {
             window: Sequencer::new(from - 1),
             pipeline: Pipeline::new(&self.writer, &mut self.link),
             verify: &mut self.verify,
+            splits: &mut self.splits,
             verifying: false,
             replay_horizon: self.replay_horizon,
             splits_seen: 0,
@@ -152,6 +154,10 @@ struct Probe {
 /// and the floor the peer's revision must not be below.
 struct ProbeRead {
     sent: Probe,
+    /// The boundaries the counts were split at, and the source's count of
+    /// each piece (`None` with `source_count`).
+    bounds: Vec<Bytes>,
+    source_pieces: Option<Vec<i64>>,
     source: Header,
     /// The source's own id as it reads now (`None`: the key is gone).
     source_id: Option<u64>,
@@ -192,6 +198,8 @@ struct Live<'a> {
     pipeline: Pipeline<'a, (u64, Batch)>,
     /// The peer's verification schedule, and whether a pass is running.
     verify: &'a mut VerifySchedule,
+    /// Where the probe's key counts are split ([`super::count`]).
+    splits: &'a mut CountSplits,
     verifying: bool,
     /// Key counts are compared only once the watermark is past this (see
     /// `Peer::replay_horizon`).
@@ -326,31 +334,41 @@ impl<'a> Live<'a> {
         let prefix = self.prefix.clone();
         let id_key = self.source_id_key.clone();
         let writer = self.writer;
+        // Counted in pieces, never in one walk of the whole subtree: etcd
+        // holds every write behind a count's index walk (issue 21).
+        let bounds = self.splits.snapshot();
+        let max_ops = self.pipeline.limits().max_ops;
         Box::pin(async move {
             // The source's id and revision, and its key count at the
             // watermark, side by side; then the peer's state key and key
-            // count in one txn.
+            // count at one revision.
             let counted = async {
                 if applied <= 0 {
                     return Ok(None);
                 }
-                match local
-                    .range(Range::prefix(prefix.clone()).count_only().revision(applied))
-                    .await
-                {
-                    Ok(r) => Ok(Some(r.count)),
+                match count::count_at(local, &prefix, &bounds, applied, max_ops).await {
+                    Ok(each) => Ok(Some(each)),
                     Err(etcd::Error::Compacted { .. }) => Ok(None),
                     Err(e) => Err(e),
                 }
             };
-            let (id, source_count) = tokio::join!(local.range(Range::key(id_key)), counted);
+            let (id, source_pieces) = tokio::join!(local.range(Range::key(id_key)), counted);
             let id = id?;
-            let source_count = source_count?;
+            let source_pieces = source_pieces?;
+            let source_count = source_pieces.as_ref().map(|each| each.iter().sum());
             let source_id = id.kvs().first().and_then(|kv| state::parse_id(kv.value()));
             let source = id.header;
-            let (stored, peer, peer_count) =
-                state::read_with_count(&writer.client, &writer.state_key, &prefix).await?;
+            let (stored, peer, peer_count, _) = count::read_state_with_count(
+                &writer.client,
+                &writer.state_key,
+                &prefix,
+                &bounds,
+                max_ops,
+            )
+            .await?;
             Ok(ProbeRead {
+                bounds,
+                source_pieces,
                 sent: Probe {
                     source_revision: source.revision,
                     ..sent
@@ -397,6 +415,9 @@ impl<'a> Live<'a> {
         w.check_peer_read(&read.peer, read.floor)?;
         if read.stored.create_revision != w.fence {
             return Err(w.lost_claim(&read.stored));
+        }
+        if let Some(each) = &read.source_pieces {
+            self.splits.counted(&read.bounds, each);
         }
         let counted = self.check_count(&read)?;
         // A pending probe keeps its place until its quiet period is over,
@@ -606,6 +627,9 @@ impl<'a> Live<'a> {
             if let Some(last) = resp.events.last() {
                 let stats = &self.writer.stats;
                 stats.source_revision.fetch_max(last.revision(), Relaxed);
+                for e in &resp.events {
+                    self.splits.offer(e.kv.key());
+                }
                 self.batcher.push(resp.events, Instant::now());
             } else if self.batcher.is_idle() && self.window.is_empty() {
                 // A per-watcher progress notice: etcd only sends those once

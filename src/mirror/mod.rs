@@ -36,7 +36,9 @@
 //!   starts its scans beside its last txn (`sync::pin`).
 //! - `live`: the live loop: watch in, batches out, the freshness probe.
 //!   [`batch`] turns watch events into batches of whole revisions;
-//!   `sequence` keeps per-key order and the acknowledged watermark.
+//!   `sequence` keeps per-key order and the acknowledged watermark;
+//!   `count` splits the probe's key counts into pieces, so a count never
+//!   holds a store's writes for a whole walk of the subtree.
 //! - `verify`: the periodic verification pass that repairs what a probe
 //!   can't see (out-of-band edits on the peer).
 //! - `pipeline`: **the one send path** of the sync and the live loop: txns
@@ -64,6 +66,7 @@ pub mod batch;
 pub mod check;
 mod claim;
 mod config;
+mod count;
 mod diff;
 mod limits;
 mod live;

@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::config::MirrorConfig;
+use super::count::CountSplits;
 use super::limits::Limits;
 use super::pipeline::Link;
 use super::stats::{PeerStats, ResyncReason};
@@ -63,6 +64,9 @@ pub(crate) struct Peer {
     /// The engine's sync slots ([`MirrorConfig::max_concurrent_syncs`]),
     /// shared by all its peers.
     pub(super) sync_slots: Arc<Semaphore>,
+    /// Where the freshness probe splits its key counts: learnt from the
+    /// keys written, so it outlives sessions like the copy does.
+    pub(super) splits: CountSplits,
 }
 
 impl Peer {
@@ -107,6 +111,7 @@ impl Peer {
             source_id_key,
             verify,
             sync_slots,
+            splits: CountSplits::default(),
         }
     }
 

@@ -43,9 +43,7 @@
 
 use bytes::Bytes;
 
-use crate::etcd::{
-    Client, Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Op, Put, Range, Txn,
-};
+use crate::etcd::{Client, Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Put, Range, Txn};
 
 /// The parsed value of a state key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,32 +151,6 @@ impl Stored {
 pub(crate) async fn read(peer: &Client, key: &Bytes) -> crate::etcd::Result<(Stored, Header)> {
     let resp = peer.range(Range::key(key.clone())).await?;
     Ok((Stored::from_kv(resp.kvs().first()), resp.header))
-}
-
-/// The state key and the key count under `prefix`, read in one txn (one
-/// round trip, one revision): what the freshness probe compares.
-pub(crate) async fn read_with_count(
-    peer: &Client,
-    key: &Bytes,
-    prefix: &Bytes,
-) -> crate::etcd::Result<(Stored, Header, i64)> {
-    let txn = Txn::new().and_then([
-        Op::from(Range::key(key.clone())),
-        Op::from(Range::prefix(prefix.clone()).count_only()),
-    ]);
-    let resp = peer.txn(txn).await?;
-    let mut stored = Stored::from_kv(None);
-    let mut count = 0;
-    for (i, r) in resp.responses.iter().enumerate() {
-        if let crate::etcd::OpResponse::Range(r) = r {
-            if i == 0 {
-                stored = Stored::from_kv(r.kvs().first());
-            } else {
-                count = r.count;
-            }
-        }
-    }
-    Ok((stored, resp.header, count))
 }
 
 /// The guard every mirror txn carries.

@@ -149,8 +149,9 @@ fn every_flag_has_its_env_var() {
         }
         // The 20 of the flags' first version, plus --config,
         // --replica-id, --reload-interval, the four freshness flags,
-        // --peer-connections and --local-password-file.
-        assert_eq!(n, 29);
+        // --peer-connections, --local-password-file and
+        // --max-concurrent-syncs.
+        assert_eq!(n, 30);
     }
 }
 

@@ -1,0 +1,244 @@
+//! Counting the copy in pieces, so a count never stalls a store's writes.
+//!
+//! The freshness probe compares the copy's key count on the peer with the
+//! source's ([`super::live`]). etcd counts a range by walking its key index
+//! under the index's read lock, and every write waits for that lock: one
+//! `count_only` over a subtree of 200k keys held both stores' writes for
+//! 150–230 ms on this machine, once per heartbeat, and the mirror stalled
+//! with them (issue 21: the saturated live stall). The walk is per range
+//! request, and etcd releases the lock between the ranges of one txn, so
+//! the same count split into ranges of a few thousand keys, sent a few to a
+//! txn and all at one revision, lets writes in between every piece.
+//!
+//! The pieces' boundaries are keys the engine wrote: every
+//! [`PIECE_KEYS`]-th key the live stream mirrors becomes one, so a growing
+//! subtree is split where it grows. Adjacent pieces that turn out small
+//! (rewrites of a few hot keys, deletes) are merged after each count, and
+//! the number of boundaries is capped, so the set tracks the subtree's
+//! size, not its write count. Until the engine has written anything the
+//! subtree is counted in one piece, as before.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+
+use super::state::Stored;
+use crate::etcd::{self, Client, Header, Op, OpResponse, Range, Txn, prefix_end};
+
+/// About how many keys one count request should walk: a few ms of etcd's
+/// index walk, short enough that the writes waiting behind it don't show.
+pub(crate) const PIECE_KEYS: u64 = 4096;
+
+/// Boundaries kept at most: pieces grow past [`PIECE_KEYS`] only beyond
+/// about this many times that many keys (33M), so the probe's requests stay
+/// bounded too.
+const MAX_BOUNDS: usize = 8192;
+
+/// Where a subtree's count is split (see the module doc).
+#[derive(Debug, Default)]
+pub(crate) struct CountSplits {
+    bounds: BTreeSet<Bytes>,
+    offered: u64,
+}
+
+impl CountSplits {
+    /// A key the engine is about to write to the peer: every
+    /// [`PIECE_KEYS`]-th becomes a boundary.
+    pub(crate) fn offer(&mut self, key: &Bytes) {
+        self.offered += 1;
+        if self.offered.is_multiple_of(PIECE_KEYS) && self.bounds.len() < MAX_BOUNDS {
+            self.bounds.insert(key.clone());
+        }
+    }
+
+    /// The boundaries now, for one count.
+    pub(crate) fn snapshot(&self) -> Vec<Bytes> {
+        self.bounds.iter().cloned().collect()
+    }
+
+    /// Merges pieces that a count found small: the boundary between two
+    /// adjacent pieces goes when together they hold under half a piece.
+    /// `bounds` is the snapshot the count used, `counts` its pieces'.
+    pub(crate) fn counted(&mut self, bounds: &[Bytes], counts: &[i64]) {
+        if counts.len() != bounds.len() + 1 {
+            return;
+        }
+        let mut run = counts[0];
+        for (b, &c) in bounds.iter().zip(&counts[1..]) {
+            if run + c < (PIECE_KEYS / 2) as i64 {
+                self.bounds.remove(b);
+                run += c;
+            } else {
+                run = c;
+            }
+        }
+    }
+
+    /// How many boundaries are held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.bounds.len()
+    }
+}
+
+/// The `[from, to)` of each piece of `prefix` split at `bounds` (sorted,
+/// each inside the prefix), in key order.
+fn piece_ranges(prefix: &Bytes, bounds: &[Bytes]) -> Vec<(Bytes, Bytes)> {
+    let starts = std::iter::once(prefix.clone()).chain(bounds.iter().cloned());
+    let ends = bounds
+        .iter()
+        .cloned()
+        .chain(std::iter::once(prefix_end(prefix)));
+    starts.zip(ends).collect()
+}
+
+/// The count ranges of [`piece_ranges`], at `revision` (0: the txn's own).
+fn pieces(prefix: &Bytes, bounds: &[Bytes], revision: i64) -> Vec<Op> {
+    piece_ranges(prefix, bounds)
+        .into_iter()
+        .map(|(from, to)| {
+            let r = Range::between(from, to).count_only();
+            Op::Range(if revision > 0 {
+                r.revision(revision)
+            } else {
+                r
+            })
+        })
+        .collect()
+}
+
+/// Count ranges sent in one txn at most: a few pieces' walk (~30k keys),
+/// then a round trip's pause. On a store short of CPU (two cores shared
+/// with its writers) one txn of all the pieces still took the CPU for the
+/// whole walk at once: the slowest concurrent put fell only from 69 to 51
+/// ms (median, 200k keys, `count_stall` bench); spread over txns the
+/// writes get the CPU in between.
+const PIECES_PER_TXN: usize = 8;
+
+/// The ops of one txn: at most `max_ops` and [`PIECES_PER_TXN`], and at
+/// least two (the peer's state key and one piece).
+fn per_txn(max_ops: usize) -> usize {
+    max_ops.clamp(2, PIECES_PER_TXN)
+}
+
+/// The range counts of `resp`'s results from the `skip`-th on.
+fn counts(resp: &etcd::TxnResponse, skip: usize) -> impl Iterator<Item = i64> + '_ {
+    resp.responses.iter().skip(skip).map(|r| match r {
+        OpResponse::Range(r) => r.count,
+        _ => 0,
+    })
+}
+
+/// Counts `prefix` on `client` at `revision`, split at `bounds`, in txns of
+/// at most `max_ops` ranges: each piece's count, in key order.
+pub(crate) async fn count_at(
+    client: &Client,
+    prefix: &Bytes,
+    bounds: &[Bytes],
+    revision: i64,
+    max_ops: usize,
+) -> etcd::Result<Vec<i64>> {
+    let mut out = Vec::with_capacity(bounds.len() + 1);
+    let ops = pieces(prefix, bounds, revision);
+    for chunk in ops.chunks(per_txn(max_ops)) {
+        let resp = client.txn(Txn::new().and_then(chunk.to_vec())).await?;
+        out.extend(counts(&resp, 0));
+    }
+    Ok(out)
+}
+
+/// The peer's state key `key` and its copy's key count under `prefix`,
+/// both at one revision: the state key and the first pieces in one txn,
+/// the rest pinned at that txn's revision. Also each piece's count.
+pub(crate) async fn read_state_with_count(
+    peer: &Client,
+    key: &Bytes,
+    prefix: &Bytes,
+    bounds: &[Bytes],
+    max_ops: usize,
+) -> etcd::Result<(Stored, Header, i64, Vec<i64>)> {
+    let per = per_txn(max_ops);
+    let first = pieces(prefix, bounds, 0);
+    let head = first.len().min(per - 1);
+    let txn = Txn::new()
+        .and_then([Op::from(Range::key(key.clone()))])
+        .and_then(first[..head].to_vec());
+    let resp = peer.txn(txn).await?;
+    let stored = match resp.responses.first() {
+        Some(OpResponse::Range(r)) => Stored::from_kv(r.kvs().first()),
+        _ => Stored::from_kv(None),
+    };
+    let mut each: Vec<i64> = counts(&resp, 1).collect();
+    if head < first.len() {
+        // The rest at the first txn's revision, so the pieces add up to
+        // one count. A compaction of the peer past it within the probe's
+        // few round trips fails the probe like any read error would.
+        let rest = count_at(peer, prefix, bounds, resp.header.revision, max_ops).await?;
+        each.extend(rest.into_iter().skip(head));
+    }
+    Ok((stored, resp.header, each.iter().sum(), each))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u32) -> Bytes {
+        Bytes::from(format!("/p/{i:08}"))
+    }
+
+    #[test]
+    fn every_piece_keys_th_offered_key_becomes_a_boundary() {
+        let mut s = CountSplits::default();
+        for i in 0..(PIECE_KEYS as u32 * 3 + 5) {
+            s.offer(&key(i));
+        }
+        let b = s.snapshot();
+        assert_eq!(b.len(), 3, "{b:?}");
+        assert!(b.windows(2).all(|w| w[0] < w[1]), "sorted: {b:?}");
+    }
+
+    #[test]
+    fn pieces_cover_the_prefix_exactly_once_in_order() {
+        let prefix = Bytes::from_static(b"/p/");
+        let bounds = vec![key(10), key(20)];
+        let ranges = piece_ranges(&prefix, &bounds);
+        assert_eq!(ranges.len(), 3);
+        assert_eq!(pieces(&prefix, &bounds, 7).len(), 3);
+        assert_eq!(ranges[0].0, prefix);
+        assert_eq!(ranges[2].1, prefix_end(&prefix));
+        for w in ranges.windows(2) {
+            assert_eq!(w[0].1, w[1].0, "no gap and no overlap between pieces");
+        }
+        assert!(ranges.iter().all(|(a, b)| a < b), "{ranges:?}");
+        // No boundaries: the whole prefix in one piece, as before.
+        assert_eq!(
+            piece_ranges(&prefix, &[]),
+            vec![(prefix.clone(), prefix_end(&prefix))]
+        );
+    }
+
+    #[test]
+    fn small_neighbours_merge_and_full_pieces_stay() {
+        let mut s = CountSplits::default();
+        for i in 0..(PIECE_KEYS as u32 * 4) {
+            s.offer(&key(i));
+        }
+        let b = s.snapshot();
+        assert_eq!(b.len(), 4);
+        // Five pieces: two tiny ones in the middle merge into one, the
+        // full ones keep their boundaries.
+        let half = (PIECE_KEYS / 2) as i64;
+        s.counted(&b, &[PIECE_KEYS as i64, 10, 10, PIECE_KEYS as i64, half]);
+        let after = s.snapshot();
+        assert_eq!(
+            after,
+            vec![b[0].clone(), b[2].clone(), b[3].clone()],
+            "{after:?}"
+        );
+        assert_eq!(s.len(), 3);
+        // A count from an older snapshot that does not fit is ignored.
+        s.counted(&b, &[0, 0]);
+        assert_eq!(s.len(), 3);
+    }
+}
