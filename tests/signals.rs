@@ -9,7 +9,7 @@ mod common;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use aether_replicator::etcd::{Delete, Put, Range};
+use aether_replicator::etcd::{Delete, LeaseId, Put, Range, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::{Engine, ErrorKind, ResyncReason, VerifySkip};
 use common::mirror::{
     CONVERGE, Scene, client, converged, eventually, fast, key, put_each, put_many, start_synced,
@@ -347,4 +347,43 @@ async fn a_new_leader_does_not_report_an_adopted_emptied_copy_fresh() {
     // The replayed tail re-puts every key: the copy is whole again
     // without a re-sync, and only then current.
     converged(&src, &peer, &cfg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..30, "v").await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    // Enough keys through the live stream for the probe to count the copy
+    // in several pieces: every 4096th key the engine mirrors becomes a
+    // boundary, here key(5095) and key(9191) (the 30 synced keys are not
+    // offered). The pieces must cover the copy exactly once, or a key lost
+    // at or between boundaries would read fresh.
+    // Revisions of 64 puts: one revision never spans two of the engine's
+    // txns, which would widen the probe's tolerance to a txn's ops.
+    let limits = TxnLimits {
+        max_ops: 64,
+        ..TxnLimits::default()
+    };
+    let mut batch = TxnBatcher::new(limits);
+    for i in 1000..10_000 {
+        batch.put(key(i), format!("w{i}"), LeaseId::NONE);
+    }
+    for t in batch.finish() {
+        src.txn(t).await.unwrap();
+    }
+    converged(&src, &peer, &cfg).await;
+    for gone in [5095, 9191, 7000, 20] {
+        let before = s.resyncs(ResyncReason::CopyChanged);
+        peer.delete(Delete::key(key(gone))).await.unwrap();
+        let what = format!("the copy without key({gone}) is re-synced");
+        eventually(&what, async || {
+            s.resyncs(ResyncReason::CopyChanged) > before
+        })
+        .await;
+        converged(&src, &peer, &cfg).await;
+    }
 }
