@@ -128,20 +128,7 @@ async fn main() {
             for i in 0..n {
                 b.put(key(&prefix, i), endpoint_value(i), LeaseId::NONE);
             }
-            let mut set: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
-                tokio::task::JoinSet::new();
-            for t in b.finish() {
-                if set.len() >= 16
-                    && let Some(r) = set.join_next().await
-                {
-                    r.expect("join").expect("txn");
-                }
-                let c = client.clone();
-                set.spawn(async move { c.txn(t).await });
-            }
-            while let Some(r) = set.join_next().await {
-                r.expect("join").expect("txn");
-            }
+            send_all(&client, b).await;
         }
         "spot" => {
             let samples = extra.max(1);
@@ -166,20 +153,7 @@ async fn main() {
             for i in 0..n {
                 b.put(key(&prefix, i), value.clone(), LeaseId::NONE);
             }
-            let mut set: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
-                tokio::task::JoinSet::new();
-            for t in b.finish() {
-                if set.len() >= 16
-                    && let Some(r) = set.join_next().await
-                {
-                    r.expect("join").expect("txn");
-                }
-                let c = client.clone();
-                set.spawn(async move { c.txn(t).await });
-            }
-            while let Some(r) = set.join_next().await {
-                r.expect("join").expect("txn");
-            }
+            send_all(&client, b).await;
         }
         "burst" => {
             let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -240,5 +214,23 @@ async fn main() {
             eprintln!("{usage}");
             std::process::exit(2);
         }
+    }
+}
+
+/// Sends every txn of `b`, 16 at a time.
+async fn send_all(client: &Client, b: TxnBatcher) {
+    let mut set: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
+        tokio::task::JoinSet::new();
+    for t in b.finish() {
+        if set.len() >= 16
+            && let Some(r) = set.join_next().await
+        {
+            r.expect("join").expect("txn");
+        }
+        let c = client.clone();
+        set.spawn(async move { c.txn(t).await });
+    }
+    while let Some(r) = set.join_next().await {
+        r.expect("join").expect("txn");
     }
 }
