@@ -387,3 +387,47 @@ async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
         converged(&src, &peer, &cfg).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revision_once_split_over_txns_does_not_blunt_the_count_for_good() {
+    // The source takes 300-op txns, the peer 128: each such revision goes
+    // out in three of the engine's txns, and while only the first parts
+    // are applied the peer holds keys of a revision above the watermark.
+    // The probe must allow for those while they exist, and only then.
+    let scene = Scene::with(
+        Etcd::builder().extra_args(&["--max-txn-ops=1024"]).start(),
+        Etcd::start(),
+    );
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..30, "v").await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    let limits = TxnLimits {
+        max_ops: 300,
+        ..TxnLimits::default()
+    };
+    let mut batch = TxnBatcher::new(limits);
+    for i in 1000..1900 {
+        batch.put(key(i), format!("w{i}"), LeaseId::NONE);
+    }
+    for t in batch.finish() {
+        src.txn(t).await.unwrap();
+    }
+    converged(&src, &peer, &cfg).await;
+    assert!(
+        s.split_revisions.load(Relaxed) >= 3,
+        "each 300-op revision is split for the peer; split: {}",
+        s.split_revisions.load(Relaxed)
+    );
+    for gone in [1500, 20] {
+        let before = s.resyncs(ResyncReason::CopyChanged);
+        peer.delete(Delete::key(key(gone))).await.unwrap();
+        let what = format!("the copy without key({gone}) is re-synced");
+        eventually(&what, async || {
+            s.resyncs(ResyncReason::CopyChanged) > before
+        })
+        .await;
+        converged(&src, &peer, &cfg).await;
+    }
+}

@@ -34,6 +34,10 @@ pub struct Batch {
     pub received: Instant,
     /// Encoded size of the ops.
     pub bytes: usize,
+    /// Ops of the revision after `complete_through`: a part of a split
+    /// revision other than its last (0 otherwise). Once applied, the peer
+    /// holds them while the watermark is still below their revision.
+    pub ahead: usize,
 }
 
 impl Batch {
@@ -54,6 +58,7 @@ impl Batch {
             events: 0,
             received: Instant::now(),
             bytes: 0,
+            ahead: 0,
         }
     }
 }
@@ -75,6 +80,8 @@ pub struct Batcher {
     cur_events: u64,
     cur_received: Option<Instant>,
     cur_through: i64,
+    /// Ops of the revision being split that sit in the open txn.
+    cur_ahead: usize,
     ready: VecDeque<Batch>,
     /// Revisions split over more than one txn so far.
     pub split_revisions: u64,
@@ -96,6 +103,7 @@ impl Batcher {
             cur_events: 0,
             cur_received: None,
             cur_through: 0,
+            cur_ahead: 0,
             ready: VecDeque::new(),
             split_revisions: 0,
         }
@@ -151,6 +159,9 @@ impl Batcher {
                 self.cur_through = self.cur_through.max(through_before);
                 self.seal();
             }
+            if !alone {
+                self.cur_ahead += 1;
+            }
             if new_key {
                 self.cur_keys.push(key);
             }
@@ -162,6 +173,8 @@ impl Batcher {
         }
         self.cur_events += events;
         self.cur_through = self.rev_number;
+        // The last part is complete through its revision.
+        self.cur_ahead = 0;
         self.rev_bytes = 0;
     }
 
@@ -179,6 +192,7 @@ impl Batcher {
             events: std::mem::take(&mut self.cur_events),
             received: self.cur_received.take().unwrap_or_else(Instant::now),
             bytes,
+            ahead: std::mem::take(&mut self.cur_ahead),
         });
     }
 
@@ -308,6 +322,9 @@ mod tests {
         );
         assert_eq!(b.split_revisions, 1);
         assert_eq!(through(&batches), [4, 4, 6]);
+        // The first two parts hold revision 5 above what they complete.
+        let ahead: Vec<usize> = batches.iter().map(|b| b.ahead).collect();
+        assert_eq!(ahead, [127, 127, 0]);
     }
 
     #[test]

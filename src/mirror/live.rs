@@ -74,6 +74,7 @@ impl Peer {
             received: 0,
             launched_ops: 0,
             ops_before: VecDeque::new(),
+            settled_ahead: Ahead::default(),
             probe: None,
             heartbeat_dirty: false,
         };
@@ -125,6 +126,50 @@ fn open_watch(local: &Client, prefix: &Bytes, from: i64) -> Result<(WatchStream,
     Ok((ws, watcher))
 }
 
+/// A txn sent and not yet under the watermark.
+struct Launched {
+    seq: u64,
+    /// `launched_ops` before it.
+    before: u64,
+    /// Its ops of the revision after `through` (see [`Batch::ahead`]).
+    ahead: u64,
+    through: i64,
+}
+
+/// Ops applied of one revision the watermark has not reached: the parts
+/// of a split revision settled before its last.
+#[derive(Default, Clone, Copy)]
+struct Ahead {
+    ops: u64,
+    revision: i64,
+}
+
+impl Ahead {
+    /// Books a txn that went under the watermark, in sequence order.
+    fn settled(&mut self, l: &Launched) {
+        if l.ahead == 0 {
+            // Complete through its last revision: any split one is whole.
+            *self = Ahead::default();
+        } else if self.revision == l.through + 1 {
+            self.ops += l.ahead;
+        } else {
+            *self = Ahead {
+                ops: l.ahead,
+                revision: l.through + 1,
+            };
+        }
+    }
+
+    /// The ops the peer holds above `watermark`.
+    fn above(&self, watermark: i64) -> u64 {
+        if self.revision > watermark {
+            self.ops
+        } else {
+            0
+        }
+    }
+}
+
 /// A freshness probe that came back: the source's revision at `at`.
 #[derive(Clone, Copy)]
 struct Probe {
@@ -137,6 +182,9 @@ struct Probe {
     /// what the peer may hold beyond the watermark, with what is sent
     /// until it comes back.
     unsettled_from: u64,
+    /// Ops already applied of a revision above the watermark when it was
+    /// sent (a split revision's first parts).
+    ahead: u64,
     /// The quiet period after it has passed without making it current:
     /// only the watermark can still resolve it, and the next probe may
     /// replace it.
@@ -209,9 +257,12 @@ struct Live<'a> {
     received: u64,
     /// Data ops launched in this phase so far.
     launched_ops: u64,
-    /// `launched_ops` before each txn not yet under the watermark, by
-    /// sequence number (the front is the watermark's next txn).
-    ops_before: VecDeque<(u64, u64)>,
+    /// Each txn not yet under the watermark, by sequence number (the
+    /// front is the watermark's next txn).
+    ops_before: VecDeque<Launched>,
+    /// Ops under the watermark of a revision above it: the applied first
+    /// parts of a revision split over several txns.
+    settled_ahead: Ahead,
     /// The last probe not yet confirmed current.
     probe: Option<Probe>,
     /// The heartbeat moved: the state key should record it.
@@ -321,7 +372,8 @@ impl<'a> Live<'a> {
             unsettled_from: self
                 .ops_before
                 .front()
-                .map_or(self.launched_ops, |&(_, before)| before),
+                .map_or(self.launched_ops, |l| l.before),
+            ahead: self.settled_ahead.above(self.window.watermark()),
             quiet_done: false,
             counted: false,
         };
@@ -446,12 +498,10 @@ impl<'a> Live<'a> {
         };
         let oversized = self.writer.oversized_count() as i64;
         let expected = source - oversized;
-        let mut slack = self.launched_ops.saturating_sub(read.sent.unsettled_from) as i64;
-        if self.batcher.split_revisions > 0 {
-            // A revision split over several txns: pieces under the
-            // watermark may hold part of the next one.
-            slack += self.pipeline.limits().max_ops as i64;
-        }
+        // Only while they exist: a tolerance kept after the split revision
+        // is whole would let a copy short of that many keys read fresh.
+        let slack =
+            (self.launched_ops.saturating_sub(read.sent.unsettled_from) + read.sent.ahead) as i64;
         if (read.peer_count - expected).abs() <= slack {
             return Ok(true);
         }
@@ -584,7 +634,12 @@ impl<'a> Live<'a> {
         let (seq, state_rev) = self.window.open(&batch.keys, batch.complete_through);
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let ops = std::mem::take(&mut batch.ops);
-        self.ops_before.push_back((seq, self.launched_ops));
+        self.ops_before.push_back(Launched {
+            seq,
+            before: self.launched_ops,
+            ahead: batch.ahead as u64,
+            through: batch.complete_through,
+        });
         self.launched_ops += ops.len() as u64;
         self.pipeline.send(ops, Some(state_rev), (seq, batch));
     }
@@ -674,7 +729,8 @@ impl<'a> Live<'a> {
         let watermark = self.window.ack(seq, complete_through);
         stats.applied_revision.fetch_max(watermark, Relaxed);
         let floor = self.window.floor_seq();
-        while self.ops_before.front().is_some_and(|&(s, _)| s < floor) {
+        while let Some(l) = self.ops_before.front().filter(|l| l.seq < floor) {
+            self.settled_ahead.settled(l);
             self.ops_before.pop_front();
         }
         Ok(())
@@ -708,5 +764,46 @@ impl<'a> Live<'a> {
                 _ = self.writer.client.txn(txn) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn txn(seq: u64, ahead: u64, through: i64) -> Launched {
+        Launched {
+            seq,
+            before: 0,
+            ahead,
+            through,
+        }
+    }
+
+    #[test]
+    fn the_applied_parts_of_a_split_revision_count_only_until_it_is_whole() {
+        let mut a = Ahead::default();
+        a.settled(&txn(1, 0, 9));
+        assert_eq!(a.above(9), 0);
+        // Revision 10 in three parts: the first two go under the
+        // watermark (still 9) one after the other.
+        a.settled(&txn(2, 127, 9));
+        assert_eq!(a.above(9), 127);
+        a.settled(&txn(3, 127, 9));
+        assert_eq!(a.above(9), 254);
+        // The last part completes it: nothing is ahead any more.
+        a.settled(&txn(4, 0, 10));
+        assert_eq!(a.above(10), 0);
+        // A new split revision starts from nothing, not from the last one.
+        a.settled(&txn(5, 100, 11));
+        assert_eq!(a.above(11), 100);
+        // Two split revisions back to back: the second's first part
+        // follows the first's last one, which may already hold revision
+        // 12's neighbours but completes 12.
+        a.settled(&txn(6, 0, 12));
+        a.settled(&txn(7, 50, 12));
+        assert_eq!(a.above(12), 50);
+        // A watermark read after the revision is whole sees nothing ahead.
+        assert_eq!(a.above(13), 0);
     }
 }

@@ -35,11 +35,12 @@ pub fn summary(o: &Outcome, c: &Checker, log: &Log, loads: &[std::sync::Arc<Load
     for (i, l) in loads.iter().enumerate() {
         let _ = writeln!(
             s,
-            "load {}: puts={} deletes={} large={} failures={}",
+            "load {}: puts={} deletes={} large={} bulk={} failures={}",
             REGIONS[i],
             l.puts.load(Ordering::Relaxed),
             l.deletes.load(Ordering::Relaxed),
             l.large.load(Ordering::Relaxed),
+            l.bulk.load(Ordering::Relaxed),
             l.failures.load(Ordering::Relaxed)
         );
     }
