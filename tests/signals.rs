@@ -12,7 +12,8 @@ use std::time::Duration;
 use aether_replicator::etcd::{Delete, LeaseId, Put, Range, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::{Engine, ErrorKind, ResyncReason, VerifySkip};
 use common::mirror::{
-    CONVERGE, Scene, client, converged, eventually, fast, key, put_each, put_many, start_synced,
+    CONVERGE, Scene, client, converged, eventually, eventually_eq, fast, key, put_each, put_many,
+    start_synced,
 };
 use common::{Etcd, FaultProxy};
 
@@ -430,4 +431,33 @@ async fn a_revision_once_split_over_txns_does_not_blunt_the_count_for_good() {
         .await;
         converged(&src, &peer, &cfg).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
+    // No live traffic at all: the pieces come from the sync's walk of the
+    // subtree. Counted in one piece, a count of a large subtree holds the
+    // store's writes for its whole walk (issue 21's stall).
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_many(&src, (0..9000).map(|i| (key(i), format!("v{i}")))).await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    let pieces = || s.count_pieces.load(Relaxed);
+    // 9,000 keys at a boundary every 4,096th: three pieces.
+    eventually_eq("the probe counts the copy in three pieces", 3, async || {
+        pieces()
+    })
+    .await;
+    // Each piece still counts: a key gone from the peer is noticed.
+    let before = s.resyncs(ResyncReason::CopyChanged);
+    peer.delete(Delete::key(key(4500))).await.unwrap();
+    eventually("the copy without key(4500) is re-synced", async || {
+        s.resyncs(ResyncReason::CopyChanged) > before
+    })
+    .await;
+    converged(&src, &peer, &cfg).await;
+    // The re-sync started the pieces afresh rather than adding to them.
+    eventually_eq("three pieces again after the re-sync", 3, async || pieces()).await;
 }

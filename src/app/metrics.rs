@@ -301,6 +301,12 @@ impl Collector for AppCollector {
         )?;
         gauges(
             e,
+            "count_pieces",
+            "Ranges the freshness probe's last key count of the subtree was split into, so that no one count holds the store's writes for long.",
+            per_peer(|p| p.count_pieces.load(Relaxed) as i64),
+        )?;
+        gauges(
+            e,
             "window_bytes",
             "The adaptive window in request bytes.",
             per_peer(|p| p.window_bytes.load(Relaxed) as i64),

@@ -10,13 +10,16 @@
 //! the same count split into ranges of a few thousand keys, sent a few to a
 //! txn and all at one revision, lets writes in between every piece.
 //!
-//! The pieces' boundaries are keys the engine wrote: every
-//! [`PIECE_KEYS`]-th key the live stream mirrors becomes one, so a growing
-//! subtree is split where it grows. Adjacent pieces that turn out small
-//! (rewrites of a few hot keys, deletes) are merged after each count, and
-//! the number of boundaries is capped, so the set tracks the subtree's
-//! size, not its write count. Until the engine has written anything the
-//! subtree is counted in one piece, as before.
+//! The pieces' boundaries are keys the engine has seen: a sync walks the
+//! whole subtree in key order and starts them afresh, every
+//! [`PIECE_KEYS`]-th source key becoming one, so a base-synced copy is
+//! counted in even pieces from its first probe; after that every
+//! [`PIECE_KEYS`]-th key the live stream mirrors becomes one too, so a
+//! growing subtree is split where it grows. Adjacent pieces that turn out
+//! small (rewrites of a few hot keys, deletes) are merged after each count,
+//! and the number of boundaries is capped, so the set tracks the subtree's
+//! size, not its write count. A copy resumed without a sync is counted in
+//! one piece until its live stream has mirrored [`PIECE_KEYS`] keys.
 
 use std::collections::BTreeSet;
 
@@ -49,6 +52,13 @@ impl CountSplits {
         if self.offered.is_multiple_of(PIECE_KEYS) && self.bounds.len() < MAX_BOUNDS {
             self.bounds.insert(key.clone());
         }
+    }
+
+    /// Starts over: a sync is about to offer every key of the subtree,
+    /// in order.
+    pub(crate) fn restart(&mut self) {
+        self.bounds.clear();
+        self.offered = 0;
     }
 
     /// The boundaries now, for one count.

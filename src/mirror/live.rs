@@ -469,6 +469,7 @@ impl<'a> Live<'a> {
             return Err(w.lost_claim(&read.stored));
         }
         if let Some(each) = &read.source_pieces {
+            w.stats.count_pieces.store(each.len() as u64, Relaxed);
             self.splits.counted(&read.bounds, each);
         }
         let counted = self.check_count(&read)?;

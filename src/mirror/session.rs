@@ -255,7 +255,7 @@ impl Peer {
                 }
             }
         };
-        let fut = super::sync::run(&self.writer, &mut self.link, &mut pinned);
+        let fut = super::sync::run(&self.writer, &mut self.link, &mut pinned, &mut self.splits);
         tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,

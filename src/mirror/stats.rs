@@ -274,6 +274,9 @@ pub struct PeerStats {
     pub request_bytes_limit: AtomicU64,
     /// The adaptive window: txns allowed in flight now.
     pub window_txns: AtomicU64,
+    /// Ranges the freshness probe's last key count of the source was
+    /// split into (see `mirror::count`).
+    pub count_pieces: AtomicU64,
     /// The adaptive window in request bytes (txn window × mean txn size,
     /// capped by the byte cap).
     pub window_bytes: AtomicU64,
@@ -316,6 +319,7 @@ impl PeerStats {
             txn_ops_limit: AtomicU64::new(0),
             request_bytes_limit: AtomicU64::new(0),
             window_txns: AtomicU64::new(0),
+            count_pieces: AtomicU64::new(0),
             window_bytes: AtomicU64::new(0),
             rtt_micros: AtomicU64::new(0),
             errors: Default::default(),

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::batch::STATE_RESERVE_BYTES;
+use super::count::CountSplits;
 use super::diff::{Diff, Merge};
 use super::live::Opened;
 use super::pipeline::{Link, Pipeline};
@@ -91,8 +92,16 @@ pub(crate) async fn pin(
 }
 
 /// Syncs the peer to the source as pinned (see `Peer::sync`).
-pub(crate) async fn run(writer: &FencedWriter, link: &mut Link, pinned: &mut Pinned) -> Result<()> {
+pub(crate) async fn run(
+    writer: &FencedWriter,
+    link: &mut Link,
+    pinned: &mut Pinned,
+    splits: &mut CountSplits,
+) -> Result<()> {
     let (at, started, started_ms) = (pinned.at, pinned.started, pinned.started_ms);
+    // Every source key goes by in order: the probe's count pieces come out
+    // even, however the subtree was written.
+    splits.restart();
     let merge = &mut pinned.merge;
     let lease = writer.lease_id();
     let mut pipeline = Pipeline::new(writer, link);
@@ -100,6 +109,9 @@ pub(crate) async fn run(writer: &FencedWriter, link: &mut Link, pinned: &mut Pin
     let mut packer = TxnBatcher::new(pipeline.limits()).with_reserved(0, STATE_RESERVE_BYTES);
     let (mut puts, mut deletes) = (0u64, 0u64);
     while let Some(diff) = merge.next().await? {
+        if let Diff::Missing(src) | Diff::Both(src, _) = &diff {
+            splits.offer(src.key());
+        }
         let op = match diff {
             Diff::Missing(src) => {
                 puts += 1;

@@ -107,6 +107,21 @@ pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     panic!("not within {CONVERGE:?}: {what}");
 }
 
+/// Polls `get` until it returns `want`; panics with the last value seen.
+pub async fn eventually_eq<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    want: T,
+    mut get: impl AsyncFnMut() -> T,
+) {
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    let mut last = get().await;
+    while last != want && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = get().await;
+    }
+    assert_eq!(last, want, "not within {CONVERGE:?}: {what}");
+}
+
 /// Polls `check` until the copy matches (same keys and values, every key on
 /// the live lease the state key names); panics with the last report.
 pub async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report {
