@@ -359,12 +359,15 @@ async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     // Enough keys through the live stream for the probe to count the copy
-    // in several pieces: every 4096th key the engine mirrors becomes a
-    // boundary, here key(5095) and key(9191) (the 30 synced keys are not
-    // offered). The pieces must cover the copy exactly once, or a key lost
-    // at or between boundaries would read fresh.
+    // in several pieces: every 4096th key the engine offers becomes a
+    // boundary. The sync offered the 30 synced keys, the live stream then
+    // offers keys in the order they are written, so the first boundary is
+    // key(5065) (the 4096th offered). A re-sync walks the subtree in key
+    // order and starts the boundaries afresh: then they are the 4096th and
+    // 8192nd keys in key order. The pieces must cover the copy exactly
+    // once, or a key lost at or between boundaries would read fresh.
     // Revisions of 64 puts: one revision never spans two of the engine's
-    // txns, which would widen the probe's tolerance to a txn's ops.
+    // txns.
     let limits = TxnLimits {
         max_ops: 64,
         ..TxnLimits::default()
@@ -377,10 +380,26 @@ async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
         src.txn(t).await.unwrap();
     }
     converged(&src, &peer, &cfg).await;
-    for gone in [5095, 9191, 7000, 20] {
+    let sorted = src
+        .range(Range::prefix(common::mirror::PREFIX).keys_only())
+        .await
+        .unwrap();
+    let sorted: Vec<String> = sorted
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8(kv.key().to_vec()).unwrap())
+        .collect();
+    let gone_keys = [
+        key(5065),
+        sorted[8191].clone(),
+        sorted[4095].clone(),
+        key(7000),
+        key(20),
+    ];
+    for gone in gone_keys {
         let before = s.resyncs(ResyncReason::CopyChanged);
-        peer.delete(Delete::key(key(gone))).await.unwrap();
-        let what = format!("the copy without key({gone}) is re-synced");
+        peer.delete(Delete::key(gone.clone())).await.unwrap();
+        let what = format!("the copy without {gone} is re-synced");
         eventually(&what, async || {
             s.resyncs(ResyncReason::CopyChanged) > before
         })
@@ -460,4 +479,32 @@ async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
     converged(&src, &peer, &cfg).await;
     // The re-sync started the pieces afresh rather than adding to them.
     eventually_eq("three pieces again after the re-sync", 3, async || pieces()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_adopted_without_a_sync_is_counted_in_pieces_after_its_first_pass() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_many(&src, (0..9000).map(|i| (key(i), format!("v{i}")))).await;
+    // An hour between passes: only the takeover's own pass runs.
+    let cfg = fast(10).with_verify_interval(Some(Duration::from_secs(3600)));
+    let first = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    first.shutdown().await;
+    let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    let s = second.stats()[0].clone();
+    // The successor resumes without a sync and writes nothing live: only
+    // its verification pass sees the subtree's keys.
+    eventually("the successor's first pass is done", async || {
+        s.verify_runs.load(Relaxed) >= 1
+    })
+    .await;
+    eventually_eq("the probe counts the copy in three pieces", 3, async || {
+        s.count_pieces.load(Relaxed)
+    })
+    .await;
+    assert_eq!(
+        s.resyncs(ResyncReason::Initial) + s.resyncs(ResyncReason::Fenced),
+        0,
+        "the successor resumed the copy rather than re-syncing it"
+    );
 }

@@ -18,8 +18,10 @@
 //! growing subtree is split where it grows. Adjacent pieces that turn out
 //! small (rewrites of a few hot keys, deletes) are merged after each count,
 //! and the number of boundaries is capped, so the set tracks the subtree's
-//! size, not its write count. A copy resumed without a sync is counted in
-//! one piece until its live stream has mirrored [`PIECE_KEYS`] keys.
+//! size, not its write count. A verification pass walks the subtree too,
+//! and its pieces replace the set when it ends; a copy resumed without a
+//! sync is counted in one piece until then (a new leader verifies at once)
+//! or until its live stream has mirrored [`PIECE_KEYS`] keys.
 
 use std::collections::BTreeSet;
 

@@ -521,7 +521,8 @@ impl<'a> Live<'a> {
         let now = Instant::now();
         let stats = &self.writer.stats;
         match report {
-            Ok(_) => {
+            Ok(report) => {
+                *self.splits = report.splits;
                 let was_overdue = self.verify.overdue();
                 self.verify.done(now, stats);
                 if was_overdue {

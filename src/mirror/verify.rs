@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::config::MirrorConfig;
+use super::count::CountSplits;
 use super::diff::{Diff, Merge};
 use super::stats::{ErrorKind, PeerStats, VerifySkip};
 use super::writer::FencedWriter;
@@ -101,7 +102,7 @@ impl VerifySchedule {
 }
 
 /// What one pass found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(crate) struct Report {
     /// Keys compared.
     pub compared: u64,
@@ -110,6 +111,10 @@ pub(crate) struct Report {
     /// Differences left to the live stream (changed at the source since
     /// the pinned revision, or written on the peer meanwhile).
     pub skipped: u64,
+    /// Count pieces learnt from the source's keys, all of them in order,
+    /// as a sync learns them: a copy adopted without a sync is counted in
+    /// even pieces from the first pass on.
+    pub splits: CountSplits,
 }
 
 /// Keys between two pauses of the pacing.
@@ -138,6 +143,9 @@ pub(crate) async fn pass(
     let mut report = Report::default();
     while let Some(diff) = merge.next().await? {
         report.compared += 1;
+        if let Diff::Missing(src) | Diff::Both(src, _) = &diff {
+            report.splits.offer(src.key());
+        }
         if report.compared % PACE_STEP == 0 {
             tokio::time::sleep(pause).await;
         }
