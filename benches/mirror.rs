@@ -64,9 +64,19 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Writes keys `0..n` with 128-op txns, `inflight` at a time.
 async fn write_batched(c: &Client, range: std::ops::Range<usize>, inflight: usize) {
+    write_batched_under(c, range, inflight, LeaseId::NONE).await
+}
+
+/// [`write_batched`], every key attached to `lease`.
+async fn write_batched_under(
+    c: &Client,
+    range: std::ops::Range<usize>,
+    inflight: usize,
+    lease: LeaseId,
+) {
     let mut b = TxnBatcher::new(TxnLimits::default());
     for i in range {
-        b.put(key(i), value(i), LeaseId::NONE);
+        b.put(key(i), value(i), lease);
     }
     let mut pending: tokio::task::JoinSet<aether_replicator::etcd::Result<_>> =
         tokio::task::JoinSet::new();
@@ -93,10 +103,25 @@ fn cfg() -> MirrorConfig {
     c
 }
 
+/// `AETHER_BENCH_BASE_SYNC_KEYS` (comma separated, default 10000,100000)
+/// picks the sizes; `AETHER_BENCH_TRACE=<filter>` (e.g.
+/// `aether_replicator=debug`) logs the engine's events with their time
+/// since start, to see where a sync's time goes.
 fn base_sync(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
-    for n in [10_000usize, 100_000] {
+    if let Ok(filter) = std::env::var("AETHER_BENCH_TRACE") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let sizes: Vec<usize> = std::env::var("AETHER_BENCH_BASE_SYNC_KEYS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10_000, 100_000]);
+    for n in sizes {
         let src = Etcd::start();
         let mut dst = Etcd::start();
         let s = client(&src);
@@ -136,13 +161,36 @@ fn base_sync(c: &mut Criterion) {
             ceiling_rates.push(n as f64 / took.as_secs_f64());
             took
         });
+        // The same, every key under a lease granted first, as the mirror
+        // writes them: etcd attaches each key to its lease, work the plain
+        // ceiling does not ask of it.
+        let mut leased_rates = Vec::new();
+        let g = group(c, format!("base_sync/{}k", n / 1000));
+        bench_runs(g, "write_ceiling_leased", || {
+            dst.restart_empty();
+            let d = client(&dst);
+            let start = Instant::now();
+            rt.block_on(async {
+                let lease = d.lease_grant(30).await.expect("grant");
+                write_batched_under(&d, 0..n, inflight, lease.id).await
+            });
+            let took = start.elapsed();
+            leased_rates.push(n as f64 / took.as_secs_f64());
+            took
+        });
         if mirror_rates.is_empty() || ceiling_rates.is_empty() {
             continue;
         }
         let (m, w) = (median(&mut mirror_rates), median(&mut ceiling_rates));
+        let l = if leased_rates.is_empty() {
+            f64::NAN
+        } else {
+            median(&mut leased_rates)
+        };
         println!(
-            "REPORT base_sync n={n} mirror_keys_per_s={m:.0} ceiling_keys_per_s={w:.0} ratio={:.2}",
-            m / w
+            "REPORT base_sync n={n} mirror_keys_per_s={m:.0} ceiling_keys_per_s={w:.0} ratio={:.2} leased_ceiling_keys_per_s={l:.0} ratio_to_leased={:.2}",
+            m / w,
+            m / l
         );
     }
 }
