@@ -148,36 +148,36 @@ fn base_sync(c: &mut Criterion) {
                 took
             })
         });
-        let mut ceiling_rates = Vec::new();
+        g.finish();
         // 64 in flight unless told otherwise: the fastest in the sweep of
         // BENCHMARKS.md §1 (8, 16, 32, 64).
         let inflight: usize = env_or("AETHER_BENCH_CEILING_INFLIGHT", 64);
-        bench_runs(g, "write_ceiling", || {
-            dst.restart_empty();
-            let d = client(&dst);
-            let start = Instant::now();
-            rt.block_on(write_batched(&d, 0..n, inflight));
-            let took = start.elapsed();
-            ceiling_rates.push(n as f64 / took.as_secs_f64());
-            took
-        });
-        // The same, every key under a lease granted first, as the mirror
-        // writes them: etcd attaches each key to its lease, work the plain
-        // ceiling does not ask of it.
-        let mut leased_rates = Vec::new();
-        let g = group(c, format!("base_sync/{}k", n / 1000));
-        bench_runs(g, "write_ceiling_leased", || {
-            dst.restart_empty();
-            let d = client(&dst);
-            let start = Instant::now();
-            rt.block_on(async {
-                let lease = d.lease_grant(30).await.expect("grant");
-                write_batched_under(&d, 0..n, inflight, lease.id).await
+        // Plain, and with every key under a lease granted first, as the
+        // mirror writes them: etcd attaches each key to its lease, work
+        // the plain ceiling does not ask of it.
+        let [mut ceiling_rates, mut leased_rates] = [Vec::new(), Vec::new()];
+        for (name, leased, rates) in [
+            ("write_ceiling", false, &mut ceiling_rates),
+            ("write_ceiling_leased", true, &mut leased_rates),
+        ] {
+            let mut g = group(c, format!("base_sync/{}k", n / 1000));
+            g.throughput(Throughput::Elements(n as u64));
+            bench_runs(g, name, || {
+                dst.restart_empty();
+                let d = client(&dst);
+                let start = Instant::now();
+                rt.block_on(async {
+                    let lease = match leased {
+                        true => d.lease_grant(30).await.expect("grant").id,
+                        false => LeaseId::NONE,
+                    };
+                    write_batched_under(&d, 0..n, inflight, lease).await
+                });
+                let took = start.elapsed();
+                rates.push(n as f64 / took.as_secs_f64());
+                took
             });
-            let took = start.elapsed();
-            leased_rates.push(n as f64 / took.as_secs_f64());
-            took
-        });
+        }
         if mirror_rates.is_empty() || ceiling_rates.is_empty() {
             continue;
         }

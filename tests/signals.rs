@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use aether_replicator::etcd::{Delete, LeaseId, Put, Range, TxnBatcher, TxnLimits};
-use aether_replicator::mirror::{Engine, ErrorKind, ResyncReason, VerifySkip};
+use aether_replicator::mirror::{
+    Engine, ErrorKind, MirrorConfig, PeerStats, ResyncReason, VerifySkip,
+};
 use common::mirror::{
     CONVERGE, Scene, client, converged, eventually, eventually_eq, fast, key, put_each, put_many,
     start_synced,
@@ -397,15 +399,22 @@ async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
         key(20),
     ];
     for gone in gone_keys {
-        let before = s.resyncs(ResyncReason::CopyChanged);
-        peer.delete(Delete::key(gone.clone())).await.unwrap();
-        let what = format!("the copy without {gone} is re-synced");
-        eventually(&what, async || {
-            s.resyncs(ResyncReason::CopyChanged) > before
-        })
-        .await;
-        converged(&src, &peer, &cfg).await;
+        resynced_without(&gone, &scene, &s, &cfg).await;
     }
+}
+
+/// Deletes `gone` from the peer's copy and waits for the count to notice:
+/// a re-sync for a changed copy, then the copy whole again.
+async fn resynced_without(gone: &str, scene: &Scene, s: &PeerStats, cfg: &MirrorConfig) {
+    let (src, peer) = scene.clients();
+    let before = s.resyncs(ResyncReason::CopyChanged);
+    peer.delete(Delete::key(gone.to_string())).await.unwrap();
+    let what = format!("the copy without {gone} is re-synced");
+    eventually(&what, async || {
+        s.resyncs(ResyncReason::CopyChanged) > before
+    })
+    .await;
+    converged(&src, &peer, cfg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,14 +450,7 @@ async fn a_revision_once_split_over_txns_does_not_blunt_the_count_for_good() {
         s.split_revisions.load(Relaxed)
     );
     for gone in [1500, 20] {
-        let before = s.resyncs(ResyncReason::CopyChanged);
-        peer.delete(Delete::key(key(gone))).await.unwrap();
-        let what = format!("the copy without key({gone}) is re-synced");
-        eventually(&what, async || {
-            s.resyncs(ResyncReason::CopyChanged) > before
-        })
-        .await;
-        converged(&src, &peer, &cfg).await;
+        resynced_without(&key(gone), &scene, &s, &cfg).await;
     }
 }
 
@@ -470,13 +472,7 @@ async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
     })
     .await;
     // Each piece still counts: a key gone from the peer is noticed.
-    let before = s.resyncs(ResyncReason::CopyChanged);
-    peer.delete(Delete::key(key(4500))).await.unwrap();
-    eventually("the copy without key(4500) is re-synced", async || {
-        s.resyncs(ResyncReason::CopyChanged) > before
-    })
-    .await;
-    converged(&src, &peer, &cfg).await;
+    resynced_without(&key(4500), &scene, &s, &cfg).await;
     // The re-sync started the pieces afresh rather than adding to them.
     eventually_eq("three pieces again after the re-sync", 3, async || pieces()).await;
 }
