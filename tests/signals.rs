@@ -9,13 +9,13 @@ mod common;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use aether_replicator::etcd::{Delete, LeaseId, Put, Range, TxnBatcher, TxnLimits};
+use aether_replicator::etcd::{Delete, Put, Range};
 use aether_replicator::mirror::{
     Engine, ErrorKind, MirrorConfig, PeerStats, ResyncReason, VerifySkip,
 };
 use common::mirror::{
-    CONVERGE, Scene, client, converged, eventually, eventually_eq, fast, key, put_each, put_many,
-    start_synced,
+    CONVERGE, Scene, client, converged, eventually, eventually_eq, fast, key, put_each,
+    put_in_revisions_of, put_many, start_synced,
 };
 use common::{Etcd, FaultProxy};
 
@@ -370,17 +370,7 @@ async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
     // once, or a key lost at or between boundaries would read fresh.
     // Revisions of 64 puts: one revision never spans two of the engine's
     // txns.
-    let limits = TxnLimits {
-        max_ops: 64,
-        ..TxnLimits::default()
-    };
-    let mut batch = TxnBatcher::new(limits);
-    for i in 1000..10_000 {
-        batch.put(key(i), format!("w{i}"), LeaseId::NONE);
-    }
-    for t in batch.finish() {
-        src.txn(t).await.unwrap();
-    }
+    put_in_revisions_of(&src, 64, (1000..10_000).map(|i| (key(i), format!("w{i}")))).await;
     converged(&src, &peer, &cfg).await;
     let sorted = src
         .range(Range::prefix(common::mirror::PREFIX).keys_only())
@@ -432,17 +422,7 @@ async fn a_revision_once_split_over_txns_does_not_blunt_the_count_for_good() {
     let cfg = fast(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
-    let limits = TxnLimits {
-        max_ops: 300,
-        ..TxnLimits::default()
-    };
-    let mut batch = TxnBatcher::new(limits);
-    for i in 1000..1900 {
-        batch.put(key(i), format!("w{i}"), LeaseId::NONE);
-    }
-    for t in batch.finish() {
-        src.txn(t).await.unwrap();
-    }
+    put_in_revisions_of(&src, 300, (1000..1900).map(|i| (key(i), format!("w{i}")))).await;
     converged(&src, &peer, &cfg).await;
     assert!(
         s.split_revisions.load(Relaxed) >= 3,

@@ -77,7 +77,20 @@ pub fn key_in(region: &str, i: usize) -> String {
 
 /// Writes `items` in batched txns.
 pub async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
-    let mut b = TxnBatcher::new(TxnLimits::default());
+    put_in_revisions_of(c, TxnLimits::default().max_ops, items).await
+}
+
+/// [`put_many`] in txns of at most `ops` puts: one source revision each.
+pub async fn put_in_revisions_of(
+    c: &Client,
+    ops: usize,
+    items: impl IntoIterator<Item = (String, String)>,
+) {
+    let limits = TxnLimits {
+        max_ops: ops,
+        ..TxnLimits::default()
+    };
+    let mut b = TxnBatcher::new(limits);
     for (k, v) in items {
         b.put(k, v, LeaseId::NONE);
     }
