@@ -49,10 +49,15 @@ pub(crate) struct CountSplits {
 impl CountSplits {
     /// A key the engine is about to write to the peer: every
     /// [`PIECE_KEYS`]-th becomes a boundary.
+    ///
+    /// A boundary is a copy: the key offered is a slice of the response it
+    /// was decoded from (a page of up to 10,000 keys, a watch response), and
+    /// a boundary kept for the life of the copy would keep that whole
+    /// buffer alive with it.
     pub(crate) fn offer(&mut self, key: &Bytes) {
         self.offered += 1;
         if self.offered.is_multiple_of(PIECE_KEYS) && self.bounds.len() < MAX_BOUNDS {
-            self.bounds.insert(key.clone());
+            self.bounds.insert(Bytes::copy_from_slice(key));
         }
     }
 
@@ -197,6 +202,28 @@ mod tests {
 
     fn key(i: u32) -> Bytes {
         Bytes::from(format!("/p/{i:08}"))
+    }
+
+    #[test]
+    fn a_boundary_does_not_keep_the_page_it_came_from() {
+        // A page as the client decodes it: every key a slice of one buffer.
+        let page = Bytes::from(
+            (0..PIECE_KEYS as u32)
+                .map(|i| format!("/p/{i:08}"))
+                .collect::<String>(),
+        );
+        let width = page.len() / PIECE_KEYS as usize;
+        let mut s = CountSplits::default();
+        for i in 0..PIECE_KEYS as usize {
+            s.offer(&page.slice(i * width..(i + 1) * width));
+        }
+        let b = s.snapshot();
+        assert_eq!(b, vec![Bytes::from(format!("/p/{:08}", PIECE_KEYS - 1))]);
+        let inside = page.as_ptr_range();
+        assert!(
+            !inside.contains(&b[0].as_ptr()),
+            "the boundary is a slice of the page, so the page's buffer lives as long as the boundary"
+        );
     }
 
     #[test]

@@ -94,7 +94,9 @@ impl FencedWriter {
 
     /// Records that `key`'s source value is too large for the peer.
     pub(crate) fn mark_oversized(&self, key: Bytes) {
-        self.oversized().insert(key);
+        // A copy, not a slice of the page the key came from (see
+        // `CountSplits::offer`).
+        self.oversized().insert(Bytes::copy_from_slice(&key));
     }
 
     /// Whether `key`'s source value was found too large for the peer.
