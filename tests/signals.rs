@@ -458,6 +458,47 @@ async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_copy_is_counted_every_few_heartbeats_and_reads_fresh_in_between() {
+    // 45,000 keys, over twice what the probe counts per heartbeat: it
+    // counts every second heartbeat (`mirror::count`), since every count
+    // walks the whole subtree on both stores. The probes in between must
+    // still mark the copy current (a healthy copy never reads stale), and
+    // a copy changed out of band must still be found.
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_many(&src, (0..45_000).map(|i| (key(i), format!("v{i}")))).await;
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    let counts = || s.copy_counts.load(Relaxed);
+    eventually("the probe has counted the copy", async || counts() >= 1).await;
+    // Every heartbeat that marks the copy current moves this on (ms, and
+    // the heartbeats are 300 ms apart).
+    let from = counts();
+    let mut marks = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + CONVERGE;
+    while counts() < from + 4 && tokio::time::Instant::now() < deadline {
+        marks.insert(s.current_unix_ms.load(Relaxed));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let counted = counts() - from;
+    assert!(
+        counted >= 4,
+        "not within {CONVERGE:?}: 4 more counts (saw {counted}, and {} marks current)",
+        marks.len()
+    );
+    // Four counts span about eight probes; counting every probe, as before,
+    // they would be four or five.
+    assert!(
+        marks.len() >= 6,
+        "{} marks current over {counted} counts: the probes between counts did not mark the copy current, or each probe counted",
+        marks.len()
+    );
+    // Every other probe still counts, and each count still sees one key.
+    resynced_without(&key(22_500), &scene, &s, &cfg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_adopted_without_a_sync_is_counted_in_pieces_after_its_first_pass() {
     let scene = Scene::start();
     let (src, peer) = scene.clients();

@@ -289,6 +289,12 @@ impl Collector for AppCollector {
         )?;
         counters(
             e,
+            "copy_counts",
+            "Key counts of the copy and the source taken by the freshness probe: one every heartbeat up to 20,000 keys, less often above (mirror::count).",
+            per_peer_count(|p| p.copy_counts.load(Relaxed)),
+        )?;
+        counters(
+            e,
             "split_revisions",
             "Source revisions too large for one txn, split over several.",
             per_peer_count(|p| p.split_revisions.load(Relaxed)),

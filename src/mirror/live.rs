@@ -77,6 +77,8 @@ impl Peer {
             settled_ahead: Ahead::default(),
             probe: None,
             heartbeat_dirty: false,
+            counted_keys: None,
+            probes_since_count: 0,
         };
         let result = live.run(watcher, lease_status, &self.cancel).await;
         if live.verifying {
@@ -202,6 +204,8 @@ struct Probe {
 /// and the floor the peer's revision must not be below.
 struct ProbeRead {
     sent: Probe,
+    /// Whether this probe counted the copy (see `count_due`).
+    counting: bool,
     /// The boundaries the counts were split at, and the source's count of
     /// each piece (`None` with `source_count`).
     bounds: Vec<Bytes>,
@@ -214,8 +218,9 @@ struct ProbeRead {
     source_count: Option<i64>,
     stored: Stored,
     peer: Header,
-    /// The copy's key count on the peer, read with the state key.
-    peer_count: i64,
+    /// The copy's key count on the peer, read with the state key (`None`:
+    /// not counting).
+    peer_count: Option<i64>,
     floor: i64,
     /// The watermark when the probe was sent, before the source was read:
     /// a source revision below it means the source went back.
@@ -267,6 +272,12 @@ struct Live<'a> {
     probe: Option<Probe>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
+    /// The source's key count at this session's last count of the copy,
+    /// which matched (`None`: none has yet). Until one has, every probe
+    /// counts; after, every [`count::heartbeats_between_counts`] of them.
+    counted_keys: Option<i64>,
+    /// Probes since that count.
+    probes_since_count: u64,
 }
 
 impl<'a> Live<'a> {
@@ -274,6 +285,15 @@ impl<'a> Live<'a> {
     /// windows' worth, so the batches fill while a window is in flight.
     fn max_ready(&self) -> usize {
         self.pipeline.window_txns() * 2
+    }
+
+    /// Whether the next probe counts the copy: until a count has matched in
+    /// this session, always; then once every
+    /// [`count::heartbeats_between_counts`] probes, for the subtree's size.
+    fn count_due(&self) -> bool {
+        self.counted_keys.is_none_or(|keys| {
+            self.probes_since_count + 1 >= count::heartbeats_between_counts(keys)
+        })
     }
 
     async fn run(
@@ -390,12 +410,13 @@ impl<'a> Live<'a> {
         // holds every write behind a count's index walk (issue 21).
         let bounds = self.splits.snapshot();
         let max_ops = self.pipeline.limits().max_ops;
+        let counting = self.count_due();
         Box::pin(async move {
             // The source's id and revision, and its key count at the
             // watermark, side by side; then the peer's state key and key
             // count at one revision.
             let counted = async {
-                if applied <= 0 {
+                if applied <= 0 || !counting {
                     return Ok(None);
                 }
                 match count::count_at(local, &prefix, &bounds, applied, max_ops).await {
@@ -410,15 +431,22 @@ impl<'a> Live<'a> {
             let source_count = source_pieces.as_ref().map(|each| each.iter().sum());
             let source_id = id.kvs().first().and_then(|kv| state::parse_id(kv.value()));
             let source = id.header;
-            let (stored, peer, peer_count, _) = count::read_state_with_count(
-                &writer.client,
-                &writer.state_key,
-                &prefix,
-                &bounds,
-                max_ops,
-            )
-            .await?;
+            let (stored, peer, peer_count) = if counting {
+                let (stored, peer, n, _) = count::read_state_with_count(
+                    &writer.client,
+                    &writer.state_key,
+                    &prefix,
+                    &bounds,
+                    max_ops,
+                )
+                .await?;
+                (stored, peer, Some(n))
+            } else {
+                let (stored, peer) = count::read_state(&writer.client, &writer.state_key).await?;
+                (stored, peer, None)
+            };
             Ok(ProbeRead {
+                counting,
                 bounds,
                 source_pieces,
                 sent: Probe {
@@ -472,7 +500,20 @@ impl<'a> Live<'a> {
             w.stats.count_pieces.store(each.len() as u64, Relaxed);
             self.splits.counted(&read.bounds, each);
         }
-        let counted = self.check_count(&read)?;
+        let counted = if read.counting {
+            w.stats.copy_counts.fetch_add(1, Relaxed);
+            let matched = self.check_count(&read)?;
+            if matched {
+                self.counted_keys = read.source_count;
+                self.probes_since_count = 0;
+            }
+            matched
+        } else {
+            // Between counts the session's last count stands: it matched,
+            // and a mismatch would have ended the session.
+            self.probes_since_count += 1;
+            self.counted_keys.is_some()
+        };
         // A pending probe keeps its place until its quiet period is over,
         // or a busy stream would never have one.
         if self.probe.is_none_or(|p| p.quiet_done) {
@@ -491,10 +532,11 @@ impl<'a> Live<'a> {
     /// moved the peer by at most their ops; keys too large for the peer are
     /// absent there by design. Returns whether it could count at all.
     fn check_count(&self, read: &ProbeRead) -> Result<bool> {
-        let Some(source) = read
-            .source_count
-            .filter(|_| read.applied >= self.replay_horizon)
-        else {
+        let (Some(source), Some(peer_count)) = (
+            read.source_count
+                .filter(|_| read.applied >= self.replay_horizon),
+            read.peer_count,
+        ) else {
             return Ok(false);
         };
         let oversized = self.writer.oversized_count() as i64;
@@ -503,14 +545,14 @@ impl<'a> Live<'a> {
         // is whole would let a copy short of that many keys read fresh.
         let slack =
             (self.launched_ops.saturating_sub(read.sent.unsettled_from) + read.sent.ahead) as i64;
-        if (read.peer_count - expected).abs() <= slack {
+        if (peer_count - expected).abs() <= slack {
             return Ok(true);
         }
         Err(Error::CopyChanged {
             peer: self.writer.region.clone(),
             why: format!(
-                "it holds {} keys, the source held {source} at revision {} ({oversized} of them too large for the peer, {slack} ops in flight)",
-                read.peer_count, read.applied
+                "it holds {peer_count} keys, the source held {source} at revision {} ({oversized} of them too large for the peer, {slack} ops in flight)",
+                read.applied
             ),
         })
     }

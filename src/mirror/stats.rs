@@ -277,6 +277,9 @@ pub struct PeerStats {
     /// Ranges the freshness probe's last key count of the source was
     /// split into (see `mirror::count`).
     pub count_pieces: AtomicU64,
+    /// Key counts of the copy the freshness probe has taken (one per
+    /// count, source and peer together; see `mirror::count`).
+    pub copy_counts: AtomicU64,
     /// The adaptive window in request bytes (txn window × mean txn size,
     /// capped by the byte cap).
     pub window_bytes: AtomicU64,
@@ -320,6 +323,7 @@ impl PeerStats {
             request_bytes_limit: AtomicU64::new(0),
             window_txns: AtomicU64::new(0),
             count_pieces: AtomicU64::new(0),
+            copy_counts: AtomicU64::new(0),
             window_bytes: AtomicU64::new(0),
             rtt_micros: AtomicU64::new(0),
             errors: Default::default(),
