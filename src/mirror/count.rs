@@ -30,13 +30,13 @@
 //! walks the whole subtree on both stores, and every etcd of a mesh of N
 //! regions serves 2(N − 1) of them per heartbeat. Ten regions at 100k keys
 //! each, every copy synced and nothing written, kept the ten etcds busy
-//! for 1.53 CPU-seconds a second counting every heartbeat, 0.37 counting
-//! every fifth (issue 21, BENCHMARKS §4). The probes in between still
-//! check both stores' identity and the claim, and advance the heartbeat on
-//! the strength of the session's last count, which matched: a copy
-//! changed out of band is found within that many heartbeats rather than
-//! one (the verification pass, every 10 minutes, repairs it key by key
-//! either way).
+//! for 1.53 CPU-seconds a second counting every heartbeat, 0.34–0.37
+//! counting every fifth (issue 21, BENCHMARKS §4). The probes in between
+//! still check both stores' identity and the claim, and advance the
+//! heartbeat on the strength of the session's last count, which matched: a
+//! copy changed out of band is found within that many heartbeats rather
+//! than one (the verification pass, every 10 minutes, repairs it key by
+//! key either way).
 
 use std::collections::BTreeSet;
 
