@@ -56,8 +56,40 @@ pub(crate) const KEYS_PER_HEARTBEAT: u64 = 20_000;
 
 /// How many heartbeats apart the probe counts a subtree of `keys` keys: one
 /// up to [`KEYS_PER_HEARTBEAT`], proportionally more above.
-pub(crate) fn heartbeats_between_counts(keys: i64) -> u64 {
+fn heartbeats_between_counts(keys: i64) -> u64 {
     (keys.max(0) as u64 / KEYS_PER_HEARTBEAT).max(1)
+}
+
+/// Which of a session's probes count the copy: every one until a count
+/// has matched, then one every [`heartbeats_between_counts`] for the
+/// subtree's size at that count.
+#[derive(Debug, Default)]
+pub(crate) struct Cadence {
+    /// The source's key count at the session's last count, which matched.
+    matched_keys: Option<i64>,
+    /// Probes since then.
+    since: u64,
+}
+
+impl Cadence {
+    /// Whether the next probe counts.
+    pub(crate) fn due(&self) -> bool {
+        self.matched_keys
+            .is_none_or(|keys| self.since + 1 >= heartbeats_between_counts(keys))
+    }
+
+    /// A count matched, the source holding `keys` keys.
+    pub(crate) fn matched(&mut self, keys: i64) {
+        self.matched_keys = Some(keys);
+        self.since = 0;
+    }
+
+    /// A probe that did not count: whether it stands on the session's last
+    /// count, which matched (a mismatch would have ended the session).
+    pub(crate) fn skipped(&mut self) -> bool {
+        self.since += 1;
+        self.matched_keys.is_some()
+    }
 }
 
 /// Boundaries kept at most: pieces grow past [`PIECE_KEYS`] only beyond
@@ -248,6 +280,26 @@ mod tests {
         assert_eq!(heartbeats_between_counts(2 * KEYS_PER_HEARTBEAT as i64), 2);
         assert_eq!(heartbeats_between_counts(100_000), 5);
         assert_eq!(heartbeats_between_counts(1_000_000), 50);
+    }
+
+    #[test]
+    fn a_session_counts_until_a_count_matches_then_every_few_probes() {
+        let mut c = Cadence::default();
+        assert!(c.due(), "a session's first probe counts");
+        c.matched(100_000);
+        let due: Vec<bool> = (0..10)
+            .map(|_| {
+                let due = c.due();
+                if due {
+                    c.matched(100_000);
+                } else {
+                    assert!(c.skipped(), "a skipped probe stands on the match");
+                }
+                due
+            })
+            .collect();
+        assert_eq!(due.iter().filter(|d| **d).count(), 2, "{due:?}");
+        assert!(!Cadence::default().skipped(), "no match yet to stand on");
     }
 
     #[test]

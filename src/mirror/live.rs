@@ -77,8 +77,7 @@ impl Peer {
             settled_ahead: Ahead::default(),
             probe: None,
             heartbeat_dirty: false,
-            counted_keys: None,
-            probes_since_count: 0,
+            cadence: count::Cadence::default(),
         };
         let result = live.run(watcher, lease_status, &self.cancel).await;
         if live.verifying {
@@ -204,8 +203,6 @@ struct Probe {
 /// and the floor the peer's revision must not be below.
 struct ProbeRead {
     sent: Probe,
-    /// Whether this probe counted the copy (see `count_due`).
-    counting: bool,
     /// The boundaries the counts were split at, and the source's count of
     /// each piece (`None` with `source_count`).
     bounds: Vec<Bytes>,
@@ -219,7 +216,7 @@ struct ProbeRead {
     stored: Stored,
     peer: Header,
     /// The copy's key count on the peer, read with the state key (`None`:
-    /// not counting).
+    /// this probe did not count, see [`count::Cadence`]).
     peer_count: Option<i64>,
     floor: i64,
     /// The watermark when the probe was sent, before the source was read:
@@ -272,12 +269,8 @@ struct Live<'a> {
     probe: Option<Probe>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
-    /// The source's key count at this session's last count of the copy,
-    /// which matched (`None`: none has yet). Until one has, every probe
-    /// counts; after, every [`count::heartbeats_between_counts`] of them.
-    counted_keys: Option<i64>,
-    /// Probes since that count.
-    probes_since_count: u64,
+    /// Which probes count the copy.
+    cadence: count::Cadence,
 }
 
 impl<'a> Live<'a> {
@@ -285,15 +278,6 @@ impl<'a> Live<'a> {
     /// windows' worth, so the batches fill while a window is in flight.
     fn max_ready(&self) -> usize {
         self.pipeline.window_txns() * 2
-    }
-
-    /// Whether the next probe counts the copy: until a count has matched in
-    /// this session, always; then once every
-    /// [`count::heartbeats_between_counts`] probes, for the subtree's size.
-    fn count_due(&self) -> bool {
-        self.counted_keys.is_none_or(|keys| {
-            self.probes_since_count + 1 >= count::heartbeats_between_counts(keys)
-        })
     }
 
     async fn run(
@@ -410,7 +394,7 @@ impl<'a> Live<'a> {
         // holds every write behind a count's index walk (issue 21).
         let bounds = self.splits.snapshot();
         let max_ops = self.pipeline.limits().max_ops;
-        let counting = self.count_due();
+        let counting = self.cadence.due();
         Box::pin(async move {
             // The source's id and revision, and its key count at the
             // watermark, side by side; then the peer's state key and key
@@ -446,7 +430,6 @@ impl<'a> Live<'a> {
                 (stored, peer, None)
             };
             Ok(ProbeRead {
-                counting,
                 bounds,
                 source_pieces,
                 sent: Probe {
@@ -500,19 +483,15 @@ impl<'a> Live<'a> {
             w.stats.count_pieces.store(each.len() as u64, Relaxed);
             self.splits.counted(&read.bounds, each);
         }
-        let counted = if read.counting {
+        let counted = if read.peer_count.is_some() {
             w.stats.copy_counts.fetch_add(1, Relaxed);
             let matched = self.check_count(&read)?;
-            if matched {
-                self.counted_keys = read.source_count;
-                self.probes_since_count = 0;
+            if let (true, Some(keys)) = (matched, read.source_count) {
+                self.cadence.matched(keys);
             }
             matched
         } else {
-            // Between counts the session's last count stands: it matched,
-            // and a mismatch would have ended the session.
-            self.probes_since_count += 1;
-            self.counted_keys.is_some()
+            self.cadence.skipped()
         };
         // A pending probe keeps its place until its quiet period is over,
         // or a busy stream would never have one.
