@@ -4,12 +4,52 @@
 //! an image is built without `.git`), else `git rev-parse --short HEAD` of this
 //! checkout, else "unknown" (no git, or a crate tarball, possibly unpacked
 //! inside some other repository), which must not fail the build.
+//!
+//! Records the build date for `--version` in `AETHER_REPLICATOR_BUILD_DATE`
+//! (UTC, `YYYY-MM-DD`): from `SOURCE_DATE_EPOCH` when set, so that a
+//! reproducible build stays reproducible, else the day the build script ran.
 
 fn main() {
-    revision();
+    let revision = revision();
+    let date = build_date();
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    println!(
+        "cargo:rustc-env=AETHER_REPLICATOR_LONG_VERSION={version} (rev {revision}, built {date})"
+    );
 }
 
-fn revision() {
+fn build_date() -> String {
+    println!("cargo:rerun-if-env-changed=SOURCE_DATE_EPOCH");
+    let secs = std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        });
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let date = format!("{y:04}-{m:02}-{d:02}");
+    println!("cargo:rustc-env=AETHER_REPLICATOR_BUILD_DATE={date}");
+    date
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`), so that the build needs no date crate.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn revision() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)
@@ -29,7 +69,7 @@ fn revision() {
         .filter(|r| !r.is_empty());
     if let Some(revision) = explicit {
         println!("cargo:rustc-env=AETHER_REPLICATOR_REVISION={revision}");
-        return;
+        return revision;
     }
     // Only this package's own checkout (`.git` is a directory, or a file in
     // a worktree), never an enclosing repository's HEAD.
@@ -43,7 +83,7 @@ fn revision() {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=AETHER_REPLICATOR_REVISION={revision}");
     if !own_checkout {
-        return;
+        return revision;
     }
     // Rebuild when HEAD moves: a commit changes the branch's ref (loose or
     // packed), a checkout changes HEAD itself.
@@ -57,4 +97,5 @@ fn revision() {
     {
         println!("cargo:rerun-if-changed={p}");
     }
+    revision
 }

@@ -89,7 +89,7 @@ start_mirror() {
   if [ "$tool" = make-mirror ]; then
     ETCDCTL_API=3 etcdctl --endpoints="$src" make-mirror --prefix="$PREFIX" "$dst" >"$STATE/mm.log" 2>&1 &
   else
-    AETHER_REPLICATOR_LOG=warn "$BIN" --region a --local-etcd "$src" --peer-etcd "b=$dst" \
+    AETHER_REPLICATOR_LOG_LEVEL=warn "$BIN" --region a --local-etcd "$src" --peer-etcd "b=$dst" \
       --metrics-addr "127.0.0.1:$(free_port)" >"$STATE/ar.log" 2>&1 &
   fi
   MPID=$!; PIDS+=("$MPID")

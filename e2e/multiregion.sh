@@ -132,9 +132,9 @@ SLOTS=(1 2)
 export ETCDCTL_API=3
 # Flags of the replicator can come from AETHER_REPLICATOR_* variables; make
 # sure none from the caller's environment changes what the harness runs
-# (the log filter, AETHER_REPLICATOR_LOG, is kept).
+# (the log filter, AETHER_REPLICATOR_LOG_LEVEL, is kept).
 while IFS= read -r _var; do
-  [[ $_var == AETHER_REPLICATOR_LOG ]] || unset "$_var"
+  [[ $_var == AETHER_REPLICATOR_LOG_LEVEL ]] || unset "$_var"
 done < <(compgen -e | grep '^AETHER_REPLICATOR_' || true)
 unset _var
 

@@ -4,10 +4,15 @@ use std::process::ExitCode;
 
 use aether_replicator::app::config::{Cli, Command, LogFormat};
 use aether_replicator::etcd::{Client, ClientConfig};
-use clap::Parser;
+
+/// The level of the one-shot commands' logs, unless `--log-level` (or its
+/// variable) says otherwise: their output is the report, not the log.
+const ONE_SHOT_LOG_LEVEL: &str = "warn";
+/// `--log-level`'s variable, for the one-shot commands without the flag.
+const LOG_LEVEL_VAR: &str = "AETHER_REPLICATOR_LOG_LEVEL";
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args() {
         Ok(cli) => cli,
         // --help and --version.
         Err(e) if !e.use_stderr() => e.exit(),
@@ -17,26 +22,46 @@ fn main() -> ExitCode {
         }
     };
     match &cli.command {
+        Some(Command::Completions(args)) => {
+            let mut cmd = Cli::command_line();
+            clap_complete::generate(
+                args.shell,
+                &mut cmd,
+                "aether-replicator",
+                &mut std::io::stdout(),
+            );
+            return ExitCode::SUCCESS;
+        }
+        Some(Command::Man) => {
+            return match clap_mangen::Man::new(Cli::command_line()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing the man page: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Command::Endpoints(args)) => return endpoints(args),
         Some(Command::Migrate(args)) => return migrate(args),
         Some(Command::Status(args)) => return status(args),
         Some(Command::SetupAuth(args)) => return setup_auth(args),
         Some(Command::Check(_)) | None => {}
     }
-    let config = match cli.run_args().validate() {
+    let config = match cli.run_args().validate_run() {
         Ok(c) => c,
         Err(e) => return refused(e),
     };
     if cli.check_config {
         // Validated exactly as a run; nothing connected.
         println!(
-            "config ok: region {}, {} peers",
+            "config ok: region {}, {} peers; effective settings:",
             config.region,
             config.peers.len()
         );
+        print!("{}", config.effective());
         return ExitCode::SUCCESS;
     }
-    init_logging(config.log_format, "info");
+    init_logging(config.log_format, &config.log_level);
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
@@ -121,7 +146,7 @@ fn on_local_etcd<O, T, E: std::fmt::Display>(
     command: impl AsyncFnOnce(Client, O) -> aether_replicator::error::Result<T>,
     ok: impl FnOnce(T) -> bool,
 ) -> ExitCode {
-    let ((local, options), runtime) = match one_shot(validated) {
+    let ((local, options), runtime) = match one_shot(validated, None) {
         Ok(v) => v,
         Err(code) => return code,
     };
@@ -136,7 +161,8 @@ fn on_local_etcd<O, T, E: std::fmt::Display>(
 /// when the local etcd cannot be read, 2 on invalid flags.
 fn status(args: &aether_replicator::app::config::StatusArgs) -> ExitCode {
     use aether_replicator::app::status::{self, StatusOutput};
-    let ((config, options), runtime) = match one_shot(args.validate()) {
+    let level = args.run.settings.log_level.as_deref();
+    let ((config, options), runtime) = match one_shot(args.validate(), level) {
         Ok(v) => v,
         Err(code) => return code,
     };
@@ -155,7 +181,8 @@ fn status(args: &aether_replicator::app::config::StatusArgs) -> ExitCode {
 /// (after the etcds before it are done), 2 on invalid flags.
 fn setup_auth(args: &aether_replicator::app::config::SetupAuthArgs) -> ExitCode {
     use aether_replicator::app::setup_auth;
-    let (config, runtime) = match one_shot(args.validate()) {
+    let level = args.run.settings.log_level.as_deref();
+    let (config, runtime) = match one_shot(args.validate(), level) {
         Ok(v) => v,
         Err(code) => return code,
     };
@@ -191,12 +218,18 @@ fn setup_auth(args: &aether_replicator::app::config::SetupAuthArgs) -> ExitCode 
 }
 
 /// The set-up of the one-shot commands (`endpoints`, `migrate`, `status`): refuse
-/// invalid flags, log warnings only, start a runtime.
+/// invalid flags, log at `level` (`--log-level`, for the commands that have
+/// it), else its variable's, else warnings only, and start a runtime.
 fn one_shot<C, E: std::fmt::Display>(
     validated: Result<C, E>,
+    level: Option<&str>,
 ) -> Result<(C, tokio::runtime::Runtime), ExitCode> {
     let config = validated.map_err(refused)?;
-    init_logging(LogFormat::Text, "warn");
+    let level = level
+        .map(str::to_string)
+        .or_else(|| std::env::var(LOG_LEVEL_VAR).ok())
+        .unwrap_or_else(|| ONE_SHOT_LOG_LEVEL.to_string());
+    init_logging(LogFormat::Text, &level);
     let runtime = runtime().ok_or(ExitCode::FAILURE)?;
     Ok((config, runtime))
 }
@@ -220,10 +253,9 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
-/// Logs go to stderr; `AETHER_REPLICATOR_LOG` overrides `default_filter`.
-fn init_logging(format: LogFormat, default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("AETHER_REPLICATOR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+/// Logs go to stderr, filtered by `level` (`--log-level`'s form).
+fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::new(level);
     // Colours only for a person at a terminal: a log collector stores the
     // escape codes verbatim, and `NO_COLOR` (no-color.org) turns them off.
     use std::io::IsTerminal;
@@ -233,7 +265,14 @@ fn init_logging(format: LogFormat, default_filter: &str) {
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Json => builder.json().init(),
+        // The event's fields, `message` among them, at the top level of the
+        // object, as log collectors look for them; the span the event is in,
+        // but not the list of every span around it, which repeated it.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_span_list(false)
+            .init(),
         LogFormat::Text => builder.init(),
     }
 }

@@ -19,8 +19,8 @@
 //! within the election TTL). Peer health is deliberately not part of it:
 //! readiness gates Kubernetes drains and rollouts, and a peer region that is
 //! down is not something a drain or a restart of this replica fixes (it
-//! would only stall the drain). Peers show in `/status`, the metrics and the
-//! alerts.
+//! would only stall the drain). Peers show in `aether-replicator status`,
+//! the metrics and the alerts.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -60,6 +60,19 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const REVISION: &str = match option_env!("AETHER_REPLICATOR_REVISION") {
     Some(r) => r,
     None => "unknown",
+};
+/// The day the binary was built (UTC, `YYYY-MM-DD`; `SOURCE_DATE_EPOCH`'s
+/// when the build set it), for `--version`.
+pub const BUILD_DATE: &str = match option_env!("AETHER_REPLICATOR_BUILD_DATE") {
+    Some(d) => d,
+    None => "unknown",
+};
+/// What `--version` prints after the name, and the start-up log line
+/// repeats: "0.1.0 (rev 1a2b3c4, built 2026-12-05)", joined by the build
+/// script (`concat!` cannot join constants).
+pub const LONG_VERSION: &str = match option_env!("AETHER_REPLICATOR_LONG_VERSION") {
+    Some(v) => v,
+    None => VERSION,
 };
 
 /// What the endpoints report, shared between the replicator and the server.
@@ -569,14 +582,25 @@ impl Collector for AppCollector {
     }
 }
 
-/// Binds `addr` now (so a bad address fails at startup) and serves until
-/// `cancel`.
+/// Binds `addr` now (so a bad address fails at startup, naming the flag and
+/// the address) and serves until `cancel`.
 pub async fn serve(
     addr: SocketAddr,
     state: Arc<AppState>,
     cancel: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = TcpListener::bind(addr).await.map_err(|e| {
+        let hint = match e.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                ": another process listens there (another replica on this host?); give each its own --metrics-addr"
+            }
+            _ => "",
+        };
+        std::io::Error::new(
+            e.kind(),
+            format!("--metrics-addr {addr}: cannot listen: {e}{hint}"),
+        )
+    })?;
     let registry = Arc::new(registry(state.clone()));
     let local = listener.local_addr()?;
     let task = tokio::spawn(async move {

@@ -19,6 +19,10 @@ pub const CERTIFICATE: &str = "CERTIFICATE-----";
 /// PEM marker of a private key (any of PKCS#8, RSA or EC).
 pub const PRIVATE_KEY: &str = "PRIVATE KEY-----";
 
+/// What a listen address looks like, for errors.
+pub const LISTEN_ADDR_FORM: &str =
+    "expected IP:PORT, [IPv6]:PORT, localhost:PORT or :PORT (every interface), e.g. 0.0.0.0:9464";
+
 const DURATION_UNITS: &str = "h, m, s, ms, us or ns";
 const TOO_LARGE: &str = "too large";
 
@@ -78,6 +82,30 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     let secs = u64::try_from(total / 1_000_000_000).map_err(|_| TOO_LARGE)?;
     Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
+}
+
+/// Parses an address to listen on, as Go and Prometheus servers take one:
+/// `IP:PORT`, `[IPv6]:PORT`, `localhost:PORT` (127.0.0.1) or `:PORT` (every
+/// IPv4 interface). Other host names are refused rather than resolved: a
+/// listener bound to whatever a name resolved to at start-up surprises.
+pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("no port ({LISTEN_ADDR_FORM})"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("invalid port {port:?} ({LISTEN_ADDR_FORM})"))?;
+    match host {
+        "" => Ok(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))),
+        "localhost" => Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port))),
+        _ => Err(format!(
+            "host {host:?} is not an IP address ({LISTEN_ADDR_FORM})"
+        )),
+    }
 }
 
 /// Parses a size in bytes: a plain number (`1572864`) or a number and a
@@ -405,6 +433,34 @@ mod tests {
     use super::*;
     use crate::etcd::DEFAULT_MAX_REQUEST_BYTES;
     use crate::mirror::DEFAULT_LEASE_TTL;
+
+    #[test]
+    fn listen_addresses() {
+        for (raw, want) in [
+            ("127.0.0.1:9464", "127.0.0.1:9464"),
+            ("0.0.0.0:1", "0.0.0.0:1"),
+            ("[::1]:9000", "[::1]:9000"),
+            (":9999", "0.0.0.0:9999"),
+            ("localhost:9999", "127.0.0.1:9999"),
+        ] {
+            assert_eq!(parse_listen_addr(raw), Ok(want.parse().unwrap()), "{raw}");
+        }
+        for (raw, why) in [
+            ("9999", "no port"),
+            ("localhost", "no port"),
+            (":x", "invalid port \"x\""),
+            (":70000", "invalid port"),
+            (
+                "example.com:80",
+                "host \"example.com\" is not an IP address",
+            ),
+            ("", "no port"),
+        ] {
+            let e = parse_listen_addr(raw).unwrap_err();
+            assert!(e.starts_with(why), "{raw}: {e}");
+            assert!(e.contains(":PORT"), "{raw}: {e}");
+        }
+    }
 
     #[test]
     fn durations() {

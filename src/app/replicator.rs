@@ -51,6 +51,7 @@ pub async fn run_with_state(
         metrics::serve(config.metrics_addr, state.clone(), cancel.clone()).await?;
     let _ = state.bound.set(addr);
     tracing::info!(
+        version = metrics::LONG_VERSION,
         %addr,
         region = %config.region,
         replica_id = %config.replica_id,

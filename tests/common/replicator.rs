@@ -85,7 +85,7 @@ impl Replicator {
             .args(args)
             .arg(format!("--metrics-addr={metrics}"))
             .envs(env.iter().copied())
-            .env("AETHER_REPLICATOR_LOG", "info")
+            .env("AETHER_REPLICATOR_LOG_LEVEL", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

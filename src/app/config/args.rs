@@ -7,9 +7,10 @@
 
 use std::fmt;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use super::super::endpoints::Output;
+use super::super::metrics::LONG_VERSION;
 use super::super::migrate::DEFAULT_LEGACY_PREFIX;
 use super::super::parse::parse_duration;
 use super::super::status::StatusOutput;
@@ -23,7 +24,7 @@ use crate::schema::DEFAULT_ROOT;
 #[derive(Debug, Parser)]
 #[command(
     name = "aether-replicator",
-    version,
+    version = LONG_VERSION,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true
 )]
@@ -41,7 +42,53 @@ pub struct Cli {
     pub check_config: bool,
 }
 
+/// The help headings of a run's flags that tune the engine and the
+/// process. `check`, `status` and `setup-auth` accept them (so the very
+/// command line and variables of a run work), but do not list them: they
+/// connect and compare, and these do not change what they do.
+const RUN_ONLY_HEADINGS: [&str; 3] = ["Mirror", "Freshness", "Process"];
+
+/// The run flags under [`RUN_ONLY_HEADINGS`] that a subcommand does use.
+fn used_by(subcommand: &str, id: &str) -> bool {
+    match subcommand {
+        "check" => matches!(id, "root" | "page_size"),
+        _ => id == "root",
+    }
+}
+
 impl Cli {
+    /// The command line as the binary parses it and as `--help`, the shell
+    /// completions and the man page show it: [`Cli`]'s, with the run flags a
+    /// subcommand accepts but does not use hidden from its help.
+    pub fn command_line() -> clap::Command {
+        let mut cmd = Cli::command();
+        for sub in ["check", "status", "setup-auth"] {
+            cmd = cmd.mut_subcommand(sub, |mut c| {
+                let hidden: Vec<clap::Id> = c
+                    .get_arguments()
+                    .filter(|a| {
+                        a.get_help_heading()
+                            .is_some_and(|h| RUN_ONLY_HEADINGS.contains(&h))
+                            && !used_by(sub, a.get_id().as_str())
+                    })
+                    .map(|a| a.get_id().clone())
+                    .collect();
+                for id in hidden {
+                    c = c.mut_arg(id, |a| a.hide(true));
+                }
+                c
+            });
+        }
+        cmd
+    }
+
+    /// Parses the process's arguments with [`Cli::command_line`].
+    pub fn parse_args() -> Result<Cli, clap::Error> {
+        let mut cmd = Cli::command_line();
+        let matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+        Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+    }
+
     /// The flags in effect: the subcommand's, or the top-level ones.
     /// `endpoints` and `migrate` have their own flags; for them this is the
     /// (unset) top-level ones.
@@ -50,7 +97,13 @@ impl Cli {
             Some(Command::Check(check)) => &check.run,
             Some(Command::Status(status)) => &status.run,
             Some(Command::SetupAuth(setup)) => &setup.run,
-            Some(Command::Endpoints(_) | Command::Migrate(_)) | None => &self.run,
+            Some(
+                Command::Endpoints(_)
+                | Command::Migrate(_)
+                | Command::Completions(_)
+                | Command::Man,
+            )
+            | None => &self.run,
         }
     }
 }
@@ -79,6 +132,20 @@ pub enum Command {
     /// needs (on its own etcd and on each peer's) as etcdctl commands, or
     /// with --apply create them, as --admin-user.
     SetupAuth(SetupAuthArgs),
+    /// Print a shell completion script, e.g.
+    /// `aether-replicator completions bash > /etc/bash_completion.d/aether-replicator`.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), e.g.
+    /// `aether-replicator man > /usr/local/share/man/man1/aether-replicator.1`.
+    Man,
+}
+
+/// The arguments of `completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// The flags of `check`.
@@ -92,15 +159,16 @@ pub struct CheckArgs {
 /// The flags of `status`: a run's, and how to print and judge.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The connection and mirror flags, as for a run.
-    #[command(flatten)]
-    pub run: RunArgs,
     /// Output format.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = StatusOutput::Table, help_heading = "Status")]
     pub output: StatusOutput,
     /// A copy whose heartbeat is older than this is reported stale (exit 1).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration, help_heading = "Status")]
     pub max_staleness: std::time::Duration,
+    /// The connection flags, as for a run. After the flags above, so that
+    /// `--help` lists this command's own options first.
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// The local etcd's connection flags, as a run takes them, for the
@@ -432,9 +500,6 @@ pub struct RunArgs {
 /// command line.
 #[derive(Debug, Args)]
 pub struct SetupAuthArgs {
-    /// The connection and mirror flags, as for a run.
-    #[command(flatten)]
-    pub run: RunArgs,
     /// Create the users, roles and permissions (idempotent: a role ends
     /// with exactly the planned permissions, a user with the password from
     /// the run's password file). Without it, print etcdctl commands.
@@ -468,4 +533,9 @@ pub struct SetupAuthArgs {
         help_heading = "Setup auth"
     )]
     pub peer_admin_password_file: Vec<String>,
+    /// The connection flags, as for a run: whose users and password files
+    /// it sets up. After the flags above, so that `--help` lists this
+    /// command's own options first.
+    #[command(flatten)]
+    pub run: RunArgs,
 }

@@ -158,8 +158,8 @@ mod settings;
 mod subcommands;
 
 pub use args::{
-    CheckArgs, Cli, Command, EndpointsArgs, LocalEtcdArgs, MigrateArgs, RootArg, RunArgs, Secret,
-    SetupAuthArgs, StatusArgs,
+    CheckArgs, Cli, Command, CompletionsArgs, EndpointsArgs, LocalEtcdArgs, MigrateArgs, RootArg,
+    RunArgs, Secret, SetupAuthArgs, StatusArgs,
 };
 pub(crate) use connection::read_password;
 pub use connection::{DEFAULT_LOCAL_ETCD, PasswordFile};
@@ -168,7 +168,9 @@ pub use limits::{
     MAX_LEASE_TTL_SECS, MAX_MAX_REQUEST_BYTES, MIN_MAX_REQUEST_BYTES, MIN_MAX_TXN_OPS,
 };
 pub use run::Config;
-pub use settings::{DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, LogFormat, Settings};
+pub use settings::{
+    DEFAULT_LOG_LEVEL, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, LogFormat, Settings,
+};
 pub use subcommands::{EndpointsConfig, MigrateConfig, SetupAuthConfig};
 
 /// Prefix of every flag's environment variable.

@@ -16,8 +16,8 @@ use super::limits::{
     txn_limits,
 };
 use super::settings::{
-    DEFAULT_LEASE_TTL_FLAG, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL, Layers, LogFormat,
-    Settings, layered,
+    DEFAULT_LEASE_TTL_FLAG, DEFAULT_LOG_LEVEL, DEFAULT_METRICS_ADDR, DEFAULT_RELOAD_INTERVAL,
+    Layers, LogFormat, Settings, layered,
 };
 use crate::etcd::{ClientConfig, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS};
 use crate::mirror::{
@@ -45,6 +45,8 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     /// How to write logs.
     pub log_format: LogFormat,
+    /// What to log: a `tracing` filter (a level, or directives per module).
+    pub log_level: String,
     /// This replica's id in the leader election.
     pub replica_id: String,
     /// How often to re-read TLS and password files; `None`: never.
@@ -157,6 +159,9 @@ impl RunArgs {
             .0
             .unwrap_or_else(|| DEFAULT_METRICS_ADDR.parse().expect("a valid default"));
         let log_format = layered!(layers, log_format).0.unwrap_or_default();
+        let (log_level, origin) = layered!(layers, log_level);
+        let log_level = log_level.unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_string());
+        check_log_level(&log_level).map_err(|why| origin.refuse("log level", &log_level, why))?;
         let (replica_id, origin) = layered!(layers, replica_id);
         let replica_id = match replica_id {
             Some(id) if id.is_empty() || id.chars().any(char::is_control) => {
@@ -181,12 +186,126 @@ impl RunArgs {
             election_ttl,
             metrics_addr,
             log_format,
+            log_level,
             replica_id,
             reload_interval,
             local_password_file,
             peer_password_files,
         })
     }
+}
+
+impl RunArgs {
+    /// [`RunArgs::validate`] for a run, `--check-config` and `check`, which
+    /// also need at least one peer: a replicator without one has nothing to
+    /// do, and would only hold its region's election.
+    pub fn validate_run(&self) -> Result<Config, ConfigError> {
+        let config = self.validate()?;
+        if config.peers.is_empty() {
+            let file = match &self.config {
+                Some(path) => format!(" or a [peers.<region>] table in {path}"),
+                None => " or a [peers.<region>] table in the --config file".into(),
+            };
+            return Err(ConfigError::new(
+                "--peer-etcd",
+                format!(
+                    "--peer-etcd: no peer regions: name at least one with --peer-etcd REGION=URL{file}"
+                ),
+            ));
+        }
+        Ok(config)
+    }
+}
+
+impl Config {
+    /// The effective settings, one `key = value` line each under the config
+    /// file's names, for `--check-config`: what the run would use after
+    /// the flags, variables, file and defaults are laid over each other.
+    /// Secrets are never printed, only where they come from.
+    pub fn effective(&self) -> String {
+        use std::fmt::Write;
+        let m = &self.mirror;
+        let secs = |d: Duration| format!("{}s", d.as_secs_f64());
+        let off = |d: Option<Duration>| d.map_or("off".to_string(), secs);
+        let mut out = String::new();
+        let mut line = |k: &str, v: String| {
+            let _ = writeln!(out, "{k} = {v}");
+        };
+        line("region", self.region.clone());
+        line("root", m.root.clone());
+        line("lease_ttl", secs(m.lease_ttl));
+        line("election_ttl", secs(self.election_ttl));
+        line("heartbeat_interval", secs(m.heartbeat_interval));
+        line("lapse_after", off(m.lapse_after));
+        line("verify_interval", off(m.verify_interval));
+        line("verify_rate", m.verify_rate.to_string());
+        line("max_txn_ops", m.limits.max_ops.to_string());
+        line("max_request_bytes", m.limits.max_bytes.to_string());
+        line("max_inflight", m.max_inflight.to_string());
+        line("page_size", m.page_size.to_string());
+        line("max_concurrent_syncs", m.max_concurrent_syncs.to_string());
+        line("metrics_addr", self.metrics_addr.to_string());
+        line(
+            "log_format",
+            format!("{:?}", self.log_format).to_lowercase(),
+        );
+        line("log_level", self.log_level.clone());
+        line("replica_id", self.replica_id.clone());
+        line("reload_interval", off(self.reload_interval));
+        let etcd = |c: &ClientConfig, password: Option<&PasswordFile>| {
+            let mut v = c.endpoints.join(",");
+            if c.tls.is_some() {
+                v.push_str(" tls");
+            }
+            if let Some(creds) = &c.credentials {
+                let _ = write!(v, " user {}", creds.user);
+                if let Some(f) = password {
+                    let _ = write!(v, " password from {}", f.path);
+                }
+            }
+            v
+        };
+        line(
+            "local",
+            etcd(&self.local, self.local_password_file.as_ref()),
+        );
+        for p in &self.peers {
+            let mut v = etcd(&p.client, self.peer_password_files.get(&p.region));
+            if let Some(l) = m.peer_limits.get(&p.region) {
+                let _ = write!(
+                    v,
+                    " max_txn_ops {} max_request_bytes {}",
+                    l.max_ops, l.max_bytes
+                );
+            }
+            line(&format!("peers.{}", p.region), v);
+        }
+        out
+    }
+}
+
+/// What `--log-level` takes: comma-separated directives, each a level or
+/// `TARGET=LEVEL`. A bare word that is no level is refused, where
+/// `tracing`'s own parser would take it as a module name and log nothing
+/// of this program: `--log-level verbose` is a mistake, not a filter.
+fn check_log_level(raw: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    for directive in raw.split(',') {
+        let level = match directive.rsplit_once('=') {
+            Some((_, level)) => level,
+            None if directive.contains("::") || directive.contains('[') => continue,
+            None => directive,
+        };
+        if !LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{level:?} is not a level (expected error, warn, info, debug, trace or off, or TARGET=LEVEL directives separated by ',')"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::builder()
+        .parse(raw)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 impl StatusArgs {
@@ -203,36 +322,60 @@ impl StatusArgs {
 /// `lease_ttl` and `election_ttl`: whole seconds, the election at most half
 /// the lease, by default a third of it.
 fn validate_ttls(layers: &Layers<'_>) -> Result<(Duration, Duration), ConfigError> {
-    let (raw, lease_origin) = layered!(layers, lease_ttl);
-    let lease = lease_ttl(
-        &lease_origin,
-        raw.as_deref().unwrap_or(DEFAULT_LEASE_TTL_FLAG),
-    )?;
+    let (lease_raw, lease_origin) = layered!(layers, lease_ttl);
+    let lease_raw = lease_raw.as_deref().unwrap_or(DEFAULT_LEASE_TTL_FLAG);
+    let lease = lease_ttl(&lease_origin, lease_raw)?;
     let (raw, origin) = layered!(layers, election_ttl);
-    let (election, default) = match raw {
-        Some(raw) => (lease_ttl(&origin, &raw)?, String::new()),
-        None => (
-            Duration::from_secs(lease.as_secs().div_ceil(3).max(MIN_LEASE_TTL_SECS)),
-            format!(
-                " (the default, a third of {} rounded up)",
-                lease_origin.name()
-            ),
-        ),
+    let Some(raw) = raw else {
+        let election = default_election_ttl(lease);
+        // After a crash the peers' copies may have only two thirds of the
+        // lease TTL left (keep-alives go every third); a successor needs the
+        // election TTL and a moment to adopt them. Half leaves a sixth spare.
+        if election * 2 > lease {
+            // The user wrote the lease only: name it, and the smallest lease
+            // the default election TTL fits under.
+            let min = (MIN_LEASE_TTL_SECS..)
+                .find(|&s| default_election_ttl(Duration::from_secs(s)).as_secs() * 2 <= s)
+                .expect("a lease twice the shortest election TTL fits");
+            return Err(lease_origin.refuse(
+                "duration",
+                lease_raw,
+                format_args!(
+                    "must be at least {min}s: the election TTL (by default a third of the lease, at least {MIN_LEASE_TTL_SECS}s) must be at most half the lease, so a successor takes over before the peers' copies can expire"
+                ),
+            ));
+        }
+        return Ok((lease, election));
     };
-    // After a crash the peers' copies may have only two thirds of the
-    // lease TTL left (keep-alives go every third); a successor needs the
-    // election TTL and a moment to adopt them. Half leaves a sixth spare.
+    let election = lease_ttl(&origin, &raw)?;
     if election * 2 > lease {
-        return Err(ConfigError::new(
-            origin.flag(),
+        let max = lease.as_secs() / 2;
+        let also = if max < MIN_LEASE_TTL_SECS {
             format!(
-                "{} {election:?}{default} must be at most half of {} {lease:?}, so a successor takes over before the peers' copies can expire",
-                origin.name(),
-                lease_origin.name()
+                " (no election TTL fits: raise {} to at least {}s)",
+                lease_origin.name(),
+                2 * MIN_LEASE_TTL_SECS
+            )
+        } else {
+            String::new()
+        };
+        return Err(origin.refuse(
+            "duration",
+            raw,
+            format_args!(
+                "must be at most {max}s, half of {} {}s, so a successor takes over before the peers' copies can expire{also}",
+                lease_origin.name(),
+                lease.as_secs()
             ),
         ));
     }
     Ok((lease, election))
+}
+
+/// The election TTL when none is given: a third of the lease, rounded up,
+/// and never below etcd's shortest lease.
+fn default_election_ttl(lease: Duration) -> Duration {
+    Duration::from_secs(lease.as_secs().div_ceil(3).max(MIN_LEASE_TTL_SECS))
 }
 
 /// A replica id unique to this process: the host name (or "replica"), the

@@ -22,11 +22,14 @@ use serde::{Deserialize, Deserializer};
 
 use super::error::{ConfigError, Origin};
 use super::file::{self, EtcdTable, PeerTable};
+use crate::app::parse::{LISTEN_ADDR_FORM, parse_listen_addr};
 
 /// The default `--metrics-addr`.
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 /// The default `--lease-ttl`, as given.
 pub(super) const DEFAULT_LEASE_TTL_FLAG: &str = "30s";
+/// The default `--log-level`.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
 /// The default `--reload-interval`.
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -203,12 +206,14 @@ pub struct Settings {
     )]
     pub root: Option<String>,
 
-    /// Address to serve metrics on.
+    /// Address to serve metrics and health checks on: IP:PORT, [IPv6]:PORT,
+    /// localhost:PORT, or :PORT for every interface.
     /// [default: 127.0.0.1:9464]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_METRICS_ADDR",
         value_name = "HOST:PORT",
+        value_parser = parse_listen_addr,
         help_heading = "Process"
     )]
     #[serde(default, deserialize_with = "metrics_addr")]
@@ -225,6 +230,17 @@ pub struct Settings {
     )]
     #[serde(default, deserialize_with = "log_format")]
     pub log_format: Option<LogFormat>,
+
+    /// What to log: a level (error, warn, info, debug, trace), or
+    /// directives per module, e.g. "info,aether_replicator::mirror=debug".
+    /// [default: info]
+    #[arg(
+        long,
+        env = "AETHER_REPLICATOR_LOG_LEVEL",
+        value_name = "LEVEL",
+        help_heading = "Process"
+    )]
+    pub log_level: Option<String>,
 
     /// This replica's id in the leader election (shown as the leader).
     /// Unique per process; Kubernetes sets it from the pod name. [default:
@@ -278,12 +294,9 @@ pub enum LogFormat {
 
 /// `metrics_addr` in the file: `HOST:PORT`, as `--metrics-addr` takes it.
 fn metrics_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
-    file::parsed(
-        d,
-        "address",
-        "expected HOST:PORT with an IP address, e.g. 0.0.0.0:9464",
-        |raw| raw.parse().ok(),
-    )
+    file::parsed(d, "address", LISTEN_ADDR_FORM, |raw| {
+        parse_listen_addr(raw).ok()
+    })
 }
 
 /// `log_format` in the file, as `--log-format` takes it.

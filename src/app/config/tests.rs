@@ -124,6 +124,182 @@ fn tls_files_that_are_not_pem() {
 #[test]
 fn clap_definition_is_consistent() {
     Cli::command().debug_assert();
+    Cli::command_line().debug_assert();
+}
+
+/// The long flags `sub --help` lists.
+fn listed_flags(sub: &str) -> Vec<String> {
+    let cmd = Cli::command_line();
+    let sub = cmd.find_subcommand(sub).unwrap();
+    sub.get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_subcommands_help_lists_its_own_options_only() {
+    let connection = [
+        "config",
+        "local-etcd",
+        "local-ca",
+        "local-cert",
+        "local-key",
+        "local-server-name",
+        "local-user",
+        "local-password-file",
+        "peer-etcd",
+        "peer-tls",
+        "peer-auth",
+        "region",
+        "root",
+    ];
+    let with = |own: &[&str]| {
+        let mut v: Vec<String> = own
+            .iter()
+            .chain(&connection)
+            .map(|s| s.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    for (sub, own) in [
+        ("status", &["output", "max-staleness"][..]),
+        ("check", &["page-size"][..]),
+        (
+            "setup-auth",
+            &[
+                "apply",
+                "admin-user",
+                "admin-password-file",
+                "peer-admin-password-file",
+            ][..],
+        ),
+    ] {
+        let mut listed = listed_flags(sub);
+        listed.sort();
+        assert_eq!(listed, with(own), "{sub} --help");
+    }
+    // Hidden, not refused: a run's command line works for them as given.
+    let cli = parse(&[
+        "status",
+        "--region=a",
+        "--lease-ttl=60s",
+        "--max-inflight=3",
+    ])
+    .unwrap();
+    assert_eq!(cli.run_args().settings.lease_ttl.as_deref(), Some("60s"));
+    // The subcommand's own options come first in its help.
+    let mut cmd = Cli::command_line();
+    let help = cmd
+        .find_subcommand_mut("setup-auth")
+        .unwrap()
+        .render_help()
+        .to_string();
+    let own = help.find("--apply").unwrap();
+    assert!(own < help.find("--config").unwrap(), "{help}");
+}
+
+#[test]
+fn version_names_the_revision_and_the_build_date() {
+    let v = Cli::command_line().render_version();
+    let re_ok = v.starts_with(&format!(
+        "aether-replicator {} (rev ",
+        env!("CARGO_PKG_VERSION")
+    )) && v.contains(", built ")
+        && v.trim_end().ends_with(')');
+    assert!(re_ok, "{v:?}");
+    // A date, YYYY-MM-DD.
+    let date = v
+        .trim_end()
+        .trim_end_matches(')')
+        .rsplit(' ')
+        .next()
+        .unwrap();
+    assert_eq!(date.len(), 10, "{v:?}");
+    assert!(
+        date.chars().all(|c| c.is_ascii_digit() || c == '-'),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn a_run_without_peers_is_refused() {
+    let cli = parse(&["--region=a"]).unwrap();
+    let err = cli.run_args().validate_run().unwrap_err();
+    refused_by(err, "--peer-etcd", "no peer regions");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.toml");
+    std::fs::write(&path, "region = \"a\"\n").unwrap();
+    let path = path.to_str().unwrap();
+    let cli = parse(&["--config", path]).unwrap();
+    let msg = refused_by(
+        cli.run_args().validate_run().unwrap_err(),
+        "--peer-etcd",
+        "[peers.<region>]",
+    );
+    assert!(msg.contains(path), "{msg}");
+    let cli = parse(&["--region=a", "--peer-etcd=b=http://b:2379"]).unwrap();
+    assert_eq!(cli.run_args().validate_run().unwrap().peers.len(), 1);
+}
+
+#[test]
+fn log_levels() {
+    let c = config(&["--region=a"]).unwrap();
+    assert_eq!(c.log_level, DEFAULT_LOG_LEVEL);
+    for level in [
+        "debug",
+        "WARN",
+        "info,aether_replicator::mirror=debug",
+        "aether_etcd=trace",
+    ] {
+        let c = config(&["--region=a", "--log-level", level]).unwrap();
+        assert_eq!(c.log_level, level);
+    }
+    refused_in_a(
+        &["--log-level=verbose"],
+        "--log-level",
+        "\"verbose\" is not a level",
+    );
+    refused_in_a(
+        &["--log-level=info,x=loud"],
+        "--log-level",
+        "\"loud\" is not a level",
+    );
+}
+
+#[test]
+fn metrics_addr_forms() {
+    let c = config(&["--region=a", "--metrics-addr=:9999"]).unwrap();
+    assert_eq!(c.metrics_addr, "0.0.0.0:9999".parse().unwrap());
+    let c = config(&["--region=a", "--metrics-addr=localhost:9999"]).unwrap();
+    assert_eq!(c.metrics_addr, "127.0.0.1:9999".parse().unwrap());
+    let e = parse(&["--region=a", "--metrics-addr=example.com:1"]).unwrap_err();
+    assert!(e.to_string().contains("not an IP address"), "{e}");
+}
+
+#[test]
+fn check_config_prints_the_effective_settings() {
+    let c = config(&[
+        "--region=a",
+        "--peer-etcd=b=http://b:2379",
+        "--lease-ttl=60s",
+        "--lapse-after=off",
+    ])
+    .unwrap();
+    let out = c.effective();
+    for line in [
+        "region = a\n",
+        "lease_ttl = 60s\n",
+        // The default election TTL, a third of the lease.
+        "election_ttl = 20s\n",
+        "lapse_after = off\n",
+        "metrics_addr = 127.0.0.1:9464\n",
+        "log_level = info\n",
+        "peers.b = http://b:2379\n",
+    ] {
+        assert!(out.contains(line), "{line:?} not in\n{out}");
+    }
 }
 
 #[test]
@@ -150,8 +326,8 @@ fn every_flag_has_its_env_var() {
         // The 20 of the flags' first version, plus --config,
         // --replica-id, --reload-interval, the four freshness flags,
         // --peer-connections, --local-password-file and
-        // --max-concurrent-syncs.
-        assert_eq!(n, 30);
+        // --max-concurrent-syncs, --log-level.
+        assert_eq!(n, 31);
     }
 }
 
@@ -558,20 +734,39 @@ fn election_ttl_at_most_half_the_lease_ttl() {
         refused_in_a(
             &["--lease-ttl=30s", "--election-ttl=16s"],
             "--election-ttl",
-            "at most half"
+            "must be at most 15s"
         ),
-        "--election-ttl 16s must be at most half of --lease-ttl 30s, so a successor takes over before the peers' copies can expire"
+        "--election-ttl \"16s\": must be at most 15s, half of --lease-ttl 30s, so a successor takes over before the peers' copies can expire"
     );
     refused_in_a(
         &["--lease-ttl=30s", "--election-ttl=1m"],
         "--election-ttl",
-        "must be at most half of --lease-ttl 30s",
+        "must be at most 15s, half of --lease-ttl 30s",
     );
     let c = config(&["--region=a", "--lease-ttl=30s", "--election-ttl=15s"]).unwrap();
     assert_eq!(c.election_ttl, Duration::from_secs(15));
     // etcd grants 2 s for anything shorter, also for the election: the
-    // default election TTL of a 3 s lease is 2 s, over half of it.
-    refused_in_a(&["--lease-ttl=3s"], "--election-ttl", "the default");
+    // default election TTL of a 3 s lease is 2 s, over half of it. The
+    // error names the setting the user wrote and the smallest lease that
+    // fits, never the defaulted election TTL.
+    let m = refused_in_a(&["--lease-ttl=3s"], "--lease-ttl", "must be at least 4s");
+    assert!(!m.contains("--election-ttl"), "{m}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "region = \"a\"\nlease_ttl = \"3s\"\n").unwrap();
+    let path = path.to_str().unwrap();
+    let err = config(&["--config", path]).unwrap_err();
+    assert_eq!(err.flag(), "--config");
+    let m = err.to_string();
+    assert!(m.starts_with(&format!("{path}: lease_ttl: ")), "{m}");
+    assert!(m.contains("must be at least 4s"), "{m}");
+    assert!(!m.contains("election_ttl"), "{m}");
+    // A lease too short for any election TTL says so.
+    refused_in_a(
+        &["--lease-ttl=3s", "--election-ttl=2s"],
+        "--election-ttl",
+        "raise --lease-ttl to at least 4s",
+    );
 }
 
 #[test]
@@ -1491,10 +1686,17 @@ fn every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned() {
     ];
     /// Variables that are not a flag's.
     const NOT_FLAGS: &[(&str, &str)] = &[
-        ("AETHER_REPLICATOR_LOG", "the log filter (main.rs)"),
         (
             "AETHER_REPLICATOR_REVISION",
             "the build's revision, read at build time",
+        ),
+        (
+            "AETHER_REPLICATOR_BUILD_DATE",
+            "the build's date, written by build.rs",
+        ),
+        (
+            "AETHER_REPLICATOR_LONG_VERSION",
+            "--version's text, written by build.rs",
         ),
     ];
     let listed = |list: &[(&str, &str)], long: &str| list.iter().any(|(l, _)| *l == long);
@@ -1507,6 +1709,10 @@ fn every_flag_has_its_variable_and_its_file_key_and_none_is_orphaned() {
     let mut variables = std::collections::BTreeSet::new();
     for cmd in commands {
         for arg in cmd.get_arguments() {
+            // `completions`' shell: an argument, not a setting.
+            if arg.is_positional() {
+                continue;
+            }
             let long = arg.get_long().expect("every argument is a long flag");
             let flag = match cmd.get_name() {
                 "aether-replicator" => format!("--{long}"),
