@@ -95,6 +95,28 @@ fn cli_refusals_exit_2_with_one_line() {
             "/no/such/ca.pem",
         ),
         (&["endpoints", "--no-such-flag"], "--no-such-flag"),
+        // Nothing to mirror into.
+        (&["--region=a"], "--peer-etcd"),
+        (&["--region=a", "--check-config"], "no peer regions"),
+        (&["check", "--region=a"], "no peer regions"),
+        // The setting the user wrote and the smallest lease that fits, never
+        // the defaulted election TTL.
+        (
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://127.0.0.1:1",
+                "--lease-ttl=3s",
+            ],
+            "--lease-ttl \"3s\": must be at least 4s",
+        ),
+        (
+            &[
+                "--region=a",
+                "--peer-etcd=b=http://127.0.0.1:1",
+                "--log-level=loud",
+            ],
+            "--log-level",
+        ),
     ];
     for (argv, flag) in cases {
         let out = Command::new(binary()).args(*argv).output().unwrap();
@@ -110,6 +132,115 @@ fn cli_refusals_exit_2_with_one_line() {
     let out = Command::new(binary()).arg("--help").output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("--peer-etcd"));
+}
+
+#[test]
+fn a_busy_metrics_address_names_the_flag_and_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let out = Command::new(binary())
+        .args([
+            "--region=a",
+            "--local-etcd=http://127.0.0.1:1",
+            "--peer-etcd=b=http://127.0.0.1:2",
+            &format!("--metrics-addr={addr}"),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let want = format!("error: --metrics-addr {addr}: cannot listen: ");
+    assert!(stderr.contains(&want), "{stderr}");
+    assert!(
+        stderr.contains("give each its own --metrics-addr"),
+        "{stderr}"
+    );
+    // `localhost:PORT` is accepted and means loopback.
+    let out = Command::new(binary())
+        .args([
+            "--region=a",
+            "--peer-etcd=b=http://127.0.0.1:1",
+            "--metrics-addr=localhost:9999",
+            "--check-config",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("metrics_addr = 127.0.0.1:9999\n"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn version_and_json_logs_an_operator_can_read() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_runtime = rt.enter();
+    let out = Command::new(binary()).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        version.contains(" (rev ") && version.contains(", built "),
+        "{version}"
+    );
+    let version = version.trim_start_matches("aether-replicator ").to_string();
+
+    let (src, dst) = (Etcd::start(), Etcd::start());
+    rt.block_on(seed(&client(&src), 40));
+    let dead = common::replicator::free_addr();
+    let mut argv = args(&src, &dst, "6s");
+    argv.push("--log-format=json".into());
+    argv.push(format!("--peer-etcd=c=http://{dead}"));
+    let r = Replicator::spawn(&argv);
+    let lines = || -> Vec<serde_json::Value> {
+        r.log_text()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    };
+    let with = |message: &str| {
+        lines()
+            .into_iter()
+            .find(|l| l["message"].as_str() == Some(message))
+    };
+    let ended = || with("peer session ended");
+    assert!(
+        wait_until(Duration::from_secs(30), || with("sync complete").is_some()
+            && ended().is_some()),
+        "no sync completion or no peer warning; the log:\n{}",
+        r.log_text()
+    );
+    for line in lines() {
+        // The message at the top level, once; no `fields` object, no list
+        // of spans repeating the current one.
+        let object = line.as_object().unwrap();
+        assert!(object.contains_key("message"), "{line}");
+        assert!(!object.contains_key("fields"), "{line}");
+        assert!(!object.contains_key("spans"), "{line}");
+    }
+    let started = with("replicator started").expect("a start-up line");
+    assert_eq!(
+        started["version"].as_str(),
+        Some(version.as_str()),
+        "{started}"
+    );
+    let done = with("sync complete").unwrap();
+    assert_eq!(done["keys"].as_u64(), Some(40), "{done}");
+    assert!(
+        done["took"].is_string() && done["keys_per_sec"].is_u64(),
+        "{done}"
+    );
+    // The warning for the unreachable peer names its endpoint, how long the
+    // attempt took, and when the next starts.
+    let ended = ended().unwrap();
+    assert_eq!(
+        ended["endpoints"].as_str(),
+        Some(format!("http://{dead}").as_str()),
+        "{ended}"
+    );
+    assert!(
+        ended["attempt_took"].is_string() && ended["retry_in"].is_string(),
+        "{ended}"
+    );
 }
 
 /// `app::run` in this process, with `argv` (program name first): its state,

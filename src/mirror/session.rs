@@ -108,7 +108,18 @@ impl Peer {
                 backoff.reset();
             }
             let wait = wait.unwrap_or_else(|| backoff.next_delay());
-            tracing::warn!(peer = %self.region(), error = %err, retry_in = ?wait, "peer session ended");
+            // The endpoints, so that the line says which etcd failed; and how
+            // long the attempt took, which is most of the time between two of
+            // these lines when the peer is unreachable (the client tries each
+            // member before it gives up), not `retry_in`.
+            tracing::warn!(
+                peer = %self.region(),
+                endpoints = %self.writer.client.endpoints().join(","),
+                error = %err,
+                attempt_took = ?started.elapsed(),
+                retry_in = ?wait,
+                "peer session ended"
+            );
             let stop = async {
                 tokio::select! {
                     _ = self.cancel.cancelled() => {}

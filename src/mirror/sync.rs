@@ -39,6 +39,9 @@ pub(crate) struct Pinned {
     started: Instant,
     started_ms: i64,
     merge: Merge,
+    /// The source and its subtree, for the progress log's count.
+    local: Client,
+    prefix: Bytes,
     /// The engine's sync slot this sync holds until it is dropped.
     _slot: Option<OwnedSemaphorePermit>,
 }
@@ -80,13 +83,15 @@ pub(crate) async fn pin(
         .header
         .revision;
     let live = Opened::now(&local, &prefix, at + 1)?;
-    let merge = Merge::start_over(&local, &peer, prefix, page_size, at, rtt);
+    let merge = Merge::start_over(&local, &peer, prefix.clone(), page_size, at, rtt);
     Ok(Pinned {
         at,
         live,
         started,
         started_ms,
         merge,
+        local,
+        prefix,
         _slot: slot,
     })
 }
@@ -108,9 +113,43 @@ pub(crate) async fn run(
     // Room for the fence compare; the state put goes in a txn of its own.
     let mut packer = TxnBatcher::new(pipeline.limits()).with_reserved(0, STATE_RESERVE_BYTES);
     let (mut puts, mut deletes) = (0u64, 0u64);
+    let mut progress = Progress::new(started);
+    // The subtree's size, for the progress log's ETA: counted only once a
+    // sync has run for a progress interval, so that the many short syncs
+    // never pay for a walk of the subtree; beside the sync, never in its way.
+    let mut counting = None;
     while let Some(diff) = merge.next().await? {
         if let Diff::Missing(src) | Diff::Both(src, _) = &diff {
             splits.offer(src.key());
+            if let Some(report) = progress.seen(Instant::now()) {
+                if progress.total.is_none() {
+                    let handle = counting.get_or_insert_with(|| {
+                        let (local, prefix) = (pinned.local.clone(), pinned.prefix.clone());
+                        tokio::spawn(async move {
+                            let count = Range::prefix(prefix).revision(at).count_only();
+                            local.range(count).await.map(|r| r.count.max(0) as u64)
+                        })
+                    });
+                    if handle.is_finished() {
+                        // A failed count leaves the ETA out; the sync goes on.
+                        progress.total = Some(match counting.take().expect("running").await {
+                            Ok(Ok(n)) => n,
+                            _ => 0,
+                        })
+                        .filter(|&n| n > 0);
+                    }
+                }
+                tracing::info!(
+                    peer = %writer.region,
+                    keys = report.keys,
+                    of = progress.total,
+                    puts,
+                    deletes,
+                    keys_per_sec = report.rate as u64,
+                    eta = ?progress.eta(&report),
+                    "syncing"
+                );
+            }
         }
         let op = match diff {
             Diff::Missing(src) => {
@@ -156,8 +195,78 @@ pub(crate) async fn run(
     writer.stats.mark_current(started, started_ms);
     writer.stats.sync_puts.fetch_add(puts, Relaxed);
     writer.stats.sync_deletes.fetch_add(deletes, Relaxed);
-    tracing::info!(peer = %writer.region, revision = at, puts, deletes, "sync complete");
+    if let Some(handle) = counting {
+        handle.abort();
+    }
+    let took = started.elapsed();
+    tracing::info!(
+        peer = %writer.region,
+        revision = at,
+        keys = progress.keys,
+        puts,
+        deletes,
+        took = ?took,
+        keys_per_sec = (progress.keys as f64 / took.as_secs_f64().max(1e-3)) as u64,
+        "sync complete"
+    );
     Ok(())
+}
+
+/// How often a running sync logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// A sync's progress in source keys, for its log lines: an operator
+/// watching a million-key sync sees it move, at what rate, and when it
+/// should end.
+#[derive(Debug)]
+struct Progress {
+    started: Instant,
+    next: Instant,
+    /// Source keys compared so far.
+    keys: u64,
+    /// The source keys at the pinned revision, once counted.
+    total: Option<u64>,
+}
+
+/// One progress line's figures.
+#[derive(Debug, PartialEq)]
+struct Report {
+    keys: u64,
+    /// Keys per second since the sync started.
+    rate: f64,
+}
+
+impl Progress {
+    fn new(started: Instant) -> Self {
+        Progress {
+            started,
+            next: started + PROGRESS_EVERY,
+            keys: 0,
+            total: None,
+        }
+    }
+
+    /// One more source key, compared at `now`: a report when a progress
+    /// interval has passed since the last one. `now` is read every key, a
+    /// few tens of nanoseconds against microseconds of work per key.
+    fn seen(&mut self, now: Instant) -> Option<Report> {
+        self.keys += 1;
+        if now < self.next {
+            return None;
+        }
+        self.next = now + PROGRESS_EVERY;
+        let elapsed = now.duration_since(self.started).as_secs_f64();
+        Some(Report {
+            keys: self.keys,
+            rate: self.keys as f64 / elapsed.max(1e-3),
+        })
+    }
+
+    /// The time left at `report`'s rate, once the total is known.
+    fn eta(&self, report: &Report) -> Option<Duration> {
+        let left = self.total?.saturating_sub(report.keys);
+        (report.rate > 0.0).then(|| Duration::from_secs_f64(left as f64 / report.rate))
+    }
 }
 
 /// Sends one txn of `ops` once the window has room. The txns of a sync
@@ -177,4 +286,34 @@ async fn send(pipeline: &mut Pipeline<'_, ()>, ops: Vec<Op>) -> Result<()> {
         pipeline.settle(done).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_reports_every_interval_with_rate_and_eta() {
+        let t0 = Instant::now();
+        let mut p = Progress::new(t0);
+        // Nothing before the first interval, however many keys.
+        for _ in 0..999 {
+            assert_eq!(p.seen(t0 + Duration::from_secs(1)), None);
+        }
+        let report = p.seen(t0 + PROGRESS_EVERY).expect("a report at 5 s");
+        assert_eq!(report.keys, 1_000);
+        assert_eq!(report.rate, 200.0);
+        // No total counted yet: no ETA.
+        assert_eq!(p.eta(&report), None);
+        p.total = Some(3_000);
+        assert_eq!(p.eta(&report), Some(Duration::from_secs(10)));
+        // The next report comes one interval after the last, not before.
+        assert_eq!(p.seen(t0 + PROGRESS_EVERY + Duration::from_secs(4)), None);
+        let report = p.seen(t0 + 2 * PROGRESS_EVERY).expect("a report at 10 s");
+        assert_eq!(report.keys, 1_002);
+        // A total below the keys seen (the count failed, or read another
+        // member) is no negative time.
+        p.total = Some(10);
+        assert_eq!(p.eta(&report), Some(Duration::ZERO));
+    }
 }
