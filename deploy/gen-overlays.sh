@@ -2,7 +2,8 @@
 # Writes one kustomize overlay of deploy/kubernetes/base per region for a mesh of N regions: in DIR/region-R,
 # config.toml (R's etcd and one [peers.P] table per other region P), kustomization.yaml, the namespace
 # aether-R, one patch per peer that mounts its Secrets at /etc/aether/peers/P/, and under secrets/ the files
-# the Secrets are generated from: EXAMPLE PLACEHOLDERS, never real keys, to be replaced.
+# the Secrets are generated from: EXAMPLE PLACEHOLDERS, never real keys, to be replaced. And values.yaml,
+# the same region for the Helm chart deploy/helm/aether-replicator: a mesh of N regions is N `helm install`s.
 #
 #   deploy/gen-overlays.sh --out DIR [--force] [--etcd-url URL] [--image NAME:TAG] REGION REGION...
 #   deploy/gen-overlays.sh --check --out DIR [...] REGION...   exit 1 if DIR differs from what it would write
@@ -130,6 +131,9 @@ if [[ -z $base ]]; then
   base=$(realpath -m --relative-to="$out/region-x" "$(dirname "$(realpath "$0")")/kubernetes/base")
 fi
 readonly base
+# The chart, as helm takes it from DIR/region-R.
+chart=$(realpath -m --relative-to="$out/region-x" "$(dirname "$(realpath "$0")")/helm/aether-replicator")
+readonly chart
 readonly generator="deploy/gen-overlays.sh${opts} ${regions[*]}"
 all=$(
   IFS=,
@@ -155,6 +159,12 @@ placeholders() { # DIR WHOSE
   echo "# EXAMPLE PLACEHOLDER, not a certificate: replace with the PEM client certificate for $2." >"$1/tls.crt"
   echo "# EXAMPLE PLACEHOLDER, not a key: replace with the PEM private key of tls.crt for $2." >"$1/tls.key"
   echo "EXAMPLE-PLACEHOLDER-replace-with-the-etcd-password" >"$1/password"
+}
+
+secret_commands() { # REGION SECRET-PREFIX SECRETS-DIR: as comments, the commands creating one etcd's Secrets
+  local d=secrets/$3
+  echo "#   kubectl -n aether-$1 create secret generic $2-tls --from-file=$d/ca.crt --from-file=$d/tls.crt --from-file=$d/tls.key"
+  echo "#   kubectl -n aether-$1 create secret generic $2-auth --from-file=$d/password"
 }
 
 overlay() { # DIR REGION
@@ -295,6 +305,45 @@ spec:
                     - { key: password, path: password }
 EOF
   done
+
+  {
+    cat <<EOF
+# Helm values of region $r of the regions $all. Written by
+#   $generator
+# In region $r's cluster, create the Secrets named below from the files under secrets/ (EXAMPLE
+# PLACEHOLDERS: replace them with the real PEM files and passwords first), then install from this directory:
+#   kubectl create namespace aether-$r
+EOF
+    secret_commands "$r" aether-replicator-local-etcd local-etcd
+    for p in "${peers[@]}"; do
+      secret_commands "$r" "aether-replicator-peer-$p" "peer-$p"
+    done
+    cat <<EOF
+#   helm install aether-replicator $chart --namespace aether-$r -f values.yaml
+# The chart's README lists the other values (settings, resources, monitoring).
+region: $r
+image:
+  repository: $image_name
+  tag: "$image_tag"
+# Region $r's own etcd.
+local:
+  endpoints: ["$(url_of "$r")"]
+  tlsSecret: aether-replicator-local-etcd-tls
+  username: aether-replicator
+  passwordSecret: aether-replicator-local-etcd-auth
+peers:
+EOF
+    for p in "${peers[@]}"; do
+      cat <<EOF
+  # Region $p's etcd: region $r's subtree is mirrored there, under a lease only region $r keeps alive.
+  $p:
+    endpoints: ["$(url_of "$p")"]
+    tlsSecret: aether-replicator-peer-$p-tls
+    username: aether-replicator-$r
+    passwordSecret: aether-replicator-peer-$p-auth
+EOF
+    done
+  } >"$dir/values.yaml"
 
   placeholders "$dir/secrets/local-etcd" "region $r's etcd"
   for p in "${peers[@]}"; do
