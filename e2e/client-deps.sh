@@ -2,9 +2,11 @@
 # Counts the crates the client (aether-etcd) pulls into a user's build:
 # normal dependencies only (not build scripts or dev-dependencies), each
 # crate version once, the client itself excluded. With `--check`, fails unless the
-# README states the same numbers, so the published figure stays true.
-#   e2e/client-deps.sh            # prints: default, no-tls
+# client's README states the same numbers, so the published figure stays true.
+#   e2e/client-deps.sh                # prints: default, no-tls
 #   e2e/client-deps.sh --check
+#   e2e/client-deps.sh --etcd-client  # etcd-client 0.21's, counted the same way in a scratch
+#                                     # project (needs the registry or its cache; not in CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +14,20 @@ count() {
   cargo tree -p aether-etcd -e normal --prefix none "$@" |
     sed 's/ (\*)$//' | awk '{print $1, $2}' | sort -u | grep -cv '^aether-etcd '
 }
+if [[ "${1:-}" == "--etcd-client" ]]; then
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  cargo new -q --vcs none "$scratch/count" --name etcd-client-count
+  sed -i '/^\[dependencies\]$/,$d' "$scratch/count/Cargo.toml"
+  count_etcd_client() {
+    printf '[dependencies]\netcd-client = { version = "=0.21.1"%s }\n' "$1" >>"$scratch/count/Cargo.toml"
+    cargo tree --manifest-path "$scratch/count/Cargo.toml" -e normal --prefix none |
+      sed 's/ (\*)$//' | awk '{print $1, $2}' | sort -u | grep -cvE '^(etcd-client|etcd-client-count) '
+    sed -i '/^\[dependencies\]$/,$d' "$scratch/count/Cargo.toml"
+  }
+  echo "etcd-client 0.21.1: no TLS $(count_etcd_client ', default-features = false') crates; tls $(count_etcd_client ', features = ["tls"]') crates"
+  exit 0
+fi
 default=$(count)
 no_tls=$(count --no-default-features)
 if [[ "${1:-}" != "--check" ]]; then
@@ -21,9 +37,9 @@ fi
 want="**$default crates** with the default features"
 want_no_tls="**$no_tls** with \`default-features = false\`"
 for w in "$want" "$want_no_tls"; do
-  if ! grep -qF -- "$w" README.md; then
-    echo "README.md does not say \"$w\" (measured: default $default, no TLS $no_tls); update the client section" >&2
+  if ! grep -qF -- "$w" crates/aether-etcd/README.md; then
+    echo "crates/aether-etcd/README.md does not say \"$w\" (measured: default $default, no TLS $no_tls); update its dependency line" >&2
     exit 1
   fi
 done
-echo "client dependencies: $default (default), $no_tls (no TLS): README agrees"
+echo "client dependencies: $default (default), $no_tls (no TLS): crates/aether-etcd/README.md agrees"

@@ -182,3 +182,9 @@ pub use transport::{
     RetryPolicy, TlsConfig, UNHEALTHY_FOR,
 };
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};
+
+// The README's Rust examples are compiled as doc tests, so they stay true
+// to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
