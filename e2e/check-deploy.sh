@@ -27,10 +27,7 @@ esac
 
 # shellcheck source=e2e/lib.sh
 . e2e/lib.sh
-if ! command -v promtool >/dev/null; then
-  # The package may start a system Prometheus on :9090; nothing here uses it.
-  APT_OPTS=--no-install-recommends apt_install promtool prometheus prometheus
-fi
+need_promtool
 if ! command -v kubectl >/dev/null; then
   echo "kubectl is missing: install it with" >&2
   echo "  curl -fsSLo /usr/local/bin/kubectl https://dl.k8s.io/release/v1.32.4/bin/linux/amd64/kubectl && chmod +x /usr/local/bin/kubectl" >&2

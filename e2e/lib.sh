@@ -29,6 +29,15 @@ need_etcd() {
   fi
 }
 
+# need_promtool: installs Debian's prometheus for promtool when missing (the
+# suite's metrics test and e2e/check-deploy.sh run it). The package may start
+# a system Prometheus on :9090; nothing here uses it.
+need_promtool() {
+  if ! command -v promtool >/dev/null; then
+    APT_OPTS=--no-install-recommends apt_install promtool prometheus prometheus
+  fi
+}
+
 # need_commands CMD...: installs the Debian packages of the same names for
 # the CMDs that are missing, as root (elsewhere fails with the command to run).
 need_commands() {

@@ -11,6 +11,8 @@ need_etcd
 # The e2e harness talks HTTP to the replicas' metrics endpoints (curl) and
 # picks free ports with python3.
 need_commands curl python3
+# promtool: the suite's metrics test checks the page with it.
+need_promtool
 # sed, not head: head exits after one line and, under pipefail, etcd's
 # SIGPIPE on the next line failed the whole run (exit 141).
 etcd --version | sed -n 1p

@@ -63,7 +63,27 @@ endpoints = ["http://127.0.0.1:3"]
     let config = format!("--config={file}");
     let (code, out, err) = run(&["--check-config", &config]);
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(out, "config ok: region a, 2 peers\n");
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("config ok: region a, 2 peers; effective settings:")
+    );
+    // The effective settings: the file's, and the defaults for the rest.
+    let settings: Vec<&str> = lines.collect();
+    for line in [
+        "region = a",
+        "lease_ttl = 30s",
+        "election_ttl = 10s",
+        "peers.b = http://127.0.0.1:2 max_txn_ops 128 max_request_bytes 1572864",
+        "peers.c = http://127.0.0.1:3",
+    ] {
+        assert!(settings.contains(&line), "{line:?} not in\n{out}");
+    }
+    // The password's file, never the password.
+    assert!(
+        !out.contains("pw\n") && out.contains(" password from "),
+        "{out}"
+    );
     // A flag adds a peer, exactly as a run would take it.
     let (code, out, err) = run(&[
         "--check-config",
@@ -71,7 +91,10 @@ endpoints = ["http://127.0.0.1:3"]
         "--peer-etcd=d=http://127.0.0.1:4",
     ]);
     assert_eq!(code, Some(0), "{err}");
-    assert_eq!(out, "config ok: region a, 3 peers\n");
+    assert!(
+        out.starts_with("config ok: region a, 3 peers; effective settings:\n"),
+        "{out}"
+    );
 }
 
 #[test]
