@@ -836,7 +836,7 @@ fn handoff(c: &mut Criterion) {
 }
 
 /// The scale model's check: one replicator mirroring to 1 and to 3 peers,
-/// base sync and a saturated live burst, on this machine's shared cores.
+/// base sync and a saturated live burst, every etcd on the same cores.
 fn fanout(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
@@ -1147,8 +1147,8 @@ fn wan_large(c: &mut Criterion) {
     }
 }
 
-/// Many regions under load (issue 14): N regions (`AETHER_BENCH_REGIONS`,
-/// default 5), every one's etcd on this machine and every engine mirroring
+/// Many regions under load: N regions (`AETHER_BENCH_REGIONS`,
+/// default 5), every one's etcd on the same host and every engine mirroring
 /// to all the others (N × (N − 1) streams), each region starting with 20k
 /// keys. Measured once: the time until every engine has base-synced every
 /// peer. Each sample: 16 writers in *every* region write 5,000 single-put
@@ -1277,7 +1277,7 @@ fn regions(c: &mut Criterion) {
     );
 }
 
-/// Issue 21's mechanism on its own, engine-free: one etcd holding
+/// The saturated live stall's mechanism on its own, engine-free: one etcd holding
 /// `AETHER_BENCH_COUNT_KEYS` keys (default 200k) under the prefix, 16
 /// writers overwriting them as fast as it takes, and every 300 ms a count
 /// of the whole prefix, alternately as one `count_only` range (what the

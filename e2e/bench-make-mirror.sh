@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side by side on this machine: `etcdctl make-mirror` and `aether-replicator`
+# Side by side on one host: `etcdctl make-mirror` and `aether-replicator`
 # doing the same work on fresh etcd pairs, in one run.
 #
 #   e2e/bench-make-mirror.sh [--keys N] [--burst N] [--writers N] [--rss-keys N] [--rss-only]

@@ -51,7 +51,7 @@
 # cut      stops the delay proxy of the link REGION->PEER (REGION's replicas
 #          to PEER's etcd): the replicas' connections break and new ones are
 #          refused. heal starts it again on the same port.
-# burst    (issue 14's many-regions case) K rounds: every region's etcd takes
+# burst    (the many-regions case) K rounds: every region's etcd takes
 #          N single-put revisions from W writers at once (examples/loadgen),
 #          then every peer is waited for until it holds all of them; prints
 #          one REPORT line per round: how long after the last write returned
@@ -61,7 +61,7 @@
 #          per round the CPU-seconds every replica spent (sum, largest) and
 #          per 100k applied events, and a STAT line per process (below).
 #
-# Scale (issue 21: ten regions at 100k keys each; not in CI, it takes
+# Scale (ten regions at 100k keys each; not in CI, it takes
 # minutes and a few GB of disk):
 #   e2e/multiregion.sh up --regions 10 --replicas 1 --ttl 30 --preload 100000 --sync-timeout 1800
 #   e2e/multiregion.sh burst --revisions 2000 --rounds 3

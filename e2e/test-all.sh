@@ -74,8 +74,9 @@ bash e2e/check-deploy.sh --no-cargo
 
 echo "== docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+bash e2e/check-docs.sh   # Markdown links and paths resolve in the repository; no tracker numbers
 
-echo "== the client's dependency count, as the README states it"
+echo "== the client's dependency count, as crates/aether-etcd/README.md states it"
 bash e2e/client-deps.sh --check
 
 echo "== the client's package holds only what builds and documents it"

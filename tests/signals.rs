@@ -438,7 +438,7 @@ async fn a_revision_once_split_over_txns_does_not_blunt_the_count_for_good() {
 async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
     // No live traffic at all: the pieces come from the sync's walk of the
     // subtree. Counted in one piece, a count of a large subtree holds the
-    // store's writes for its whole walk (issue 21's stall).
+    // store's writes for its whole walk (the saturated live stall).
     let scene = Scene::start();
     let (src, peer) = scene.clients();
     put_many(&src, (0..9000).map(|i| (key(i), format!("v{i}")))).await;

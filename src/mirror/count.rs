@@ -4,8 +4,8 @@
 //! source's ([`super::live`]). etcd counts a range by walking its key index
 //! under the index's read lock, and every write waits for that lock: one
 //! `count_only` over a subtree of 200k keys held both stores' writes for
-//! 150–230 ms on this machine, once per heartbeat, and the mirror stalled
-//! with them (issue 21: the saturated live stall). The walk is per range
+//! 150–230 ms on a 2-core VM, once per heartbeat, and the mirror stalled
+//! with them (the saturated live stall, docs/benchmarks-log.md §7). The walk is per range
 //! request, and etcd releases the lock between the ranges of one txn, so
 //! the same count split into ranges of a few thousand keys, sent a few to a
 //! txn and all at one revision, lets writes in between every piece.
@@ -31,7 +31,7 @@
 //! regions serves 2(N − 1) of them per heartbeat. Ten regions at 100k keys
 //! each, every copy synced and nothing written, kept the ten etcds busy
 //! for 1.53 CPU-seconds a second counting every heartbeat, 0.34–0.37
-//! counting every fifth (issue 21, BENCHMARKS §4). The probes in between
+//! counting every fifth (docs/benchmarks-log.md §4). The probes in between
 //! still check both stores' identity and the claim, and advance the
 //! heartbeat on the strength of the session's last count, which matched: a
 //! copy changed out of band is found within that many heartbeats rather

@@ -391,7 +391,7 @@ impl<'a> Live<'a> {
         let id_key = self.source_id_key.clone();
         let writer = self.writer;
         // Counted in pieces, never in one walk of the whole subtree: etcd
-        // holds every write behind a count's index walk (issue 21).
+        // holds every write behind a count's index walk (src/mirror/count.rs).
         let bounds = self.splits.snapshot();
         let max_ops = self.pipeline.limits().max_ops;
         let counting = self.cadence.due();
