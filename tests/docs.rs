@@ -278,9 +278,10 @@ fn every_alert_is_documented() {
 #[test]
 fn the_console_examples_run() {
     trycmd::TestCases::new()
+        // Cargo builds the binary for an integration test and names it here.
         .register_bin(
             "aether-replicator",
-            trycmd::cargo::cargo_bin("aether-replicator"),
+            std::path::Path::new(env!("CARGO_BIN_EXE_aether-replicator")),
         )
         .case("README.md")
         .case("docs/*.md");
