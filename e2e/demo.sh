@@ -5,16 +5,21 @@
 #   DEMO_ONESHOT=1 e2e/demo.sh    render the view 3 times, clean up, exit 0
 #
 # It installs etcd if missing (Debian etcd-server and etcd-client; needs
-# root), builds the replicator (cargo build --release), starts regions a and
-# b with e2e/multiregion.sh (one etcd and two replicators each, on loopback),
-# writes sample endpoints into each region and then shows, every second, per
-# region: its own endpoints, the ones mirrored in from the other region, the
-# replication lag and peer lease TTL from the leader's metrics, and which
-# replica leads. It prints the `kill` command that stops a region's
-# replicators, so the failover can be watched: the dead region's endpoints
-# vanish from the other region once the mirror lease runs out.
+# root), builds the replicator (cargo build --release, into whichever target
+# dir cargo uses), starts regions a and b with e2e/multiregion.sh (one etcd
+# and two replicators each, on loopback), writes sample endpoints into each
+# region and then shows, every second, per region: which replica leads, its
+# replication to the other region (the leader's metrics), each origin
+# region's copy as the region's consumers see it (`aether-replicator
+# endpoints`: synced, staleness in seconds) and the keys written there most
+# recently. It prints an `etcdctl put` to paste, to see a key typed by hand
+# arrive in the other region, and the `kill` that stops a region's
+# replicators, to watch the failover: that region's staleness grows, and its
+# endpoints vanish from the other region once the mirror lease runs out.
 #
-# Ctrl-C (or TERM) stops everything (multiregion.sh down) and exits 0.
+# Ctrl-C (or TERM, HUP, or the end of the pipe it writes to) stops every
+# process it started (multiregion.sh down, by pid), removes its state dir
+# and exits 0, under `| tee` too (e2e/demo-test.sh checks it).
 #
 # Environment: DEMO_ONESHOT=1 (see above), DEMO_TTL (mirror lease TTL in
 # seconds, default 6).
@@ -28,15 +33,43 @@ readonly SCRIPT_DIR REPO
 readonly MR="$SCRIPT_DIR/multiregion.sh"
 MR_SHOWN=$MR
 [[ $PWD == "$REPO" ]] && MR_SHOWN=e2e/multiregion.sh
-readonly MR_SHOWN
-readonly KEY_ROOT=/aether/v1/regions/
-readonly ONESHOT=${DEMO_ONESHOT:-0}
-readonly TTL=${DEMO_TTL:-6}
+readonly MR_SHOWN KEY_ROOT=/aether/v1/regions/ ONESHOT=${DEMO_ONESHOT:-0} TTL=${DEMO_TTL:-6}
 export ETCDCTL_API=3
+say() { echo "== $*"; }
 
-say() {
-  echo "== $*"
+# ---------------------------------------------------------------- cleanup
+
+STATE=
+TTY=0
+[[ -t 1 ]] && TTY=1
+CLEANED=0
+# relay: stdin to stderr, write errors ignored. Ctrl-C under `demo.sh | tee`
+# ends tee too, and a write to its pipe must not end the cleanup halfway.
+# shellcheck disable=SC2317 # invoked by the traps
+relay() {
+  local line
+  while IFS= read -r line; do printf '%s\n' "$line" >&2 2>/dev/null || true; done
 }
+# shellcheck disable=SC2317 # invoked by the traps
+cleanup() {
+  ((CLEANED)) && return 0
+  CLEANED=1
+  set +e
+  # Ignored by `down` too (ignored signals are inherited): a second Ctrl-C
+  # or a closed pipe must not stop it before every process is stopped.
+  trap '' INT TERM HUP PIPE
+  ((TTY)) && printf '\033[?25h' 2>/dev/null
+  [[ -n $STATE ]] || return 0
+  { echo; say "stopping the demo"; "$MR" down --state "$STATE" 2>&1; } | relay
+}
+# shellcheck disable=SC2317 # invoked by the traps
+on_signal() {
+  cleanup
+  exit 0
+}
+# PIPE: the reader went away without a signal to this shell (tee killed).
+trap on_signal INT TERM HUP PIPE
+trap cleanup EXIT
 
 # ---------------------------------------------------------------- setup
 
@@ -47,146 +80,60 @@ command -v cargo >/dev/null || {
   exit 1
 }
 say "building (cargo build --release)"
-(cd "$REPO" && cargo build --release)
+# Cargo says where the binary is: CARGO_TARGET_DIR or a .cargo/config may
+# put it anywhere.
+BIN=$(cd "$REPO" && cargo build --release --bin aether-replicator --message-format=json-render-diagnostics |
+  python3 -c 'import json, sys
+for m in map(json.loads, sys.stdin):
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "aether-replicator" and m.get("executable"):
+        print(m["executable"])')
+[[ -x $BIN ]] || { echo "cargo build named no aether-replicator executable" >&2; exit 1; }
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-demo.XXXXXX")
-readonly STATE
-TTY=0
-[[ -t 1 ]] && TTY=1
-
-CLEANED=0
-# shellcheck disable=SC2317 # invoked by the traps
-cleanup() {
-  ((CLEANED)) && return 0
-  CLEANED=1
-  trap '' INT TERM
-  ((TTY)) && printf '\033[?25h'
-  echo
-  say "stopping the demo"
-  "$MR" down --state "$STATE" || true
-}
-# shellcheck disable=SC2317 # invoked by the traps
-on_signal() {
-  cleanup
-  exit 0
-}
-trap on_signal INT TERM
-trap cleanup EXIT
-
-"$MR" up --state "$STATE" --regions 2 --ttl "$TTL" --bin "$REPO/target/release/aether-replicator"
+"$MR" up --state "$STATE" --regions 2 --ttl "$TTL" --bin "$BIN"
 # shellcheck source=/dev/null
 source "$STATE/env"
 read -r -a REGIONS <<<"$E2E_REGIONS"
-
-getv() {
-  printf '%s' "${!1-}"
-}
-
+getv() { printf '%s' "${!1-}"; }
 ectl() {
   local r=$1
   shift
-  timeout 10 etcdctl --endpoints="$(getv "ETCD_URL_$r")" --dial-timeout=2s --command-timeout=3s "$@"
+  timeout 10 etcdctl --endpoints="$(getv "ETCD_URL_$r")" --dial-timeout=2s --command-timeout=3s "$@" </dev/null
 }
 
-# Sample endpoints: region a runs checkout, cart and payments; b runs search,
-# inventory and its own checkout.
-put_endpoint() { # REGION CLUSTER SERVICE PROTOCOL IP ZONE PORT
-  local key="${KEY_ROOT}$1/clusters/$2/services/$3/protocols/$4/endpoints/$5"
-  local value
-  value=$(printf '{"clusterName":"%s","region":"%s","zone":"%s","port":%s}' "$2" "$1" "$6" "$7")
-  ectl "$1" put "$key" "$value" >/dev/null
-}
 say "writing sample endpoints"
-put_endpoint a prod-a1 checkout http 10.1.0.11 a-1 8080
-put_endpoint a prod-a1 checkout http 10.1.0.12 a-2 8080
-put_endpoint a prod-a1 checkout http 10.1.0.13 a-3 8080
-put_endpoint a prod-a1 checkout grpc 10.1.0.11 a-1 9090
-put_endpoint a prod-a1 checkout grpc 10.1.0.12 a-2 9090
-put_endpoint a prod-a1 cart http 10.1.1.21 a-1 8081
-put_endpoint a prod-a1 cart http 10.1.1.22 a-2 8081
-put_endpoint a prod-a1 payments grpc 10.1.2.31 a-1 7443
-put_endpoint a prod-a1 payments grpc 10.1.2.32 a-3 7443
-put_endpoint b prod-b1 search http 10.2.0.11 b-1 8080
-put_endpoint b prod-b1 search http 10.2.0.12 b-2 8080
-put_endpoint b prod-b1 search http 10.2.0.13 b-2 8080
-put_endpoint b prod-b1 inventory grpc 10.2.1.21 b-1 9090
-put_endpoint b prod-b1 inventory grpc 10.2.1.22 b-2 9090
-put_endpoint b prod-b1 checkout http 10.2.2.31 b-1 8080
-put_endpoint b prod-b1 checkout http 10.2.2.32 b-2 8080
+# Region a runs checkout, cart and payments; b runs search, inventory and its
+# own checkout.
+while read -r r cluster svc proto ip zone port; do
+  ectl "$r" put "${KEY_ROOT}$r/clusters/$cluster/services/$svc/protocols/$proto/endpoints/$ip" \
+    "$(printf '{"clusterName":"%s","region":"%s","zone":"%s","port":%s}' "$cluster" "$r" "$zone" "$port")" >/dev/null
+done <<'EOF'
+a prod-a1 checkout http 10.1.0.11 a-1 8080
+a prod-a1 checkout http 10.1.0.12 a-2 8080
+a prod-a1 checkout grpc 10.1.0.11 a-1 9090
+a prod-a1 cart http 10.1.1.21 a-1 8081
+a prod-a1 payments grpc 10.1.2.31 a-3 7443
+b prod-b1 search http 10.2.0.11 b-1 8080
+b prod-b1 search http 10.2.0.12 b-2 8080
+b prod-b1 inventory grpc 10.2.1.21 b-1 9090
+b prod-b1 checkout http 10.2.2.31 b-1 8080
+EOF
 
 # ---------------------------------------------------------------- view
 
-metrics_of() {
-  curl -s --max-time 1 "http://127.0.0.1:$1/metrics" 2>/dev/null || true
-}
-
-# endpoints E R MAX: "<count>" then up to MAX formatted lines of R's
-# endpoints as stored in E's etcd.
-endpoints() {
-  local e=$1 r=$2 max=$3 out n
-  out=$(ectl "$e" get --prefix "${KEY_ROOT}$r/" 2>/dev/null) || {
-    echo "?"
-    return 0
-  }
-  if [[ -z $out ]]; then n=0; else n=$(($(wc -l <<<"$out") / 2)); fi
-  echo "$n"
-  awk -v pre="${KEY_ROOT}$r/" -v max="$max" '
-    NR % 2 == 1 { k = substr($0, length(pre) + 1); next }
-    {
-      n++
-      if (n > max) next
-      # clusters/<cluster>/services/<svc>/protocols/<proto>/endpoints/<ip>
-      split(k, a, "/")
-      zone = ""; port = ""
-      if (match($0, /"zone":"[^"]*"/)) zone = substr($0, RSTART + 8, RLENGTH - 9)
-      if (match($0, /"port":[0-9]+/)) port = substr($0, RSTART + 7, RLENGTH - 7)
-      printf "    %-20s %-16s %-9s zone %s\n", a[4] "/" a[6], a[8] ":" port, a[2], zone
-    }
-    END { if (n > max) printf "    ... and %d more\n", n - max }' <<<"$out"
-}
-
-# lease_left E R: seconds left on the lease of R's copy in E's etcd.
-lease_left() {
-  local json id out
-  json=$(ectl "$1" get --prefix "${KEY_ROOT}$2/" --limit 1 -w json 2>/dev/null) || return 0
-  id=$(grep -o '"lease":[0-9]*' <<<"$json" | head -n1 | cut -d: -f2) || true
-  [[ -n $id && $id != 0 ]] || return 0
-  out=$(ectl "$1" lease timetolive "$(printf '%x' "$id")" 2>/dev/null) || return 0
-  sed -n 's/.*remaining(\(-\{0,1\}[0-9]*\)s).*/\1s/p' <<<"$out"
-}
-
 render_region() {
-  local r=$1 s port m pid leader="" lm="" standby="" p lines n left lag ttl synced
+  local r=$1 s m leader="" lm="" standby="" p lag ttl synced
   for s in 1 2; do
-    port=$(getv "REPLICA_PORT_${r}_$s")
-    pid=$(getv "REPLICA_PID_${r}_$s")
-    m=$(metrics_of "$port")
+    m=$(curl -s --max-time 1 "http://127.0.0.1:$(getv "REPLICA_PORT_${r}_$s")/metrics" 2>/dev/null) || m=
     if [[ -z $m ]]; then
       standby+="${standby:+, }$r/$s down"
     elif [[ $(metric "$m" aether_replicator_is_leader) == 1 ]]; then
-      leader="$r/$s pid $pid"
-      lm=$m
+      leader="$r/$s pid $(getv "REPLICA_PID_${r}_$s")" lm=$m
     else
-      standby+="${standby:+, }$r/$s pid $pid standby"
+      standby+="${standby:+, }$r/$s pid $(getv "REPLICA_PID_${r}_$s") standby"
     fi
   done
-  printf 'region %s  etcd :%s  leader %s%s\n' "$r" "$(getv "ETCD_CLIENT_PORT_$r")" \
-    "${leader:-NONE}" "${standby:+ ($standby)}"
-  lines=$(endpoints "$r" "$r" 4)
-  printf '  own endpoints: %s\n' "$(head -n1 <<<"$lines")"
-  tail -n +2 <<<"$lines"
-  for p in "${REGIONS[@]}"; do
-    [[ $p == "$r" ]] && continue
-    lines=$(endpoints "$r" "$p" 3)
-    n=$(head -n1 <<<"$lines")
-    left=$(lease_left "$r" "$p")
-    if [[ $n == 0 ]]; then
-      printf '  mirrored in from %s: none (no live lease from %s)\n' "$p" "$p"
-    else
-      printf '  mirrored in from %s: %s endpoints, lease %s left\n' "$p" "$n" "${left:-?}"
-    fi
-    tail -n +2 <<<"$lines"
-  done
+  printf 'region %s  etcd :%s  leader %s%s\n' "$r" "$(getv "ETCD_CLIENT_PORT_$r")" "${leader:-NONE}" "${standby:+ ($standby)}"
   for p in "${REGIONS[@]}"; do
     [[ $p == "$r" ]] && continue
     if [[ -z $lm ]]; then
@@ -195,10 +142,13 @@ render_region() {
     fi
     lag=$(metric "$lm" "aether_replicator_lag_revisions{peer=\"$p\"}")
     ttl=$(metric "$lm" "aether_replicator_lease_remaining_seconds{peer=\"$p\"}")
-    synced=$(metric "$lm" "aether_replicator_peer_synced{peer=\"$p\"}")
-    [[ $synced == 1 ]] && synced=synced || synced="NOT synced"
-    printf '  %s -> %s: lag %s revisions, peer lease %.1fs left, %s\n' "$r" "$p" "${lag:-?}" "${ttl:-0}" "$synced"
+    synced="NOT synced"
+    [[ $(metric "$lm" "aether_replicator_peer_synced{peer=\"$p\"}") == 1 ]] && synced=synced
+    printf '  %s -> %s: %s, lag %s revisions, peer lease %.1fs left\n' "$r" "$p" "$synced" "${lag:-?}" "${ttl:-0}"
   done
+  printf '  as consumers in %s see it (aether-replicator endpoints --region %s):\n' "$r" "$r"
+  timeout 5 "$E2E_BIN" endpoints --local-etcd "$(getv "ETCD_URL_$r")" --region "$r" --output json 2>&1 |
+    python3 "$SCRIPT_DIR/demo-view.py" "${REGIONS[*]}" 4
   echo
 }
 
@@ -207,15 +157,14 @@ render() {
   # Re-read the state: `multiregion.sh restart` changes pids and ports.
   # shellcheck source=/dev/null
   source "$STATE/env"
-  printf 'aether-replicator demo: regions %s, mirror lease TTL %ss    %s\n' \
-    "${REGIONS[*]}" "$TTL" "$(date +%T)"
+  printf 'aether-replicator demo: regions %s, mirror lease TTL %ss    %s\n' "${REGIONS[*]}" "$TTL" "$(date +%T)"
   printf '%.0s-' {1..79}
   echo
-  for r in "${REGIONS[@]}"; do
-    render_region "$r"
-  done
-  echo "Failover: stop region a's replicators, and watch a's endpoints vanish"
-  echo "from b once the lease (${TTL}s) runs out:"
+  for r in "${REGIONS[@]}"; do render_region "$r"; done
+  echo "Type a key into region a and see it arrive in b:"
+  echo "    etcdctl --endpoints=$(getv ETCD_URL_a) put ${KEY_ROOT}a/clusters/prod-a1/services/hello/protocols/http/endpoints/10.1.9.9 '{\"zone\":\"a-1\",\"port\":8080}'"
+  echo "Failover: stop region a's replicators; a's staleness in b grows, and a's"
+  echo "endpoints vanish from b once the lease (${TTL}s) runs out:"
   echo "    kill $(getv REPLICA_PID_a_1) $(getv REPLICA_PID_a_2)"
   echo "Bring them back:  $MR_SHOWN restart a --state $STATE"
   echo "(b's: kill $(getv REPLICA_PID_b_1) $(getv REPLICA_PID_b_2))    logs: $STATE/logs"
@@ -235,9 +184,7 @@ while :; do
     printf '%s\n' "$frame"
   fi
   frames=$((frames + 1))
-  if [[ $ONESHOT == 1 ]] && ((frames >= 3)); then
-    break
-  fi
+  [[ $ONESHOT == 1 ]] && ((frames >= 3)) && break
   # One frame a second: sleep what rendering left of it.
   spent=$(((${EPOCHREALTIME//[!0-9]/} - t0) / 1000))
   if ((spent < 1000)); then sleep "$(printf '%d.%03d' $(((1000 - spent) / 1000)) $(((1000 - spent) % 1000)))"; fi
