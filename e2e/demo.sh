@@ -4,23 +4,19 @@
 #   e2e/demo.sh                   live view until Ctrl-C
 #   DEMO_ONESHOT=1 e2e/demo.sh    render the view 3 times, clean up, exit 0
 #
-# It installs etcd if missing (Debian etcd-server and etcd-client; needs
-# root), builds the replicator (cargo build --release, into whichever target
-# dir cargo uses), starts regions a and b with e2e/multiregion.sh (one etcd
-# and two replicators each, on loopback), writes sample endpoints into each
-# region and then shows, every second, per region: which replica leads, its
-# replication to the other region (the leader's metrics), each origin
-# region's copy as the region's consumers see it (`aether-replicator
-# endpoints`: synced, staleness in seconds) and the keys written there most
-# recently. It prints an `etcdctl put` to paste, to see a key typed by hand
-# arrive in the other region, and the `kill` that stops a region's
-# replicators, to watch the failover: that region's staleness grows, and its
-# endpoints vanish from the other region once the mirror lease runs out.
+# It installs etcd if missing (Debian's; needs root), builds the replicator
+# (cargo build --release, wherever cargo puts it), starts regions a and b
+# with e2e/multiregion.sh (one etcd and two replicators each, on loopback),
+# writes sample endpoints and shows, every second, per region: the leader,
+# its replication to the other region (metrics), each origin's copy as the
+# region's consumers see it (`aether-replicator endpoints`: synced,
+# staleness in seconds) and the newest keys. It prints an `etcdctl put` to
+# paste, to see a key typed by hand arrive in the other region, and the
+# `kill` that stops a region's replicators, to watch the failover.
 #
 # Ctrl-C (or TERM, HUP, or the end of the pipe it writes to) stops every
 # process it started (multiregion.sh down, by pid), removes its state dir
 # and exits 0, under `| tee` too (e2e/demo-test.sh checks it).
-#
 # Environment: DEMO_ONESHOT=1 (see above), DEMO_TTL (mirror lease TTL in
 # seconds, default 6).
 set -euo pipefail
@@ -39,10 +35,8 @@ say() { echo "== $*"; }
 
 # ---------------------------------------------------------------- cleanup
 
-STATE=
-TTY=0
+STATE='' TTY=0 CLEANED=0
 [[ -t 1 ]] && TTY=1
-CLEANED=0
 # relay: stdin to stderr, write errors ignored. Ctrl-C under `demo.sh | tee`
 # ends tee too, and a write to its pipe must not end the cleanup halfway.
 # shellcheck disable=SC2317 # invoked by the traps
@@ -63,10 +57,7 @@ cleanup() {
   { echo; say "stopping the demo"; "$MR" down --state "$STATE" 2>&1; } | relay
 }
 # shellcheck disable=SC2317 # invoked by the traps
-on_signal() {
-  cleanup
-  exit 0
-}
+on_signal() { cleanup; exit 0; }
 # PIPE: the reader went away without a signal to this shell (tee killed).
 trap on_signal INT TERM HUP PIPE
 trap cleanup EXIT
@@ -75,10 +66,7 @@ trap cleanup EXIT
 
 need_etcd
 need_commands python3 curl
-command -v cargo >/dev/null || {
-  echo "cargo is needed to build the replicator (https://rustup.rs)" >&2
-  exit 1
-}
+command -v cargo >/dev/null || { echo "cargo is needed to build the replicator (https://rustup.rs)" >&2; exit 1; }
 say "building (cargo build --release)"
 # Cargo says where the binary is: CARGO_TARGET_DIR or a .cargo/config may
 # put it anywhere.
@@ -136,10 +124,7 @@ render_region() {
   printf 'region %s  etcd :%s  leader %s%s\n' "$r" "$(getv "ETCD_CLIENT_PORT_$r")" "${leader:-NONE}" "${standby:+ ($standby)}"
   for p in "${REGIONS[@]}"; do
     [[ $p == "$r" ]] && continue
-    if [[ -z $lm ]]; then
-      printf '  %s -> %s: not replicating (no leader in %s)\n' "$r" "$p" "$r"
-      continue
-    fi
+    [[ -n $lm ]] || { printf '  %s -> %s: not replicating (no leader in %s)\n' "$r" "$p" "$r"; continue; }
     lag=$(metric "$lm" "aether_replicator_lag_revisions{peer=\"$p\"}")
     ttl=$(metric "$lm" "aether_replicator_lease_remaining_seconds{peer=\"$p\"}")
     synced="NOT synced"
