@@ -106,6 +106,9 @@ cargo check --lib --no-default-features
 echo "== benches compile"
 cargo bench --workspace --no-run
 
+echo "== the demo: demo.sh | tee, Ctrl-C, nothing left running"
+bash e2e/demo-test.sh 1
+
 # The harness must not leave anything behind, whether verify passed or not.
 leftovers() {
   if pgrep -f "$state" >/dev/null; then
