@@ -31,6 +31,10 @@ TIMEOUT=${DEMO_TEST_TIMEOUT:-120}
 . e2e/lib.sh
 need_etcd
 need_commands python3 curl setsid
+env --default-signal=INT true 2>/dev/null || {
+  echo "demo-test.sh needs env --default-signal (GNU coreutils 8.31 or later)" >&2
+  exit 1
+}
 # Built first, so that the bounded waits below measure the demo, not rustc.
 cargo build --release --bin aether-replicator
 
