@@ -59,7 +59,7 @@ impl Peer {
             self.stats().set_synced(false);
             let kind = classify(&err);
             self.stats().error(kind);
-            if kind == ErrorKind::Unavailable {
+            if matches!(kind, ErrorKind::Unavailable | ErrorKind::Tls) {
                 self.stats().up.store(false, Relaxed);
             }
             let mut wait = None;
@@ -289,6 +289,7 @@ pub(crate) fn classify(err: &Error) -> ErrorKind {
         Error::LeaseLost { .. } => ErrorKind::LeaseLost,
         Error::StateGone { .. } | Error::ClaimRaced { .. } => ErrorKind::Other,
         Error::Etcd(e) if e.is_transient() => ErrorKind::Unavailable,
+        Error::Etcd(etcd::Error::Tls { .. }) => ErrorKind::Tls,
         Error::Etcd(etcd::Error::Compacted { .. }) => ErrorKind::Compacted,
         Error::Etcd(etcd::Error::RequestTooLarge) => ErrorKind::TooLarge,
         Error::Etcd(etcd::Error::NoSpace) => ErrorKind::NoSpace,

@@ -103,6 +103,8 @@ impl VerifySkip {
 pub enum ErrorKind {
     /// The peer or the source could not be reached, or a call timed out.
     Unavailable,
+    /// A TLS handshake failed: a certificate or CA needs fixing.
+    Tls,
     /// Another replicator holds the peer.
     Fenced,
     /// The peer lease was lost.
@@ -126,8 +128,9 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in metric order.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Unavailable,
+        ErrorKind::Tls,
         ErrorKind::Fenced,
         ErrorKind::LeaseLost,
         ErrorKind::Compacted,
@@ -142,6 +145,7 @@ impl ErrorKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Tls => "tls",
             ErrorKind::Fenced => "fenced",
             ErrorKind::LeaseLost => "lease_lost",
             ErrorKind::Compacted => "compacted",

@@ -33,6 +33,34 @@ pub enum Error {
     /// The request did not complete within the per-request timeout.
     #[error("request timed out after {0:?}")]
     Timeout(Duration),
+    /// etcd took the request but could not commit (or, for a
+    /// linearizable read, confirm) it in time: the cluster has lost its
+    /// quorum, is electing a leader, or is overloaded. etcd 3.4 says
+    /// "etcdserver: request timed out" (with ", possibly due to previous
+    /// leader failure" or "connection lost" after it), 3.4 and 3.5 then
+    /// "context deadline exceeded"; with the quorum lost, after about 7 s,
+    /// etcd's own limit. A write may still be applied once the cluster
+    /// recovers ([`Error::maybe_applied`]); a read is tried again on
+    /// another member, which may still have a quorum.
+    #[error("etcd could not commit in time (no quorum, a leader election, or overload): {0}")]
+    ServerTimeout(String),
+    /// The TLS handshake with the member failed: its certificate is not
+    /// trusted (another CA, another name, expired), or it refused the
+    /// client's (missing or not trusted). A certificate or a CA needs
+    /// fixing, so the call is not retried; the next call tries another
+    /// member. [`std::error::Error::source`] walks the TLS stack's own
+    /// errors.
+    #[error("TLS handshake with {endpoint} failed: {message}")]
+    Tls {
+        /// The member's URL.
+        endpoint: String,
+        /// What the TLS stack said, e.g. "invalid peer certificate:
+        /// UnknownIssuer" or "received fatal alert: BadCertificate".
+        message: String,
+        /// The errors under it, outermost first.
+        #[source]
+        source: Option<ErrorChain>,
+    },
     /// The requested revision has been compacted. Watches carry the compact
     /// revision; a range at a compacted revision does not say it.
     #[error("required revision has been compacted (compact revision {compact_revision:?})")]
@@ -253,16 +281,48 @@ impl From<tonic::Code> for Code {
     }
 }
 
+/// One link of an error's source chain, kept as text: the transport's own
+/// error types are not part of this crate's API.
+#[derive(Debug, Clone)]
+pub struct ErrorChain {
+    text: String,
+    source: Option<Box<ErrorChain>>,
+}
+
+impl ErrorChain {
+    /// The chain of `texts`, outermost first; `None` when empty.
+    fn of(mut texts: impl Iterator<Item = String>) -> Option<ErrorChain> {
+        let text = texts.next()?;
+        Some(ErrorChain {
+            text,
+            source: ErrorChain::of(texts).map(Box::new),
+        })
+    }
+}
+
+impl std::fmt::Display for ErrorChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for ErrorChain {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|s| s as _)
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Whether retrying on another connection may succeed: the member was
-    /// unreachable, timed out, or had no leader.
+    /// unreachable, timed out, had no leader, or could not commit in time.
+    /// Not a TLS failure: another attempt meets the same certificates.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Unavailable(_) | Error::Timeout(_) | Error::NoLeader
+            Error::Unavailable(_) | Error::Timeout(_) | Error::ServerTimeout(_) | Error::NoLeader
         ) || matches!(
             self,
             Error::Server {
@@ -318,12 +378,23 @@ impl Error {
 /// certificate before sending anything. Not "connection": a connection
 /// that broke under a request ("connection error: stream closed because of
 /// a broken pipe", "connection closed") may have delivered it.
-const NOT_SENT: [&str; 4] = [
-    "tcp connect error",
-    "Connection refused",
-    "dns error",
+const NOT_SENT: [&str; 3] = ["tcp connect error", "Connection refused", "dns error"];
+
+/// What rustls says, somewhere in a connection error's chain, when the
+/// handshake failed: the client refused the server's certificate, or the
+/// server refused the client's (its alert). Provoked against 3.4.23 and
+/// 3.5.1 in `tests/client_errors.rs`.
+const TLS_FAILURES: [&str; 3] = [
     "invalid peer certificate",
+    "received fatal alert",
+    "peer is incompatible",
 ];
+
+/// etcd's messages for a request it took but could not commit or confirm
+/// in time ([`Error::ServerTimeout`]), provoked against 3.4.23 and 3.5.1
+/// with the quorum lost in `tests/client_errors.rs`. The 3.4 ones share
+/// their start ("etcdserver: request timed out, possibly due to ...").
+const SERVER_TIMEOUTS: [&str; 2] = ["etcdserver: request timed out", "context deadline exceeded"];
 
 /// etcd's messages (`rpctypes`) for a request whose token it would not
 /// use, provoked against 3.4.23 and 3.5.1 in `tests/client.rs`. 3.5.1
@@ -420,6 +491,17 @@ impl Error {
                 Error::Auth(msg.to_string())
             }
             Code::PermissionDenied => Error::PermissionDenied,
+            _ if status_is_transport(&status) && chain_has(&status, &TLS_FAILURES) => {
+                tls_error(&status)
+            }
+            // The server's own timeouts: not the client's deadline (tonic
+            // reports that as DeadlineExceeded, with the client's text).
+            Code::Unavailable | Code::Unknown
+                if !status_is_transport_error(&status)
+                    && SERVER_TIMEOUTS.iter().any(|t| msg.starts_with(t)) =>
+            {
+                Error::ServerTimeout(msg.to_string())
+            }
             Code::Unavailable | Code::Unknown | Code::Cancelled if status_is_transport(&status) => {
                 Error::Unavailable(transport_message(&status))
             }
@@ -437,6 +519,48 @@ impl Error {
 /// the server sent.
 fn status_is_transport(status: &tonic::Status) -> bool {
     std::error::Error::source(status).is_some() || status.code() == tonic::Code::Unavailable
+}
+
+/// Whether tonic made `status` from a transport error (it has a source),
+/// rather than etcd sending it.
+fn status_is_transport_error(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}
+
+/// The texts of `status` and its sources, outermost first.
+fn chain_texts(status: &tonic::Status) -> Vec<String> {
+    let mut texts = vec![status.message().to_string()];
+    let mut src = std::error::Error::source(status);
+    while let Some(e) = src {
+        texts.push(e.to_string());
+        src = e.source();
+    }
+    texts
+}
+
+/// Whether any link of `status`'s chain says one of `markers`.
+fn chain_has(status: &tonic::Status, markers: &[&str]) -> bool {
+    chain_texts(status)
+        .iter()
+        .any(|t| markers.iter().any(|m| t.contains(m)))
+}
+
+/// [`Error::Tls`] of a transport status: its message is the most specific
+/// link that names the TLS failure. The endpoint is filled in by the
+/// transport, which knows which member it dialled.
+fn tls_error(status: &tonic::Status) -> Error {
+    let texts = chain_texts(status);
+    let message = texts
+        .iter()
+        .rev()
+        .find(|t| TLS_FAILURES.iter().any(|m| t.contains(m)))
+        .cloned()
+        .unwrap_or_else(|| status.message().to_string());
+    Error::Tls {
+        endpoint: String::new(),
+        message,
+        source: ErrorChain::of(texts.into_iter().skip(1)),
+    }
 }
 
 /// The status message with its source chain, so "connection refused" is visible.
@@ -459,6 +583,32 @@ fn transport_message(status: &tonic::Status) -> String {
 mod tests {
     use super::*;
     use tonic::{Code, Status};
+
+    #[test]
+    fn etcds_timeouts_are_one_kind_that_may_have_applied() {
+        for (code, msg) in [
+            (Code::Unavailable, "etcdserver: request timed out"),
+            (
+                Code::Unavailable,
+                "etcdserver: request timed out, possibly due to previous leader failure",
+            ),
+            (
+                Code::Unavailable,
+                "etcdserver: request timed out, possibly due to connection lost",
+            ),
+            (Code::Unknown, "context deadline exceeded"),
+        ] {
+            let err = Error::from_status(Status::new(code, msg));
+            assert!(
+                matches!(&err, Error::ServerTimeout(m) if m == msg),
+                "{msg}: {err:?}"
+            );
+            assert!(err.is_transient() && err.maybe_applied(), "{msg}");
+        }
+        // The client's own deadline stays the client's.
+        let err = Error::from_status(Status::new(Code::DeadlineExceeded, "Timeout expired"));
+        assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    }
 
     #[test]
     fn maps_etcd_conditions() {

@@ -161,7 +161,7 @@ pub use batch::{
 };
 pub use client::Client;
 pub use cluster::{Member, MemberAdded, MemberList};
-pub use error::{Code, Error, Result};
+pub use error::{Code, Error, ErrorChain, Result};
 pub use header::Header;
 pub use kv::{
     Compare, CompareOp, DEFAULT_PAGE_BYTES, Delete, DeleteResponse, KeyValue, Op, OpResponse,

@@ -10,8 +10,8 @@
 //! only (`#[arg(skip)]`).
 
 // The doc comments below are the --help text, so their <placeholders> are
-// meant literally, not as HTML.
-#![allow(rustdoc::invalid_html_tags)]
+// meant literally, not as HTML, and their [brackets] are not links.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -295,12 +295,22 @@ impl Transport {
                 // Out of time: the call's own deadline, or the server's
                 // report of it.
                 Err(Error::Timeout(_)) => timed_out(),
+                // Which member's certificate: the status cannot say.
+                Err(Error::Tls {
+                    message, source, ..
+                }) => Error::Tls {
+                    endpoint: eps.urls[idx].clone(),
+                    message,
+                    source,
+                },
                 Err(e) => e,
             };
             if !tried.contains(&eps.urls[idx]) {
                 tried.push(eps.urls[idx].clone());
             }
-            if err.is_transient() {
+            // A member whose certificates fail is passed over by the next
+            // call, as an unreachable one is; this call is not repeated.
+            if err.is_transient() || matches!(err, Error::Tls { .. }) {
                 eps.mark_unhealthy(idx);
                 self.rotate(idx);
             }
