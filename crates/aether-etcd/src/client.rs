@@ -12,7 +12,7 @@ use super::auth::{
 };
 use super::cluster::{ClusterClient, MemberAdded, MemberList};
 use super::endpoint_sync;
-use super::error::Result;
+use super::error::{Error, Result};
 use super::header::Header;
 use super::kv::{
     Delete, DeleteResponse, KvClient, Put, PutResponse, Range, RangeResponse, Scan, Txn,
@@ -99,9 +99,16 @@ impl Handle {
 
 impl Client {
     /// Builds a client. Nothing connects until the first request, so an
-    /// unreachable cluster is not an error here; a malformed config is.
-    /// Call it inside a Tokio runtime: the connections are driven by tasks.
+    /// unreachable cluster is not an error here; a malformed config is, and
+    /// so is a call outside a Tokio runtime ([`Error::InvalidConfig`]): the
+    /// connections are driven by tasks of the runtime it is called in.
     pub fn connect(config: ClientConfig) -> Result<Client> {
+        // Checked here, where tonic and the tasks below would panic.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidConfig(
+                "Client::connect needs a Tokio runtime: call it from within one (e.g. in #[tokio::main], or after Runtime::enter)".into(),
+            ));
+        }
         let auto_sync = config.auto_sync_interval;
         let transport = Transport::new(config)?;
         let auto_sync =
@@ -674,5 +681,26 @@ impl Client {
     /// or unknown target is [`Error::BadLeaderTransferee`](super::Error::BadLeaderTransferee).
     pub async fn move_leader(&self, target: u64) -> Result<()> {
         self.inner.maintenance.move_leader(target).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_outside_a_runtime_is_an_error_not_a_panic() {
+        let err = Client::connect(ClientConfig::new(["http://127.0.0.1:1"])).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidConfig(m) if m.contains("needs a Tokio runtime")),
+            "{err:?}"
+        );
+        // Inside one, the same config builds a client (nothing connects yet).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _in = rt.enter();
+        assert!(Client::connect(ClientConfig::new(["http://127.0.0.1:1"])).is_ok());
     }
 }

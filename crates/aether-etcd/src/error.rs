@@ -256,8 +256,9 @@ pub enum Code {
     Unauthenticated,
 }
 
-impl From<tonic::Code> for Code {
-    fn from(code: tonic::Code) -> Code {
+// Not a public `From`: no tonic type is part of this crate's API.
+impl Code {
+    pub(crate) fn of(code: tonic::Code) -> Code {
         use tonic::Code as T;
         match code {
             T::Ok => Code::Ok,
@@ -508,7 +509,7 @@ impl Error {
             Code::Unavailable => Error::Unavailable(msg.to_string()),
             Code::DeadlineExceeded => Error::Timeout(Duration::ZERO),
             code => Error::Server {
-                code: code.into(),
+                code: self::Code::of(code),
                 message: msg.to_string(),
             },
         }
