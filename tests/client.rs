@@ -486,7 +486,12 @@ async fn tls_and_mutual_tls() {
     no_cert.request_timeout = Duration::from_secs(3);
     let c3 = Client::connect(no_cert).unwrap();
     let err = c3.range(Range::key("/mtls")).await.unwrap_err();
-    assert!(err.is_transient(), "{err}");
+    // A TLS failure, or from etcd 3.4 often a bare broken connection
+    // (tests/client_errors.rs judges each version's shape).
+    assert!(
+        matches!(&err, Error::Tls { .. } | Error::Unavailable(_)),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,11 +49,10 @@ async fn mutual_tls_from_in_memory_pem() {
         .range(Range::key("/pem"))
         .await
         .unwrap_err();
-    // A TLS failure (or, from etcd 3.4, often a bare closed connection:
-    // tests/client_errors.rs).
+    // A TLS failure, or from etcd 3.4 often a bare broken connection
+    // (tests/client_errors.rs judges each version's shape).
     assert!(
-        matches!(&err, Error::Tls { .. })
-            || matches!(&err, Error::Unavailable(m) if m.contains("connection closed")),
+        matches!(&err, Error::Tls { .. } | Error::Unavailable(_)),
         "{err:?}"
     );
 }

@@ -191,3 +191,72 @@ fn tls_example_connects_with_mutual_tls() {
     );
     assert_lines(&out, &["read /examples/tls/hello = over TLS from member"]);
 }
+
+#[test]
+fn auth_example_reads_its_prefix_only_and_leaves_auth_off() {
+    let etcd = Etcd::start();
+    let out = run_example("auth", &[&etcd.endpoint()]);
+    assert_lines(
+        &out,
+        &[
+            "auth enabled: user app may read /examples/auth/app/*",
+            "app reads /examples/auth/app/config = v1",
+            "app may not write it: permission denied",
+            "app may not read outside /examples/auth/app/",
+            "a client without credentials is refused",
+            "auth disabled; users app and root and role app-reader deleted",
+        ],
+    );
+    // What it says is so: auth is off and its users are gone.
+    let users = etcd.etcdctl_ok(&["user", "list"]);
+    assert!(users.trim().is_empty(), "users left: {users}");
+    etcd.etcdctl_ok(&["put", "/after", "anyone may write"]);
+}
+
+#[test]
+fn cluster_example_lists_the_members_and_the_status() {
+    let etcd = Etcd::start();
+    let out = run_example("cluster", &[&etcd.endpoint()]);
+    assert_lines(&out, &["1 member(s)", "member ", "answered by "]);
+    let member = out.lines().find(|l| l.starts_with("member ")).unwrap();
+    assert!(member.contains(&etcd.endpoint()), "{out}");
+    // A single member leads itself.
+    let status = out.lines().find(|l| l.starts_with("answered by ")).unwrap();
+    let id = status
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches(':');
+    assert!(status.contains(&format!("leader {id},")), "{out}");
+}
+
+#[test]
+fn snapshot_example_writes_a_file_etcdctl_reads() {
+    let etcd = Etcd::start();
+    for i in 0..3 {
+        etcd.etcdctl_ok(&["put", &format!("/examples/snapshot/{i}"), "x"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("etcd.db");
+    let out = run_example("snapshot", &[&etcd.endpoint(), path.to_str().unwrap()]);
+    assert_lines(&out, &["wrote "]);
+    let written: u64 = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {out}"));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), written, "{out}");
+    // The file is a snapshot etcd's own tool reads, holding the keys put.
+    let status = common::etcdctl_command()
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "etcdctl snapshot status: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert!(status["totalKey"].as_u64().unwrap_or(0) >= 3, "{status}");
+}

@@ -408,4 +408,19 @@ impl ClientConfig {
         self.request_timeout = timeout;
         self
     }
+
+    /// The same config authenticating as `user` with `password` (for a
+    /// cluster with auth enabled): the token is fetched on first use.
+    #[must_use]
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.credentials = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
 }
