@@ -7,7 +7,10 @@
 # - no Markdown or Rust file (outside target/) links ../shared, names a tracker number ("issue 21") or
 #   says "this machine": a reader has neither the tracker nor the machine; name the hardware instead;
 # - no code block in README.md or docs/*.md opens without a language: trycmd (tests/docs.rs) would run
-#   it as a command.
+#   it as a command;
+# - the README stays a first hour's read (at most README_MAX_LINES lines; the manual is docs/), and no
+#   doc speaks of a `/status` HTTP endpoint: the metrics server serves /metrics, /healthz and /readyz
+#   (`aether-replicator status` is the command).
 # One line per problem, file:line: what; exit 1 if there is any.
 #   e2e/check-docs.sh
 set -euo pipefail
@@ -142,6 +145,17 @@ for path in trycmd_read:
                 say(path, n, "a code block without a language (trycmd would run it): say ```text, ```sh, ...")
         elif m.group(2).startswith(fence[0]) and not m.group(3).strip():
             fence = None
+
+README_MAX_LINES = 260
+readme_lines = open("README.md", encoding="utf-8").read().count("\n")
+if readme_lines > README_MAX_LINES:
+    say("README.md", readme_lines, f"{readme_lines} lines, over {README_MAX_LINES}: move detail into docs/")
+# An HTTP path, not the subcommand: "/status" right after a host, a quote or a space.
+STATUS_PATH = re.compile(r"(?:[\w\]:]|[`'\" ])/status\b")
+for path in linked:
+    for n, line in enumerate(open(path, encoding="utf-8").read().split("\n"), 1):
+        if STATUS_PATH.search(line):
+            say(path, n, "speaks of a /status HTTP path; the server has /metrics, /healthz and /readyz")
 
 for p in problems:
     print(p)
