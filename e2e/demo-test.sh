@@ -35,6 +35,12 @@ env --default-signal=INT true 2>/dev/null || {
   echo "demo-test.sh needs env --default-signal (GNU coreutils 8.31 or later)" >&2
   exit 1
 }
+# The demo asks cargo where the binary is (CARGO_TARGET_DIR, a target-dir in
+# .cargo/config): a path of its own under target/ broke that once.
+if grep -n 'target/\(release\|debug\)' e2e/demo.sh; then
+  echo "FAIL: e2e/demo.sh assumes where cargo puts the binary; ask cargo (--message-format=json)" >&2
+  exit 1
+fi
 # Built first, so that the bounded waits below measure the demo, not rustc.
 cargo build --release --bin aether-replicator
 
