@@ -519,7 +519,7 @@ impl Error {
 /// A status that tonic synthesised from a connection failure rather than one
 /// the server sent.
 fn status_is_transport(status: &tonic::Status) -> bool {
-    std::error::Error::source(status).is_some() || status.code() == tonic::Code::Unavailable
+    status_is_transport_error(status) || status.code() == tonic::Code::Unavailable
 }
 
 /// Whether tonic made `status` from a transport error (it has a source),
@@ -567,15 +567,13 @@ fn tls_error(status: &tonic::Status) -> Error {
 /// The status message with its source chain, so "connection refused" is visible.
 fn transport_message(status: &tonic::Status) -> String {
     // Each layer tends to repeat its source's text; keep only what adds.
-    let mut out = status.message().to_string();
-    let mut src = std::error::Error::source(status);
-    while let Some(e) = src {
-        let text = e.to_string();
+    let mut texts = chain_texts(status).into_iter();
+    let mut out = texts.next().unwrap_or_default();
+    for text in texts {
         if !out.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }
-        src = e.source();
     }
     out
 }
