@@ -24,62 +24,64 @@
 //! replication between regions loop-free.
 //!
 //! # Layout
-//! One peer's task, top to bottom:
-//! - `peer`: what one peer's task holds across sessions.
-//! - `session`: the session lifecycle: claim, sync or resume, live; retry
-//!   with backoff, re-sync, or let a stale copy lapse.
-//! - `claim`: how a session takes the peer: identity checks, the lease
-//!   (adopt or grant), the compare-and-swap on the state key, and whether
-//!   to resume or re-sync.
+//! The folders are the phases of one peer's task, top to bottom; nothing
+//! imports upward.
+//! - `peer/`: what one peer's task holds across sessions (`Peer`, and the
+//!   engine's handles it shares), and its lifecycle:
+//!   - `session`: claim, sync or resume, live; retry with backoff,
+//!     re-sync, or let a stale copy lapse (a state diagram in its doc);
+//!   - `claim`: identity checks, the lease (adopt or grant), the
+//!     compare-and-swap on the state key, and whether to resume or re-sync.
 //! - `sync`: the range-diff sync at one pinned revision, over `diff` (the
-//!   merge-join of both sides' pages); a claim that will sync pins it and
-//!   starts its scans beside its last txn (`sync::pin`).
-//! - `live`: the live loop: watch in, batches out, the freshness probe.
+//!   merge-join of both sides' pages); `Peer::pin_sync` pins it and starts
+//!   its scans beside the claim's last txn.
+//! - `live/`: the live loop (`mod.rs`: the select loop) and its parts:
 //!   [`batch`] turns watch events into batches of whole revisions;
-//!   `sequence` keeps per-key order and the acknowledged watermark;
-//!   `count` splits the probe's key counts into pieces, so a count never
-//!   holds a store's writes for a whole walk of the subtree.
-//! - `verify`: the periodic verification pass that repairs what a probe
-//!   can't see (out-of-band edits on the peer).
-//! - `pipeline`: **the one send path** of the sync and the live loop: txns
-//!   in flight, their bytes, the window's samples, refusals and re-sends.
-//!   - `window`: the adaptive in-flight window (how many txns and bytes may
-//!     be in flight, from the measured round trip and throughput).
+//!   `inflight` keeps per-key order and the acknowledged watermark of the
+//!   txns in flight; `fresh` decides whether the copy is current.
+//! - `count`: key counts split into pieces, so a count never holds a
+//!   store's writes for a whole walk of the subtree.
+//! - `verify`: the periodic verification pass that repairs what the live
+//!   loop can't see.
+//! - `send/`: **the one send path** of the sync and the live loop
+//!   (`mod.rs`: the pipeline: txns in flight, their bytes, refusals and
+//!   re-sends) and what it draws on:
+//!   - `pacer`: the *window*, the one thing that word names here: how many
+//!     txns and bytes may be in flight, from the measured round trip and
+//!     throughput;
 //!   - `limits`: the peer's txn limits, discovered by probing after a
-//!     refusal.
-//! - `writer`: builds every fenced txn and tells why one failed; [`state`]
-//!   is the state key's format, the fence and the claim.
-//! - [`stats`]: per-peer counters and signals; [`check`]: the offline
+//!     refusal;
+//!   - `writer`: builds every fenced txn and tells why one failed.
+//! - [`state`]: the state key's format, the fence and the claim;
+//!   [`stats`]: per-peer counters and signals; [`check`]: the offline
 //!   comparison behind `aether-replicator check`; `config`: [`MirrorConfig`].
 //!
 //! # Where to look
+//! - *Where is a copy declared current?* Only in `live/fresh.rs`; the
+//!   consumer's side reads the state key in `crate::view::origin`.
 //! - *Where is a txn packed?* Sync: `sync` with the client's
 //!   [`crate::etcd::TxnBatcher`]. Live: [`batch::Batcher`]. Both pack for
 //!   the limits the pipeline reports.
-//! - *Where are limits discovered?* `limits` (`Limits::refused`, called by
-//!   `pipeline` when the peer refuses a txn for its size).
-//! - *Where is the window sized?* `window` (`Pacer`), fed only by `pipeline`.
+//! - *Where are limits discovered?* `send/limits.rs` (`Limits::refused`,
+//!   called by the pipeline when the peer refuses a txn for its size).
+//! - *Where is the window sized?* `send/pacer.rs` (`Pacer`), fed only by
+//!   the pipeline.
 //! - *Where is a flag added?* In the app, not here: see `app::config`'s
 //!   module doc; the engine takes it as a [`MirrorConfig`] field.
 
-pub mod batch;
 pub mod check;
-mod claim;
 mod config;
 mod count;
 mod diff;
-mod limits;
 mod live;
 mod peer;
-mod pipeline;
-mod sequence;
-mod session;
+mod send;
 pub mod state;
 pub mod stats;
 mod sync;
 mod verify;
-mod window;
-mod writer;
+
+pub use live::batch;
 
 use std::sync::Arc;
 
@@ -167,7 +169,11 @@ impl Engine {
                 peer_cfg,
                 stats,
                 holder,
-                (cancel.child_token(), pause.clone(), sync_slots.clone()),
+                peer::Shared {
+                    cancel: cancel.child_token(),
+                    pause: pause.clone(),
+                    sync_slots: sync_slots.clone(),
+                },
             );
             let fenced_tx = fenced_tx.clone();
             let span = tracing::info_span!("peer", peer = %region);

@@ -5,7 +5,7 @@
 //! ([`super::diff`]): a key missing on the peer, with another value,
 //! or attached to another lease is put (under the current lease); a key the
 //! source lacks is deleted. Writes go out as fenced txns, as many in flight
-//! as the peer's send pipeline allows ([`super::pipeline`]); they touch
+//! as the peer's send pipeline allows ([`super::send`]); they touch
 //! disjoint keys, so their order does not matter. Memory holds a few pages
 //! per side and the txns in flight (bounded in bytes), whatever the
 //! subtree's size.
@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::batch::STATE_RESERVE_BYTES;
 use super::count::CountSplits;
 use super::diff::{Diff, Merge};
 use super::live::Opened;
-use super::pipeline::{Link, Pipeline};
+use super::live::batch::STATE_RESERVE_BYTES;
+use super::send::writer::FencedWriter;
+use super::send::{Link, Pipeline};
 use super::stats::unix_ms;
-use super::writer::FencedWriter;
 use crate::error::Result;
 use crate::etcd::{Client, Delete, Op, Range, TxnBatcher};
 

@@ -36,8 +36,8 @@ use bytes::Bytes;
 use super::config::MirrorConfig;
 use super::count::CountSplits;
 use super::diff::{Diff, Merge};
+use super::send::writer::FencedWriter;
 use super::stats::{ErrorKind, PeerStats, VerifySkip};
-use super::writer::FencedWriter;
 use crate::error::Result;
 use crate::etcd::{self, Client, Compare, CompareOp, Delete, KeyValue, Op, Range};
 

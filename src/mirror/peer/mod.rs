@@ -1,10 +1,13 @@
 //! One peer's replication task: what it holds across sessions.
 //!
 //! The task itself is split by job: the session lifecycle
-//! ([`super::session`]), the claim and lease ([`super::claim`]) and the
+//! ([`self::session`]), the claim and lease ([`self::claim`]) and the
 //! live loop ([`super::live`]), each an `impl Peer` of its own over this
 //! state. What is learnt about the link (the adaptive window, the
-//! discovered txn limits: [`super::pipeline::Link`]) outlives sessions.
+//! discovered txn limits: [`super::send::Link`]) outlives sessions.
+
+mod claim;
+mod session;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,58 +18,70 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::MirrorConfig;
 use super::count::CountSplits;
-use super::limits::Limits;
-use super::pipeline::Link;
+use super::send::Link;
+use super::send::limits::Limits;
+use super::send::pacer::Pacer;
+use super::send::writer::FencedWriter;
 use super::stats::{PeerStats, ResyncReason};
+use super::sync::Pinned;
 use super::verify::VerifySchedule;
-use super::window::Pacer;
-use super::writer::FencedWriter;
+use crate::error::Result;
 use crate::etcd::{Client, LeaseHandle};
+
+/// The engine's handles that every peer's task shares.
+pub(crate) struct Shared {
+    /// The engine's stop (a child token per peer).
+    pub(crate) cancel: CancellationToken,
+    /// The engine's step-down: stop writing, keep the lease alive.
+    pub(crate) pause: CancellationToken,
+    /// The engine's sync slots ([`MirrorConfig::max_concurrent_syncs`]).
+    pub(crate) sync_slots: Arc<Semaphore>,
+}
 
 /// One peer's replication task (see the module doc).
 pub(crate) struct Peer {
-    pub(super) writer: FencedWriter,
-    pub(super) local: Client,
-    pub(super) cfg: Arc<MirrorConfig>,
-    pub(super) prefix: Bytes,
-    pub(super) cancel: CancellationToken,
+    pub(crate) writer: FencedWriter,
+    pub(crate) local: Client,
+    pub(crate) cfg: Arc<MirrorConfig>,
+    pub(crate) prefix: Bytes,
+    pub(crate) cancel: CancellationToken,
     /// Set when the owner steps down: stop writing at once, but keep the
     /// lease alive for one more TTL so a successor can adopt it.
-    pub(super) pause: CancellationToken,
+    pub(crate) pause: CancellationToken,
     /// No session has claimed the peer yet.
-    pub(super) fresh: bool,
+    pub(crate) fresh: bool,
     /// The next session re-syncs in full, for this reason (the source or
     /// the peer changed under the copy, or the copy went stale).
-    pub(super) force_sync: Option<ResyncReason>,
+    pub(crate) force_sync: Option<ResyncReason>,
     /// A predecessor's lease whose TTL differs from ours, kept alive until
     /// the subtree is re-put under our own lease.
-    pub(super) prev_lease: Option<LeaseHandle>,
+    pub(crate) prev_lease: Option<LeaseHandle>,
     /// When the last range-diff sync started, Unix ms.
-    pub(super) sync_started_ms: i64,
+    pub(crate) sync_started_ms: i64,
     /// A sync of this engine's started and has not completed: the next
     /// one is counted as `interrupted`.
-    pub(super) sync_pending: bool,
+    pub(crate) sync_pending: bool,
     /// The source's revision when the session resumed a copy: until the
     /// watermark passes it, the peer may hold a predecessor's writes beyond
     /// the watermark, and key counts can't be compared (0: no such span).
-    pub(super) replay_horizon: i64,
+    pub(crate) replay_horizon: i64,
     /// `<state_root><region>/source-id` in the local etcd: the source's
     /// own id ([`super::state::source_id`]).
-    pub(super) source_id_key: Bytes,
+    pub(crate) source_id_key: Bytes,
     /// The verification schedule: it belongs to the peer, not to a
     /// session, so a session that restarts more often than the interval
     /// still gets verified.
-    pub(super) verify: VerifySchedule,
+    pub(crate) verify: VerifySchedule,
     /// The adaptive window and the discovered limits: they outlive
     /// sessions, so what was learnt about the link in the sync carries into
     /// the live phase and across retries.
-    pub(super) link: Link,
+    pub(crate) link: Link,
     /// The engine's sync slots ([`MirrorConfig::max_concurrent_syncs`]),
     /// shared by all its peers.
-    pub(super) sync_slots: Arc<Semaphore>,
+    pub(crate) sync_slots: Arc<Semaphore>,
     /// Where the freshness probe splits its key counts: learnt from the
     /// keys written, so it outlives sessions like the copy does.
-    pub(super) splits: CountSplits,
+    pub(crate) splits: CountSplits,
 }
 
 impl Peer {
@@ -77,10 +92,13 @@ impl Peer {
         cfg: Arc<MirrorConfig>,
         stats: Arc<PeerStats>,
         holder: u64,
-        // The engine's handles every peer shares: its stop, its step-down,
-        // its sync slots.
-        (cancel, pause, sync_slots): (CancellationToken, CancellationToken, Arc<Semaphore>),
+        shared: Shared,
     ) -> Peer {
+        let Shared {
+            cancel,
+            pause,
+            sync_slots,
+        } = shared;
         // Staleness counts from this engine's start until a store says
         // better (a resumed state key's heartbeat, or a probe): counters
         // kept across leadership terms must not make a new leader's copy
@@ -115,11 +133,27 @@ impl Peer {
         }
     }
 
-    pub(super) fn region(&self) -> &str {
+    /// Pins a sync of this peer's copy: the source's revision, the watch
+    /// opened from the next one, and the first pages of both sides' scans
+    /// under way (see [`super::sync::pin`]). Waits for a sync slot.
+    pub(crate) fn pin_sync(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Pinned>> + Send + 'static {
+        super::sync::pin(
+            self.local.clone(),
+            self.writer.client.clone(),
+            self.prefix.clone(),
+            self.cfg.page_size,
+            self.link.pacer.min_rtt(),
+            self.sync_slots.clone(),
+        )
+    }
+
+    pub(crate) fn region(&self) -> &str {
         &self.writer.region
     }
 
-    pub(super) fn stats(&self) -> &PeerStats {
+    pub(crate) fn stats(&self) -> &PeerStats {
         &self.writer.stats
     }
 }

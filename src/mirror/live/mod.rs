@@ -1,14 +1,17 @@
 //! The live loop: the source's watch in, fenced batches out.
 //!
 //! Watch events are packed into batches of consecutive revisions
-//! ([`super::batch`]) and sent through the send pipeline
-//! ([`super::pipeline`]), several in flight; the in-flight window
-//! ([`super::sequence`]) keeps per-key order and the contiguous watermark
+//! ([`self::batch`]) and sent through the send pipeline
+//! ([`super::send`]), several in flight; the in-flight window
+//! ([`self::inflight`]) keeps per-key order and the contiguous watermark
 //! that the state key records. Every heartbeat a freshness probe reads both
 //! stores: their identity, and whether the peer holds everything through
 //! the source's revision (staleness, the heartbeat in the state key). The
 //! verification pass ([`super::verify`]) and the re-probe of lowered txn
-//! limits ([`super::limits`]) run beside it.
+//! limits ([`super::send::limits`]) run beside it.
+
+pub mod batch;
+mod inflight;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -19,93 +22,118 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{Batch, Batcher};
+use self::batch::{Batch, Batcher};
+use self::inflight::{Ahead, Launched, Sequencer};
 use super::config::MirrorConfig;
 use super::count::{self, CountSplits};
-use super::limits::ProbeResult;
-use super::peer::Peer;
-use super::pipeline::{Done, Pipeline};
-use super::sequence::Sequencer;
+use super::send::limits::ProbeResult;
+use super::send::writer::FencedWriter;
+use super::send::{Done, Link, Pipeline};
 use super::state::{self, Stored};
 use super::stats::{VerifySkip, unix_ms};
 use super::verify::{self, VerifySchedule};
-use super::writer::FencedWriter;
 use crate::error::{Error, Result};
 use crate::etcd::{
     self, Client, Header, LeaseHandle, LeaseStatus, Range, WatchOptions, WatchStream, Watcher,
 };
 
-impl Peer {
-    /// Mirrors the source watch from `live.from` until an error or
-    /// cancellation.
-    pub(super) async fn stream(&mut self, live: Opened) -> Result<()> {
-        let Some(lease_status) = self.writer.lease.as_ref().map(LeaseHandle::subscribe) else {
-            return Err(Error::LeaseLost {
-                peer: self.region().to_owned(),
-            });
-        };
-        let from = live.from;
-        let (ws, watcher) = match live.watch {
-            Some(opened) => opened,
-            None => open_watch(&self.local, &self.prefix, from)?,
-        };
-        let stats = self.stats();
-        stats.applied_revision.store(from - 1, Relaxed);
-        stats.source_revision.fetch_max(from - 1, Relaxed);
-        // A copy nobody could verify several times in a row is not vouched
-        // for until a pass completes.
-        stats.set_synced(!self.verify.overdue());
-        tracing::info!(peer = %self.region(), from, "mirroring live");
-        let mut live = Live {
-            writer: &self.writer,
-            cfg: &self.cfg,
-            local: &self.local,
-            prefix: &self.prefix,
-            source_id_key: &self.source_id_key,
-            ws,
-            batcher: Batcher::new(self.link.limits.current(), self.writer.lease_id()),
-            window: Sequencer::new(from - 1),
-            pipeline: Pipeline::new(&self.writer, &mut self.link),
-            verify: &mut self.verify,
-            splits: &mut self.splits,
-            verifying: false,
-            replay_horizon: self.replay_horizon,
-            splits_seen: 0,
-            received: 0,
-            launched_ops: 0,
-            ops_before: VecDeque::new(),
-            settled_ahead: Ahead::default(),
-            probe: None,
-            heartbeat_dirty: false,
-            cadence: count::Cadence::default(),
-        };
-        let result = live.run(watcher, lease_status, &self.cancel).await;
-        if live.verifying {
-            let retry = self.cfg.heartbeat_interval * 2;
-            live.verify.skipped(
-                Instant::now(),
-                VerifySkip::Interrupted,
-                retry,
-                &self.writer.stats,
-            );
-        }
-        result
+/// What a live phase borrows from its peer's task for its length.
+pub(crate) struct Parts<'a> {
+    pub(crate) writer: &'a FencedWriter,
+    pub(crate) cfg: &'a MirrorConfig,
+    pub(crate) local: &'a Client,
+    pub(crate) prefix: &'a Bytes,
+    pub(crate) source_id_key: &'a Bytes,
+    /// What is learnt about the link: it outlives the phase.
+    pub(crate) link: &'a mut Link,
+    pub(crate) verify: &'a mut VerifySchedule,
+    pub(crate) splits: &'a mut CountSplits,
+    /// See `Peer::replay_horizon`.
+    pub(crate) replay_horizon: i64,
+    pub(crate) cancel: &'a CancellationToken,
+}
+
+/// Mirrors the source watch from `opened.from` until an error or
+/// cancellation.
+pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
+    let Parts {
+        writer,
+        cfg,
+        local,
+        prefix,
+        source_id_key,
+        link,
+        verify,
+        splits,
+        replay_horizon,
+        cancel,
+    } = parts;
+    let Some(lease_status) = writer.lease.as_ref().map(LeaseHandle::subscribe) else {
+        return Err(Error::LeaseLost {
+            peer: writer.region.clone(),
+        });
+    };
+    let from = opened.from;
+    let (ws, watcher) = match opened.watch {
+        Some(opened) => opened,
+        None => open_watch(local, prefix, from)?,
+    };
+    let stats = &writer.stats;
+    stats.applied_revision.store(from - 1, Relaxed);
+    stats.source_revision.fetch_max(from - 1, Relaxed);
+    // A copy nobody could verify several times in a row is not vouched
+    // for until a pass completes.
+    stats.set_synced(!verify.overdue());
+    tracing::info!(peer = %writer.region, from, "mirroring live");
+    let mut live = Live {
+        writer,
+        cfg,
+        local,
+        prefix,
+        source_id_key,
+        ws,
+        batcher: Batcher::new(link.limits.current(), writer.lease_id()),
+        inflight: Sequencer::new(from - 1),
+        pipeline: Pipeline::new(writer, link),
+        verify,
+        splits,
+        verifying: false,
+        replay_horizon,
+        splits_seen: 0,
+        received: 0,
+        launched_ops: 0,
+        ops_before: VecDeque::new(),
+        settled_ahead: Ahead::default(),
+        probe: None,
+        heartbeat_dirty: false,
+        cadence: count::Cadence::default(),
+    };
+    let result = live.run(watcher, lease_status, cancel).await;
+    if live.verifying {
+        let retry = cfg.heartbeat_interval * 2;
+        live.verify.skipped(
+            Instant::now(),
+            VerifySkip::Interrupted,
+            retry,
+            &writer.stats,
+        );
     }
+    result
 }
 
 /// The source watch a live phase reads, from revision `from`: opened
 /// already (before a sync), or to be opened when the phase starts.
-pub(super) struct Opened {
-    pub(super) from: i64,
+pub(crate) struct Opened {
+    pub(crate) from: i64,
     watch: Option<(WatchStream, Watcher)>,
 }
 
 impl Opened {
-    pub(super) fn later(from: i64) -> Opened {
+    pub(crate) fn later(from: i64) -> Opened {
         Opened { from, watch: None }
     }
 
-    pub(super) fn now(local: &Client, prefix: &Bytes, from: i64) -> Result<Opened> {
+    pub(crate) fn now(local: &Client, prefix: &Bytes, from: i64) -> Result<Opened> {
         Ok(Opened {
             from,
             watch: Some(open_watch(local, prefix, from)?),
@@ -125,50 +153,6 @@ fn open_watch(local: &Client, prefix: &Bytes, from: i64) -> Result<(WatchStream,
             .progress_notify(),
     )?;
     Ok((ws, watcher))
-}
-
-/// A txn sent and not yet under the watermark.
-struct Launched {
-    seq: u64,
-    /// `launched_ops` before it.
-    before: u64,
-    /// Its ops of the revision after `through` (see [`Batch::ahead`]).
-    ahead: u64,
-    through: i64,
-}
-
-/// Ops applied of one revision the watermark has not reached: the parts
-/// of a split revision settled before its last.
-#[derive(Default, Clone, Copy)]
-struct Ahead {
-    ops: u64,
-    revision: i64,
-}
-
-impl Ahead {
-    /// Books a txn that went under the watermark, in sequence order.
-    fn settled(&mut self, l: &Launched) {
-        if l.ahead == 0 {
-            // Complete through its last revision: any split one is whole.
-            *self = Ahead::default();
-        } else if self.revision == l.through + 1 {
-            self.ops += l.ahead;
-        } else {
-            *self = Ahead {
-                ops: l.ahead,
-                revision: l.through + 1,
-            };
-        }
-    }
-
-    /// The ops the peer holds above `watermark`.
-    fn above(&self, watermark: i64) -> u64 {
-        if self.revision > watermark {
-            self.ops
-        } else {
-            0
-        }
-    }
 }
 
 /// A freshness probe that came back: the source's revision at `at`.
@@ -242,7 +226,7 @@ struct Live<'a> {
     /// The watch's stream, for whether it is connected.
     ws: WatchStream,
     batcher: Batcher,
-    window: Sequencer,
+    inflight: Sequencer,
     /// The txns in flight, each tagged with its sequence number in the
     /// window and its batch (less the ops, which the pipeline holds).
     pipeline: Pipeline<'a, (u64, Batch)>,
@@ -334,7 +318,7 @@ impl<'a> Live<'a> {
                         self.local,
                         self.prefix.clone(),
                         self.cfg,
-                        self.window.watermark(),
+                        self.inflight.watermark(),
                     )));
                 }
                 _ = tick.tick(), if probing.is_none() => {
@@ -377,7 +361,7 @@ impl<'a> Live<'a> {
                 .ops_before
                 .front()
                 .map_or(self.launched_ops, |l| l.before),
-            ahead: self.settled_ahead.above(self.window.watermark()),
+            ahead: self.settled_ahead.above(self.inflight.watermark()),
             quiet_done: false,
             counted: false,
         };
@@ -385,7 +369,7 @@ impl<'a> Live<'a> {
         // Read before the source is: the source's revision can be no lower.
         // The watermark as it is when the read completes is no bound at
         // all: the stream goes on applying while the peer is read.
-        let applied = self.window.watermark();
+        let applied = self.inflight.watermark();
         let local = self.local;
         let prefix = self.prefix.clone();
         let id_key = self.source_id_key.clone();
@@ -571,9 +555,9 @@ impl<'a> Live<'a> {
     /// nothing pending (an idle subtree: nothing to apply).
     fn check_current(&mut self) {
         let Some(p) = self.probe else { return };
-        let applied = self.window.watermark() >= p.source_revision;
+        let applied = self.inflight.watermark() >= p.source_revision;
         let idle = self.batcher.is_idle()
-            && self.window.is_empty()
+            && self.inflight.is_empty()
             && self.received == p.received
             && self.ws.is_connected()
             && p.at.elapsed() >= QUIET;
@@ -587,7 +571,7 @@ impl<'a> Live<'a> {
             // Known gap: the probe's revision may come from another member
             // than the watch's; a watch on a member that lags by over the
             // quiet period could still deliver events below it.
-            self.window.advance_idle(p.source_revision);
+            self.inflight.advance_idle(p.source_revision);
         }
         self.probe = None;
         if !p.counted {
@@ -625,13 +609,15 @@ impl<'a> Live<'a> {
             let Some(batch) = self.batcher.peek() else {
                 // Nothing to send: catch the state key up if the last
                 // batches went out pipelined.
-                if self.window.is_empty() && (self.window.state_behind() || self.heartbeat_dirty) {
-                    self.launch(Batch::empty(self.window.watermark()));
+                if self.inflight.is_empty()
+                    && (self.inflight.state_behind() || self.heartbeat_dirty)
+                {
+                    self.launch(Batch::empty(self.inflight.watermark()));
                 }
                 break;
             };
             // Per-key order first: a conflict says nothing about the link.
-            if self.window.conflicts(&batch.keys) {
+            if self.inflight.conflicts(&batch.keys) {
                 break;
             }
             if !self.pipeline.has_room(batch.bytes) {
@@ -654,7 +640,7 @@ impl<'a> Live<'a> {
     fn launch(&mut self, mut batch: Batch) {
         // Every state put carries the heartbeat as it is now.
         self.heartbeat_dirty = false;
-        let (seq, state_rev) = self.window.open(&batch.keys, batch.complete_through);
+        let (seq, state_rev) = self.inflight.open(&batch.keys, batch.complete_through);
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let ops = std::mem::take(&mut batch.ops);
         self.ops_before.push_back(Launched {
@@ -709,12 +695,12 @@ impl<'a> Live<'a> {
                     self.splits.offer(e.kv.key());
                 }
                 self.batcher.push(resp.events, Instant::now());
-            } else if self.batcher.is_idle() && self.window.is_empty() {
+            } else if self.batcher.is_idle() && self.inflight.is_empty() {
                 // A per-watcher progress notice: etcd only sends those once
                 // the watcher has caught up. (This stream is the session's
                 // own and never asks for the broadcast kind, which 3.4 also
                 // sends to watchers still catching up.)
-                self.window.advance_idle(resp.revision);
+                self.inflight.advance_idle(resp.revision);
             }
             if self.batcher.ready_len() >= max_ready {
                 return Ok(());
@@ -729,7 +715,7 @@ impl<'a> Live<'a> {
     /// Books one finished txn: stats, the contiguous watermark, errors.
     async fn complete(&mut self, done: Done<(u64, Batch)>) -> Result<()> {
         let (seq, batch) = self.pipeline.settle(done).await?;
-        self.window.release(&batch.keys);
+        self.inflight.release(&batch.keys);
         // A refusal may have lowered the limits: pack for them from now.
         let limits = self.pipeline.limits();
         if limits != self.batcher.limits() {
@@ -749,9 +735,9 @@ impl<'a> Live<'a> {
             stats.apply_latency.observe(received.elapsed(), events);
         }
         tracing::trace!(peer = %self.writer.region, seq, through = complete_through, "acked");
-        let watermark = self.window.ack(seq, complete_through);
+        let watermark = self.inflight.ack(seq, complete_through);
         stats.applied_revision.fetch_max(watermark, Relaxed);
-        let floor = self.window.floor_seq();
+        let floor = self.inflight.floor_seq();
         while let Some(l) = self.ops_before.front().filter(|l| l.seq < floor) {
             self.settled_ahead.settled(l);
             self.ops_before.pop_front();
@@ -780,53 +766,12 @@ impl<'a> Live<'a> {
                 }
             }
         }
-        if clean && self.window.state_behind() {
-            let txn = self.writer.txn(Vec::new(), Some(self.window.watermark()));
+        if clean && self.inflight.state_behind() {
+            let txn = self.writer.txn(Vec::new(), Some(self.inflight.watermark()));
             tokio::select! {
                 _ = &mut deadline => {}
                 _ = self.writer.client.txn(txn) => {}
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn txn(seq: u64, ahead: u64, through: i64) -> Launched {
-        Launched {
-            seq,
-            before: 0,
-            ahead,
-            through,
-        }
-    }
-
-    #[test]
-    fn the_applied_parts_of_a_split_revision_count_only_until_it_is_whole() {
-        let mut a = Ahead::default();
-        a.settled(&txn(1, 0, 9));
-        assert_eq!(a.above(9), 0);
-        // Revision 10 in three parts: the first two go under the
-        // watermark (still 9) one after the other.
-        a.settled(&txn(2, 127, 9));
-        assert_eq!(a.above(9), 127);
-        a.settled(&txn(3, 127, 9));
-        assert_eq!(a.above(9), 254);
-        // The last part completes it: nothing is ahead any more.
-        a.settled(&txn(4, 0, 10));
-        assert_eq!(a.above(10), 0);
-        // A new split revision starts from nothing, not from the last one.
-        a.settled(&txn(5, 100, 11));
-        assert_eq!(a.above(11), 100);
-        // Two split revisions back to back: the second's first part
-        // follows the first's last one, which may already hold revision
-        // 12's neighbours but completes 12.
-        a.settled(&txn(6, 0, 12));
-        a.settled(&txn(7, 50, 12));
-        assert_eq!(a.above(12), 50);
-        // A watermark read after the revision is whole sees nothing ahead.
-        assert_eq!(a.above(13), 0);
     }
 }

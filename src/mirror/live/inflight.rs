@@ -2,7 +2,7 @@
 //! the acknowledged watermark.
 //!
 //! Batches go out pipelined, each with a sequence number, and their
-//! acknowledgements come back in any order. The window keeps:
+//! acknowledgements come back in any order. The sequencer keeps:
 //! - per-key counts of the txns in flight, so that a batch touching a key
 //!   still in flight waits (per-key order on the peer);
 //! - the acknowledged sequence numbers, so that the *watermark* — the
@@ -30,7 +30,7 @@ pub(crate) struct Sequencer {
 }
 
 impl Sequencer {
-    /// A window whose every revision through `applied` is on the peer and
+    /// A sequencer whose every revision through `applied` is on the peer and
     /// recorded in its state key.
     pub(crate) fn new(applied: i64) -> Sequencer {
         Sequencer {
@@ -122,6 +122,50 @@ impl Sequencer {
     }
 }
 
+/// A txn sent and not yet under the watermark.
+pub(crate) struct Launched {
+    pub(crate) seq: u64,
+    /// `launched_ops` before it.
+    pub(crate) before: u64,
+    /// Its ops of the revision after `through` (see [`super::batch::Batch::ahead`]).
+    pub(crate) ahead: u64,
+    pub(crate) through: i64,
+}
+
+/// Ops applied of one revision the watermark has not reached: the parts
+/// of a split revision settled before its last.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Ahead {
+    ops: u64,
+    revision: i64,
+}
+
+impl Ahead {
+    /// Books a txn that went under the watermark, in sequence order.
+    pub(crate) fn settled(&mut self, l: &Launched) {
+        if l.ahead == 0 {
+            // Complete through its last revision: any split one is whole.
+            *self = Ahead::default();
+        } else if self.revision == l.through + 1 {
+            self.ops += l.ahead;
+        } else {
+            *self = Ahead {
+                ops: l.ahead,
+                revision: l.through + 1,
+            };
+        }
+    }
+
+    /// The ops the peer holds above `watermark`.
+    pub(crate) fn above(&self, watermark: i64) -> u64 {
+        if self.revision > watermark {
+            self.ops
+        } else {
+            0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +218,41 @@ mod tests {
         let (_, rev) = w.open(&[], 9);
         assert_eq!(rev, 9);
         assert!(!w.state_behind());
+    }
+
+    fn txn(seq: u64, ahead: u64, through: i64) -> Launched {
+        Launched {
+            seq,
+            before: 0,
+            ahead,
+            through,
+        }
+    }
+
+    #[test]
+    fn the_applied_parts_of_a_split_revision_count_only_until_it_is_whole() {
+        let mut a = Ahead::default();
+        a.settled(&txn(1, 0, 9));
+        assert_eq!(a.above(9), 0);
+        // Revision 10 in three parts: the first two go under the
+        // watermark (still 9) one after the other.
+        a.settled(&txn(2, 127, 9));
+        assert_eq!(a.above(9), 127);
+        a.settled(&txn(3, 127, 9));
+        assert_eq!(a.above(9), 254);
+        // The last part completes it: nothing is ahead any more.
+        a.settled(&txn(4, 0, 10));
+        assert_eq!(a.above(10), 0);
+        // A new split revision starts from nothing, not from the last one.
+        a.settled(&txn(5, 100, 11));
+        assert_eq!(a.above(11), 100);
+        // Two split revisions back to back: the second's first part
+        // follows the first's last one, which may already hold revision
+        // 12's neighbours but completes 12.
+        a.settled(&txn(6, 0, 12));
+        a.settled(&txn(7, 50, 12));
+        assert_eq!(a.above(12), 50);
+        // A watermark read after the revision is whole sees nothing ahead.
+        assert_eq!(a.above(13), 0);
     }
 }

@@ -9,21 +9,21 @@
 //! another TTL is kept alive until the subtree is re-put under the new
 //! one); and claims the peer anew with a compare-and-swap on the state key,
 //! so that whatever an earlier session left in flight fails the fence
-//! ([`super::state`]). It decides how the session starts: resume the watch
+//! ([`crate::mirror::state`]). It decides how the session starts: resume the watch
 //! from the state revision when the copy can be trusted (same source, no
 //! revision gone back, same lease, not too far behind), or re-sync.
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::peer::Peer;
-use super::state::{self, State};
-use super::stats::{ErrorKind, ResyncReason, unix_ms};
-use super::sync::Pinned;
+use super::Peer;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Client, Header, LeaseGrant, LeaseHandle, LeaseId};
+use crate::mirror::state::{self, State};
+use crate::mirror::stats::{ErrorKind, ResyncReason, unix_ms};
+use crate::mirror::sync::Pinned;
 
 /// Where a session starts from.
-pub(super) enum Start {
+pub(crate) enum Start {
     /// Every source revision up to this one is on the peer: watch from the
     /// next one.
     Resume(i64),
@@ -35,7 +35,7 @@ pub(super) enum Start {
 impl Peer {
     /// Decides how the session starts and claims the peer: it returns a
     /// new lease handle when the lease changed.
-    pub(super) async fn claim(&mut self) -> Result<(Option<LeaseHandle>, Start)> {
+    pub(crate) async fn claim(&mut self) -> Result<(Option<LeaseHandle>, Start)> {
         // The source as it is now: the copy may only be resumed if it came
         // from this store and nothing it holds is past the store's revision.
         // The two reads are independent: one round trip to the peer, not
@@ -218,16 +218,7 @@ impl Peer {
         // the claim's last txn, so the peer's first page comes back with
         // the claim rather than a round trip after it (`sync::pin` says
         // why that is safe once the state key is gone).
-        let pin = sync.map(|_| {
-            super::sync::pin(
-                self.local.clone(),
-                self.writer.client.clone(),
-                self.prefix.clone(),
-                self.cfg.page_size,
-                self.link.pacer.min_rtt(),
-                self.sync_slots.clone(),
-            )
-        });
+        let pin = sync.map(|_| self.pin_sync());
         let w = &mut self.writer;
         if stored.create_revision != 0 && !state::release(&w.client, &w.state_key, &stored).await? {
             return Err(Error::ClaimRaced {

@@ -1,6 +1,6 @@
 //! The fenced writer: everything one txn to a peer needs, as one value.
 //!
-//! The send pipeline ([`super::pipeline`]), the claim, the verification
+//! The send pipeline ([`super`]), the claim, the verification
 //! pass and the final state write all build their txns here. It holds the
 //! peer's client, its state key, the fence (the state key's create revision
 //! at this engine's claim), the mirror lease and the stats; it builds the
@@ -13,13 +13,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
-use super::state::{self, State, Stored};
-use super::stats::PeerStats;
 use crate::error::{Error, Result};
 use crate::etcd::LeaseId;
 use crate::etcd::{
     self, Client, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse,
 };
+use crate::mirror::state::{self, State, Stored};
+use crate::mirror::stats::PeerStats;
 
 /// Writes to one peer under this engine's claim.
 pub(crate) struct FencedWriter {

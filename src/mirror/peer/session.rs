@@ -4,9 +4,9 @@
 //! A *session* runs from claiming the peer to the first error:
 //! 1. the claim ([`super::claim`]): identity checks, the lease, the
 //!    compare-and-swap on the state key, and whether to resume or re-sync;
-//! 2. the range-diff sync ([`super::sync`]) when the copy can't be resumed,
+//! 2. the range-diff sync ([`crate::mirror::sync`]) when the copy can't be resumed,
 //!    with the live watch opened first;
-//! 3. the live loop ([`super::live`]) until an error; a watch that can't
+//! 3. the live loop ([`crate::mirror::live`]) until an error; a watch that can't
 //!    resume (compaction) re-syncs within the session.
 //!
 //! Errors end the session; the loop retries with capped, jittered backoff.
@@ -17,13 +17,13 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use super::Peer;
 use super::claim::Start;
-use super::live::Opened;
-use super::peer::Peer;
-use super::stats::{ErrorKind, ResyncReason, unix_ms};
-use super::sync::Pinned;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Backoff};
+use crate::mirror::live::{self, Opened};
+use crate::mirror::stats::{ErrorKind, ResyncReason, unix_ms};
+use crate::mirror::sync::Pinned;
 
 impl Peer {
     /// Replicates until cancelled, or until another engine of this region
@@ -252,21 +252,15 @@ impl Peer {
         let mut pinned = match pinned {
             Some(pinned) => pinned,
             None => {
-                let pin = super::sync::pin(
-                    self.local.clone(),
-                    self.writer.client.clone(),
-                    self.prefix.clone(),
-                    self.cfg.page_size,
-                    self.link.pacer.min_rtt(),
-                    self.sync_slots.clone(),
-                );
+                let pin = self.pin_sync();
                 tokio::select! {
                     _ = self.cancel.cancelled() => return Ok(None),
                     r = pin => Box::new(r?),
                 }
             }
         };
-        let fut = super::sync::run(&self.writer, &mut self.link, &mut pinned, &mut self.splits);
+        let fut =
+            crate::mirror::sync::run(&self.writer, &mut self.link, &mut pinned, &mut self.splits);
         tokio::select! {
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
@@ -299,5 +293,25 @@ pub(crate) fn classify(err: &Error) -> ErrorKind {
             ErrorKind::Identity
         }
         _ => ErrorKind::Other,
+    }
+}
+
+impl Peer {
+    /// The live phase: mirrors the source watch from `opened.from` until
+    /// an error or cancellation.
+    async fn stream(&mut self, opened: Opened) -> Result<()> {
+        let parts = live::Parts {
+            writer: &self.writer,
+            cfg: &self.cfg,
+            local: &self.local,
+            prefix: &self.prefix,
+            source_id_key: &self.source_id_key,
+            link: &mut self.link,
+            verify: &mut self.verify,
+            splits: &mut self.splits,
+            replay_horizon: self.replay_horizon,
+            cancel: &self.cancel,
+        };
+        live::run(parts, opened).await
     }
 }

@@ -29,7 +29,7 @@
 //! # What the limits mean
 //! - `max_ops`: the most ops in one branch, exactly the peer's
 //!   `--max-txn-ops`. A live txn carries the state put, so it holds one data
-//!   op fewer ([`super::batch`] reserves the slot); a sync txn uses them all.
+//!   op fewer ([`crate::mirror::live::batch`] reserves the slot); a sync txn uses them all.
 //! - `max_bytes`: the largest encoded txn request the peer takes. etcd
 //!   checks `--max-request-bytes` against the txn wrapped in its raft
 //!   header (a few dozen bytes), so this is that flag less the header and
@@ -38,7 +38,7 @@
 //!
 //! # Back up
 //! While a limit is below the configured one, the configured limits are
-//! probed again every `limit_reprobe` ([`super::MirrorConfig`], a minute
+//! probed again every `limit_reprobe` ([`crate::mirror::MirrorConfig`], a minute
 //! by default) by the live loop, beside its freshness probe; a peer that
 //! takes them gets them back.
 
@@ -47,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::stats::PeerStats;
 use crate::etcd::{self, Client, Compare, CompareOp, Put, Txn, TxnLimits};
+use crate::mirror::stats::PeerStats;
 
 /// How close to the peer's byte limit the search gets.
 pub const BYTES_PRECISION: usize = 64;

@@ -2,16 +2,20 @@
 //! range-diff sync ([`super::sync`]) and the live loop ([`super::live`]).
 //!
 //! It owns the txns in flight and their bytes, asks the adaptive window
-//! ([`super::window`]) for room, sends each txn fenced ([`super::writer`]),
+//! ([`self::pacer`]) for room, sends each txn fenced ([`self::writer`]),
 //! and books what comes back: the peer's identity, the pacer's round trip
 //! and rate samples, the stats, and refusals for size, which are re-sent in
-//! pieces while the discovered limits ([`super::limits`]) come down to the
+//! pieces while the discovered limits ([`self::limits`]) come down to the
 //! peer's. Callers only decide *what* goes: they pack with
 //! [`Pipeline::limits`], send when [`Pipeline::has_room`], and get back the
 //! tag they sent each txn with, in completion order.
 //!
 //! What was learnt about the link, the window and the limits, lives in a
 //! [`Link`] that outlives sessions; the txns in flight belong to one phase.
+
+pub(crate) mod limits;
+pub(crate) mod pacer;
+pub(crate) mod writer;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -22,10 +26,10 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 
-use super::limits::{Limits, Prober, Refusal};
+use self::limits::{Limits, Prober, Refusal};
+use self::pacer::Pacer;
+use self::writer::FencedWriter;
 use super::stats::ErrorKind;
-use super::window::Pacer;
-use super::writer::FencedWriter;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Delete, Op, TxnBatcher, TxnLimits, TxnResponse};
 

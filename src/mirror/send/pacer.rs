@@ -59,7 +59,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use super::stats::PeerStats;
+use crate::mirror::stats::PeerStats;
 
 /// Txns in flight before anything is measured: the fastest of the loopback
 /// sweep (BENCHMARKS.md §1: 8, 16, 32 and 64 all within noise, 64 ahead),
