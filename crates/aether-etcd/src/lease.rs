@@ -90,7 +90,7 @@ use super::task::spawn_until_dropped;
 use super::transport::Transport;
 
 /// Longest wait between attempts to reopen the keep-alive stream.
-pub const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
+pub(crate) const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
 /// Shortest wait for a keep-alive answer before the stream counts as
 /// stalled; the bound is otherwise TTL/6 of the shortest lease kept (see
 /// the module docs).

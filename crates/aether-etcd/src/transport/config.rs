@@ -28,7 +28,7 @@ pub const DEFAULT_WATCHER_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 /// one watch, keep-alive or unary stream before the client reads it. 8 MiB
 /// keeps a page of a range or a watch catch-up moving at full speed across
 /// a region-to-region round trip.
-pub const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
+pub(crate) const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 /// Default HTTP/2 flow-control window of the whole connection, the largest
 /// HTTP/2 allows. The stream windows bound what is buffered; this one is
 /// large because h2 (>= 0.4.16) closes a connection once too many *small*
@@ -40,11 +40,11 @@ pub const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 /// fixed: an adaptive window overrides both and, on a low-latency link,
 /// keeps the budget near its 25 KiB floor. The 100k-key sync runs at the
 /// same speed either way (BENCHMARKS.md).
-pub const DEFAULT_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+pub(crate) const DEFAULT_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 /// Default HTTP/2 connections per endpoint for calls and streams (the
 /// keep-alive stream has one more of its own). One is right on a LAN; see
 /// [`ClientConfig::connections`] for a long link.
-pub const DEFAULT_CONNECTIONS: usize = 1;
+pub(crate) const DEFAULT_CONNECTIONS: usize = 1;
 
 /// TLS settings for `https://` endpoints.
 ///

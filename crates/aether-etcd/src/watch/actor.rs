@@ -21,7 +21,7 @@ use crate::pb::{
 use crate::transport::Transport;
 
 /// Longest wait between attempts to reopen a broken watch stream.
-pub const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
+pub(crate) const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(2);
 
 pub(super) struct State {
     req: PbWatchCreateRequest,
