@@ -41,6 +41,7 @@ pub const RESIGN_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_ELECTION_ROOT: &str = "/aether/v1/replicator/";
 
 /// One replica's candidacy.
+#[derive(Debug)]
 pub struct Election {
     local: Client,
     prefix: Bytes,
@@ -53,6 +54,7 @@ pub struct Election {
 
 /// A won election. Dropping it stops the session keep-alive (the campaign
 /// key then expires); [`Leadership::resign`] deletes it at once.
+#[derive(Debug)]
 pub struct Leadership {
     local: Client,
     election: concurrency::Election,

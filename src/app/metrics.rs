@@ -144,12 +144,12 @@ impl std::fmt::Debug for AppState {
 /// One metric family: its descriptor, then one sample per label set.
 /// A family with no samples is left out.
 fn family<L: EncodeLabelSet, V>(
-    enc: &mut DescriptorEncoder,
+    enc: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     kind: MetricType,
     rows: impl IntoIterator<Item = (L, V)>,
-    mut sample: impl FnMut(&mut prometheus_client::encoding::MetricEncoder, &V) -> std::fmt::Result,
+    mut sample: impl FnMut(&mut prometheus_client::encoding::MetricEncoder<'_>, &V) -> std::fmt::Result,
 ) -> std::fmt::Result {
     let mut rows = rows.into_iter().peekable();
     if rows.peek().is_none() {
@@ -164,7 +164,7 @@ fn family<L: EncodeLabelSet, V>(
 }
 
 fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
-    enc: &mut DescriptorEncoder,
+    enc: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     rows: impl IntoIterator<Item = (L, V)>,
@@ -176,7 +176,7 @@ fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
 
 /// `name` without `_total`: the encoder appends it to counters.
 fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
-    enc: &mut DescriptorEncoder,
+    enc: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     rows: impl IntoIterator<Item = (L, V)>,
@@ -214,7 +214,7 @@ fn per_peer_by<K: Copy>(
 }
 
 impl Collector for AppCollector {
-    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> std::fmt::Result {
         let state = &self.0;
         let origin = state.region.get().map_or("", String::as_str);
         let peers = state

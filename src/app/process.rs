@@ -95,7 +95,7 @@ fn max_open_files(limits: &str) -> Option<u64> {
 pub struct ProcessCollector;
 
 impl Collector for ProcessCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let Some(s) = ProcessStats::read() else {
             return Ok(());
         };

@@ -101,6 +101,19 @@ pub struct Target {
     last_problem: Option<String>,
 }
 
+// By hand: the password stays out of logs and panic messages.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("client", &self.client)
+            .field("password_file", &self.password_file)
+            .field("has_password", &self.last_password.is_some())
+            .field("last_problem", &self.last_problem)
+            .finish()
+    }
+}
+
 impl Target {
     /// A target whose client was built with `password` (read from
     /// `password_file` at validation).

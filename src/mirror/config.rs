@@ -60,7 +60,7 @@ pub const DEFAULT_RESYNC_LAG: i64 = 100_000;
 /// state write, before abandoning them. Abandoning is safe (the successor's
 /// fence refuses anything late, and it replays from the state revision);
 /// waiting longer only delays the process manager.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Default interval of the freshness probe: how often the engine checks
 /// the source's and the peer's identity and revision, and writes the
 /// heartbeat into the state key when the copy is current. It is also the

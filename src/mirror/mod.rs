@@ -275,9 +275,23 @@ impl Engine {
 
 /// An engine that stepped down: its tasks write nothing and keep the peer
 /// leases alive until one lease TTL has passed or this is dropped.
+#[derive(Debug)]
 pub struct SteppedDown {
     _cancel: tokio_util::sync::DropGuard,
     _tasks: Vec<JoinHandle<()>>,
+}
+
+// By hand: a summary, not every peer's counters (those are in `stats`).
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("holder", &format_args!("{:016x}", self.holder))
+            .field("peers", &self.stats.len())
+            .field("synced", &self.is_synced())
+            .field("tasks", &self.tasks.len())
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for Engine {

@@ -118,6 +118,19 @@ impl RegistryView {
     }
 }
 
+// By hand: what the view reflects, not the registry it holds.
+impl std::fmt::Debug for RegistryView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryView")
+            .field("revision", &self.revision())
+            .field("connected", &self.is_connected())
+            .field("skipped", &self.skipped())
+            .field("resyncs", &self.resyncs())
+            .field("stopped", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for RegistryView {
     fn drop(&mut self) {
         self.cancel.cancel();

@@ -47,7 +47,7 @@ pub(super) struct PeerTable {
 
 impl EtcdTable {
     /// A table with nothing in it.
-    pub const EMPTY: EtcdTable = EtcdTable {
+    pub(crate) const EMPTY: EtcdTable = EtcdTable {
         endpoints: None,
         ca: None,
         cert: None,
@@ -60,7 +60,7 @@ impl EtcdTable {
 
 impl PeerTable {
     /// The connection keys, as for `[local]`.
-    pub fn etcd(&self) -> EtcdTable {
+    pub(crate) fn etcd(&self) -> EtcdTable {
         EtcdTable {
             endpoints: self.endpoints.clone(),
             ca: self.ca.clone(),

@@ -21,7 +21,7 @@ pub const MAX_MAX_REQUEST_BYTES: usize = DEFAULT_MAX_ENCODING_MESSAGE_SIZE;
 pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
 /// etcd's shortest lease at its default election timeout (see
 /// [`crate::mirror::MIN_LEASE_TTL`]).
-pub const MIN_LEASE_TTL_SECS: u64 = crate::mirror::MIN_LEASE_TTL.as_secs();
+pub(crate) const MIN_LEASE_TTL_SECS: u64 = crate::mirror::MIN_LEASE_TTL.as_secs();
 
 impl RootArg {
     /// `--root` as a schema root (see [`prefix_flag`]).

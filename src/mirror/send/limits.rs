@@ -51,11 +51,11 @@ use crate::etcd::{self, Client, Compare, CompareOp, Put, Txn, TxnLimits};
 use crate::mirror::stats::PeerStats;
 
 /// How close to the peer's byte limit the search gets.
-pub const BYTES_PRECISION: usize = 64;
+pub(crate) const BYTES_PRECISION: usize = 64;
 /// The fewest ops a mirror txn needs: one write and the state put.
-pub const MIN_OPS: usize = 2;
+pub(crate) const MIN_OPS: usize = 2;
 /// The smallest byte limit the engine works with.
-pub const MIN_BYTES: usize = 4096;
+pub(crate) const MIN_BYTES: usize = 4096;
 
 /// What a peer refused a txn for, with the txn's size in that dimension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -65,22 +65,22 @@ use crate::mirror::stats::PeerStats;
 /// sweep (BENCHMARKS.md §1: 8, 16, 32 and 64 all within noise, 64 ahead),
 /// and two doublings less to climb on a long link, where every doubling
 /// costs a round trip (with 16 the 250 ms base sync spent ~0.75 s ramping).
-pub const INITIAL_WINDOW: usize = 64;
+pub(crate) const INITIAL_WINDOW: usize = 64;
 /// The window never goes below this many txns.
-pub const MIN_WINDOW: usize = 2;
+pub(crate) const MIN_WINDOW: usize = 2;
 /// Shortest round: below it, a round's rate on loopback is mostly noise.
-pub const MIN_ROUND: Duration = Duration::from_millis(30);
+pub(crate) const MIN_ROUND: Duration = Duration::from_millis(30);
 /// Rounds between upward probes in cruise.
-pub const PROBE_EVERY: u32 = 6;
+pub(crate) const PROBE_EVERY: u32 = 6;
 /// Window-limited rounds after which the best rate is forgotten.
-pub const BEST_ROUNDS: u32 = 12;
+pub(crate) const BEST_ROUNDS: u32 = 12;
 /// The min-RTT filter's span: a path that got longer is noticed this late.
-pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
 /// The BDP cap never goes below this many txns: etcd commits more per
 /// fsync with more in flight, which the link's BDP does not see (on
 /// loopback the BDP is about one txn, yet 8 to 64 in flight all reach the
 /// ceiling, BENCHMARKS.md §1).
-pub const BDP_FLOOR: usize = 32;
+pub(crate) const BDP_FLOOR: usize = 32;
 /// Startup ends after this many rounds without ≥ 25% more throughput.
 const STARTUP_STALLS: u8 = 3;
 
