@@ -83,9 +83,7 @@ fn zero_sync_slots_are_refused() {
     let mut cfg = MirrorConfig::new("a");
     cfg.max_concurrent_syncs = 0;
     let local = client("http://127.0.0.1:9");
-    let err = Engine::start(local.clone(), vec![("b".into(), local)], cfg)
-        .err()
-        .expect("refused");
+    let err = Engine::start(local.clone(), vec![("b".into(), local)], cfg).expect_err("refused");
     assert!(
         matches!(&err, Error::Config(m) if m.contains("max concurrent syncs must be at least 1")),
         "{err}"

@@ -4,7 +4,7 @@
 
 /// The i-th load key below `prefix`: about 85 bytes with the registry's
 /// prefix, like its endpoint keys, spread over 500 services.
-pub fn load_key(prefix: &str, i: usize) -> String {
+pub(crate) fn load_key(prefix: &str, i: usize) -> String {
     format!(
         "{prefix}clusters/c1/services/svc-{:03}/protocols/http/endpoints/10.{}.{}.{}",
         i % 500,

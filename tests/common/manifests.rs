@@ -14,21 +14,21 @@ use std::process::Command;
 use serde_json::Value;
 
 /// What the test substitutes for the downward API's `status.podIP`.
-pub const POD_IP: &str = "127.0.0.1";
+pub(crate) const POD_IP: &str = "127.0.0.1";
 /// ... and for `metadata.name`.
-pub const POD_NAME: &str = "aether-replicator-5d9c7b6f4-x2x9q";
-pub const CONFIG_KEY: &str = "config.toml";
+pub(crate) const POD_NAME: &str = "aether-replicator-5d9c7b6f4-x2x9q";
+pub(crate) const CONFIG_KEY: &str = "config.toml";
 
-pub fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-pub fn example_dir(name: &str) -> PathBuf {
+pub(crate) fn example_dir(name: &str) -> PathBuf {
     repo().join("deploy/kubernetes/examples").join(name)
 }
 
 /// `deploy/gen-overlays.sh ARGS...`: (exit code, stdout, stderr).
-pub fn gen_overlays<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
+pub(crate) fn gen_overlays<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String, String) {
     let out = Command::new("bash")
         .arg(repo().join("deploy/gen-overlays.sh"))
         .args(args)
@@ -42,7 +42,7 @@ pub fn gen_overlays<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, Stri
 }
 
 /// Writes the overlays of `regions` under `out` with the generator, which must succeed.
-pub fn generate(out: &Path, regions: &[&str]) {
+pub(crate) fn generate(out: &Path, regions: &[&str]) {
     let mut args = vec!["--out".to_owned(), out.display().to_string()];
     args.extend(regions.iter().map(|r| r.to_string()));
     let (code, stdout, stderr) = gen_overlays(&args);
@@ -54,23 +54,23 @@ pub fn generate(out: &Path, regions: &[&str]) {
     );
 }
 
-pub fn others<'a>(regions: &[&'a str], region: &str) -> Vec<&'a str> {
+pub(crate) fn others<'a>(regions: &[&'a str], region: &str) -> Vec<&'a str> {
     regions.iter().copied().filter(|r| *r != region).collect()
 }
 
-pub fn toml_str(v: &toml::Value) -> &str {
+pub(crate) fn toml_str(v: &toml::Value) -> &str {
     v.as_str()
         .unwrap_or_else(|| panic!("expected a string, got {v:?}"))
 }
 
-pub fn read_config(overlay: &Path) -> toml::Table {
+pub(crate) fn read_config(overlay: &Path) -> toml::Table {
     let path = overlay.join(CONFIG_KEY);
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// `kubectl kustomize DIR`, parsed. A missing kubectl is a failure, with how to install it.
-pub fn kustomize(dir: &Path) -> Vec<Value> {
+pub(crate) fn kustomize(dir: &Path) -> Vec<Value> {
     let out = match Command::new("kubectl").arg("kustomize").arg(dir).output() {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
@@ -89,7 +89,7 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
     yaml_docs(&String::from_utf8(out.stdout).expect("kustomize output is UTF-8"))
 }
 
-pub fn yaml_docs(text: &str) -> Vec<Value> {
+pub(crate) fn yaml_docs(text: &str) -> Vec<Value> {
     use serde::Deserialize as _;
     serde_norway::Deserializer::from_str(text)
         .map(|doc| Value::deserialize(doc).expect("a YAML document"))
@@ -97,7 +97,7 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
         .collect()
 }
 
-pub fn yaml_file(path: &Path) -> Value {
+pub(crate) fn yaml_file(path: &Path) -> Value {
     let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let mut docs = yaml_docs(&text);
     assert_eq!(docs.len(), 1, "{}: one YAML document", path.display());
@@ -105,22 +105,22 @@ pub fn yaml_file(path: &Path) -> Value {
 }
 
 /// The rendered objects of one overlay, by kind and name.
-pub struct Render {
+pub(crate) struct Render {
     pub objects: Vec<Value>,
 }
 
 impl Render {
-    pub fn all(&self, kind: &str) -> Vec<&Value> {
+    pub(crate) fn all(&self, kind: &str) -> Vec<&Value> {
         self.objects.iter().filter(|o| o["kind"] == kind).collect()
     }
 
-    pub fn one(&self, kind: &str) -> &Value {
+    pub(crate) fn one(&self, kind: &str) -> &Value {
         let all = self.all(kind);
         assert_eq!(all.len(), 1, "exactly one {kind} in the render");
         all[0]
     }
 
-    pub fn named(&self, kind: &str, name: &str) -> &Value {
+    pub(crate) fn named(&self, kind: &str, name: &str) -> &Value {
         self.objects
             .iter()
             .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
@@ -128,17 +128,17 @@ impl Render {
     }
 }
 
-pub fn s(v: &Value) -> &str {
+pub(crate) fn s(v: &Value) -> &str {
     v.as_str()
         .unwrap_or_else(|| panic!("expected a string, got {v}"))
 }
 
-pub fn arr(v: &Value) -> &Vec<Value> {
+pub(crate) fn arr(v: &Value) -> &Vec<Value> {
     v.as_array()
         .unwrap_or_else(|| panic!("expected a list, got {v}"))
 }
 
-pub fn labels(v: &Value) -> BTreeMap<String, String> {
+pub(crate) fn labels(v: &Value) -> BTreeMap<String, String> {
     v.as_object()
         .map(|m| {
             m.iter()
@@ -149,7 +149,7 @@ pub fn labels(v: &Value) -> BTreeMap<String, String> {
 }
 
 /// `matchLabels` selects `pod`: non-empty, and every pair is on the pod.
-pub fn assert_selects(what: &str, match_labels: &Value, pod: &BTreeMap<String, String>) {
+pub(crate) fn assert_selects(what: &str, match_labels: &Value, pod: &BTreeMap<String, String>) {
     let sel = labels(match_labels);
     assert!(!sel.is_empty(), "{what}: empty selector");
     for (k, v) in &sel {
@@ -161,14 +161,14 @@ pub fn assert_selects(what: &str, match_labels: &Value, pod: &BTreeMap<String, S
     }
 }
 
-pub fn container(render: &Render) -> &Value {
+pub(crate) fn container(render: &Render) -> &Value {
     let containers = arr(&render.one("Deployment")["spec"]["template"]["spec"]["containers"]);
     assert_eq!(containers.len(), 1, "one container");
     &containers[0]
 }
 
 /// The value of `--NAME=VALUE` in `args`.
-pub fn flag<'a>(args: &'a [Value], name: &str) -> &'a str {
+pub(crate) fn flag<'a>(args: &'a [Value], name: &str) -> &'a str {
     let prefix = format!("--{name}=");
     let found: Vec<&str> = args
         .iter()
@@ -182,7 +182,7 @@ pub fn flag<'a>(args: &'a [Value], name: &str) -> &'a str {
     found[0]
 }
 
-pub fn env_field_ref<'a>(container: &'a Value, name: &str) -> &'a str {
+pub(crate) fn env_field_ref<'a>(container: &'a Value, name: &str) -> &'a str {
     let env = arr(&container["env"]);
     let var = env
         .iter()
@@ -194,7 +194,7 @@ pub fn env_field_ref<'a>(container: &'a Value, name: &str) -> &'a str {
 /// The checks of one region's rendered objects (however rendered): `region`'s Deployment, PDB, Service,
 /// ServiceMonitor and PrometheusRule, its config.toml naming `expected_peers`, every file it names a
 /// mounted Secret file, and `--check-config` passing on the container as the kubelet would start it.
-pub fn check_render(render: &Render, region: &str, expected_peers: &[&str]) {
+pub(crate) fn check_render(render: &Render, region: &str, expected_peers: &[&str]) {
     // Deployment: replicas, selector, anti-affinity, security.
     let deploy = render.one("Deployment");
     let spec = &deploy["spec"];
@@ -456,7 +456,7 @@ pub fn check_render(render: &Render, region: &str, expected_peers: &[&str]) {
 /// Runs the built binary with the container's args and env plus `--check-config`, the mounted files
 /// materialised under a temp dir (generated PEM for the certificates, a password file) and their paths
 /// in config.toml and the args rewritten to it. It must exit 0.
-pub fn check_config_passes(
+pub(crate) fn check_config_passes(
     render: &Render,
     c: &Value,
     config_text: &str,
@@ -550,7 +550,7 @@ pub fn check_config_passes(
 }
 
 /// The panic message of `f`, which must panic.
-pub fn panic_message(f: impl FnOnce()) -> String {
+pub(crate) fn panic_message(f: impl FnOnce()) -> String {
     let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
         .expect_err("the checks passed a broken overlay");
     err.downcast_ref::<String>()
@@ -559,6 +559,6 @@ pub fn panic_message(f: impl FnOnce()) -> String {
         .unwrap_or_default()
 }
 
-pub fn rules() -> Value {
+pub(crate) fn rules() -> Value {
     yaml_file(&repo().join("deploy/prometheus/aether-replicator.rules.yml"))
 }

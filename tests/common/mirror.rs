@@ -10,13 +10,13 @@ use aether_replicator::mirror::check::{self, Report};
 use aether_replicator::mirror::state::State;
 
 /// Bound on every wait for convergence.
-pub const CONVERGE: Duration = Duration::from_secs(30);
+pub(crate) const CONVERGE: Duration = Duration::from_secs(30);
 
 /// Region a's subtree.
-pub const PREFIX: &str = "/aether/v1/regions/a/";
+pub(crate) const PREFIX: &str = "/aether/v1/regions/a/";
 
 /// A client with short timeouts, so faults surface quickly.
-pub fn client(endpoint: &str) -> Client {
+pub(crate) fn client(endpoint: &str) -> Client {
     let mut cfg = ClientConfig::new([endpoint]);
     cfg.request_timeout = Duration::from_secs(3);
     cfg.connect_timeout = Duration::from_secs(1);
@@ -24,12 +24,12 @@ pub fn client(endpoint: &str) -> Client {
 }
 
 /// Region a's engine config with a short lease and backoff.
-pub fn config(ttl_secs: u64) -> MirrorConfig {
+pub(crate) fn config(ttl_secs: u64) -> MirrorConfig {
     config_for("a", ttl_secs)
 }
 
 /// The same for any region.
-pub fn config_for(region: &str, ttl_secs: u64) -> MirrorConfig {
+pub(crate) fn config_for(region: &str, ttl_secs: u64) -> MirrorConfig {
     let mut cfg = MirrorConfig::new(region);
     cfg.lease_ttl = Duration::from_secs(ttl_secs);
     cfg.max_backoff = Duration::from_millis(500);
@@ -39,7 +39,7 @@ pub fn config_for(region: &str, ttl_secs: u64) -> MirrorConfig {
 
 /// A config whose freshness probe runs every 300 ms, so identity changes
 /// are noticed quickly; no lapse and no verification unless a test asks.
-pub fn fast(ttl_secs: u64) -> MirrorConfig {
+pub(crate) fn fast(ttl_secs: u64) -> MirrorConfig {
     config(ttl_secs)
         .with_heartbeat_interval(Duration::from_millis(300))
         .with_lapse_after(None)
@@ -47,7 +47,7 @@ pub fn fast(ttl_secs: u64) -> MirrorConfig {
 }
 
 /// One put per revision, so the source's history is as long as `n`.
-pub async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
+pub(crate) async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
     for i in range {
         c.put(Put::new(key(i), format!("{value}{i}")))
             .await
@@ -55,18 +55,18 @@ pub async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
     }
 }
 
-pub async fn state_on(peer: &Client, cfg: &MirrorConfig) -> Option<State> {
+pub(crate) async fn state_on(peer: &Client, cfg: &MirrorConfig) -> Option<State> {
     let resp = peer.range(Range::key(cfg.state_key())).await.unwrap();
     resp.kvs().first().and_then(|kv| State::decode(kv.value()))
 }
 
 /// The i-th endpoint key of region a.
-pub fn key(i: usize) -> String {
+pub(crate) fn key(i: usize) -> String {
     key_in("a", i)
 }
 
 /// The i-th endpoint key of `region`.
-pub fn key_in(region: &str, i: usize) -> String {
+pub(crate) fn key_in(region: &str, i: usize) -> String {
     format!(
         "/aether/v1/regions/{region}/clusters/c1/services/s{}/protocols/http/endpoints/10.0.{}.{}",
         i % 13,
@@ -76,12 +76,12 @@ pub fn key_in(region: &str, i: usize) -> String {
 }
 
 /// Writes `items` in batched txns.
-pub async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
+pub(crate) async fn put_many(c: &Client, items: impl IntoIterator<Item = (String, String)>) {
     put_in_revisions_of(c, TxnLimits::default().max_ops, items).await
 }
 
 /// [`put_many`] in txns of at most `ops` puts: one source revision each.
-pub async fn put_in_revisions_of(
+pub(crate) async fn put_in_revisions_of(
     c: &Client,
     ops: usize,
     items: impl IntoIterator<Item = (String, String)>,
@@ -100,7 +100,7 @@ pub async fn put_in_revisions_of(
 }
 
 /// Keys under `prefix`.
-pub async fn count(c: &Client, prefix: &str) -> i64 {
+pub(crate) async fn count(c: &Client, prefix: &str) -> i64 {
     c.range(Range::prefix(prefix.to_string()).count_only())
         .await
         .map(|r| r.count)
@@ -109,7 +109,7 @@ pub async fn count(c: &Client, prefix: &str) -> i64 {
 
 /// Polls `cond` until it holds, for at most [`CONVERGE`]; panics naming `what`.
 /// The one place a test waits for the system to get somewhere.
-pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + CONVERGE;
     while tokio::time::Instant::now() < deadline {
         if cond().await {
@@ -121,7 +121,7 @@ pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
 }
 
 /// Polls `get` until it returns `want`; panics with the last value seen.
-pub async fn eventually_eq<T: PartialEq + std::fmt::Debug>(
+pub(crate) async fn eventually_eq<T: PartialEq + std::fmt::Debug>(
     what: &str,
     want: T,
     mut get: impl AsyncFnMut() -> T,
@@ -137,7 +137,7 @@ pub async fn eventually_eq<T: PartialEq + std::fmt::Debug>(
 
 /// Polls `check` until the copy matches (same keys and values, every key on
 /// the live lease the state key names); panics with the last report.
-pub async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report {
+pub(crate) async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report {
     let mut last = None;
     let deadline = tokio::time::Instant::now() + CONVERGE;
     while tokio::time::Instant::now() < deadline {
@@ -152,7 +152,7 @@ pub async fn converged(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Report
 }
 
 /// Byte-for-byte contents under `prefix`.
-pub async fn contents(c: &Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+pub(crate) async fn contents(c: &Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
     let mut scan = c.scan_prefix(prefix.to_string(), 1000, 0);
     while let Some(p) = scan.next_page().await.expect("scan") {
@@ -167,7 +167,7 @@ pub async fn contents(c: &Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// Starts region a's engine mirroring `src` into `peer` (as region b),
 /// waits until it is live and `observe` (the peer as seen directly, not
 /// through a proxy) holds an exact copy.
-pub async fn start_synced(
+pub(crate) async fn start_synced(
     src: &Client,
     peer: Client,
     observe: &Client,
@@ -187,7 +187,7 @@ pub async fn start_synced(
 }
 
 /// The common scene: a source etcd and a peer etcd, with clients to each.
-pub struct Scene {
+pub(crate) struct Scene {
     /// Region a's etcd, the source.
     pub src_etcd: crate::common::Etcd,
     /// Region b's etcd, the peer.
@@ -200,12 +200,12 @@ pub struct Scene {
 
 impl Scene {
     /// Two fresh etcds.
-    pub fn start() -> Scene {
+    pub(crate) fn start() -> Scene {
         Scene::with(crate::common::Etcd::start(), crate::common::Etcd::start())
     }
 
     /// A scene over etcds the test built itself (extra flags).
-    pub fn with(src_etcd: crate::common::Etcd, peer_etcd: crate::common::Etcd) -> Scene {
+    pub(crate) fn with(src_etcd: crate::common::Etcd, peer_etcd: crate::common::Etcd) -> Scene {
         let src = client(&src_etcd.endpoint());
         let peer = client(&peer_etcd.endpoint());
         Scene {
@@ -218,17 +218,17 @@ impl Scene {
 
     /// Clones of the two clients, for a test that keeps the etcds running
     /// (in `self`) without touching them.
-    pub fn clients(&self) -> (Client, Client) {
+    pub(crate) fn clients(&self) -> (Client, Client) {
         (self.src.clone(), self.peer.clone())
     }
 }
 
 /// A tiny deterministic generator for randomized tests (no extra crates).
-pub struct Lcg(pub u64);
+pub(crate) struct Lcg(pub u64);
 
 impl Lcg {
     /// The next value, 31 bits.
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -237,7 +237,7 @@ impl Lcg {
     }
 
     /// A value in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }

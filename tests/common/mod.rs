@@ -15,24 +15,24 @@
 //!
 //! Everything binds to 127.0.0.1 only.
 
-pub mod etcd;
-pub mod keys;
-pub mod mirror;
-pub mod peer_proxy;
-pub mod proxy;
-pub mod replicator;
-pub mod round_trips;
-pub mod tls;
+pub(crate) mod etcd;
+pub(crate) mod keys;
+pub(crate) mod mirror;
+pub(crate) mod peer_proxy;
+pub(crate) mod proxy;
+pub(crate) mod replicator;
+pub(crate) mod round_trips;
+pub(crate) mod tls;
 
 use std::time::{Duration, Instant};
 
-pub use etcd::{Cluster, Etcd, EtcdBuilder, etcdctl_command};
-pub use proxy::FaultProxy;
-pub use tls::{TlsFiles, generate_mtls, generate_tls};
+pub(crate) use etcd::{Cluster, Etcd, EtcdBuilder, etcdctl_command};
+pub(crate) use proxy::FaultProxy;
+pub(crate) use tls::{TlsFiles, generate_mtls, generate_tls};
 
 /// With `RUST_LOG` set, the library's tracing goes to the test's captured
 /// output, so a failing run shows what the engine was doing.
-pub fn init_logging() {
+pub(crate) fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("RUST_LOG").is_some() {
@@ -45,7 +45,7 @@ pub fn init_logging() {
 }
 
 /// Writes `text` to the file `name` in `dir` and returns its path.
-pub fn write_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+pub(crate) fn write_file(dir: &std::path::Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path.to_str().unwrap().to_string()
@@ -55,7 +55,7 @@ pub fn write_file(dir: &std::path::Path, name: &str, text: &str) -> String {
 /// Returns whether the condition became true. Blocking: do not use it on a
 /// current-thread runtime while async tasks (e.g. a [`FaultProxy`]) must run;
 /// use [`wait_until_async`] there.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -70,7 +70,7 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// Async version of [`wait_until`]: polls `cond` every 20ms (yielding to the
 /// runtime in between) until it returns true or `timeout` elapses.
-pub async fn wait_until_async(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub(crate) async fn wait_until_async(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if cond() {

@@ -44,7 +44,7 @@ struct Shared {
 }
 
 /// See the module docs. Stops (closing every connection) on drop.
-pub struct PeerProxy {
+pub(crate) struct PeerProxy {
     addr: SocketAddr,
     shared: Arc<Shared>,
     cancel: CancellationToken,
@@ -54,7 +54,7 @@ impl PeerProxy {
     /// Binds 127.0.0.1:0; forwards to 127.0.0.1:<upstream port>, which is
     /// set later with [`PeerProxy::set_upstream_port`] (the member's peer
     /// port is only known once the cluster picks it).
-    pub async fn start() -> PeerProxy {
+    pub(crate) async fn start() -> PeerProxy {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind peer proxy on 127.0.0.1:0");
@@ -75,28 +75,28 @@ impl PeerProxy {
     }
 
     /// `http://127.0.0.1:<port>`: the URL the member advertises.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn set_upstream_port(&self, port: u16) {
+    pub(crate) fn set_upstream_port(&self, port: u16) {
         self.shared.upstream_port.store(port, Ordering::SeqCst);
     }
 
     /// Refuse (or stop refusing) every connection to the member.
-    pub fn isolate(&self, on: bool) {
+    pub(crate) fn isolate(&self, on: bool) {
         self.change(|r| r.isolated = on);
     }
 
     /// Refuse connections whose sender is member `id`.
-    pub fn block_sender(&self, id: u64) {
+    pub(crate) fn block_sender(&self, id: u64) {
         self.change(|r| {
             r.blocked.insert(id);
         });
     }
 
     /// Back to forwarding everything.
-    pub fn heal(&self) {
+    pub(crate) fn heal(&self) {
         self.change(|r| *r = Rules::default());
     }
 

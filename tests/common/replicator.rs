@@ -7,18 +7,18 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The binary cargo built for these tests.
-pub fn binary() -> PathBuf {
+pub(crate) fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_aether-replicator"))
 }
 
 /// A free loopback port (bound, read, released).
-pub fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr")
 }
 
 /// A minimal HTTP/1.0 GET: (status, body). None if nothing answers.
-pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
@@ -33,7 +33,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
 /// `selector`: `name` or `name{k="v",...}`, where the sample has the same
 /// name and at least the selector's labels (in any order), so a selector
 /// keeps matching when a label is added next to the ones it names.
-pub fn metric(page: &str, selector: &str) -> Option<f64> {
+pub(crate) fn metric(page: &str, selector: &str) -> Option<f64> {
     let (name, want) = split_sample(selector)?;
     page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
         let (series, value) = l.rsplit_once(' ')?;
@@ -63,7 +63,7 @@ fn split_sample(series: &str) -> Option<(&str, Vec<String>)> {
 }
 
 /// A replicator process, killed on drop.
-pub struct Replicator {
+pub(crate) struct Replicator {
     pub child: Child,
     pub metrics: SocketAddr,
     pub log: PathBuf,
@@ -72,12 +72,12 @@ pub struct Replicator {
 
 impl Replicator {
     /// Starts the binary with `args` plus `--metrics-addr`.
-    pub fn spawn(args: &[String]) -> Replicator {
+    pub(crate) fn spawn(args: &[String]) -> Replicator {
         Replicator::spawn_with_env(args, &[])
     }
 
     /// [`Replicator::spawn`] with extra environment variables.
-    pub fn spawn_with_env(args: &[String], env: &[(&str, &str)]) -> Replicator {
+    pub(crate) fn spawn_with_env(args: &[String], env: &[(&str, &str)]) -> Replicator {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("replicator.log");
         let metrics = free_addr();
@@ -98,16 +98,16 @@ impl Replicator {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// The /metrics page, if it answers.
-    pub fn scrape(&self) -> Option<String> {
+    pub(crate) fn scrape(&self) -> Option<String> {
         http_get(self.metrics, "/metrics").map(|(_, b)| b)
     }
 
-    pub fn is_leader(&self) -> bool {
+    pub(crate) fn is_leader(&self) -> bool {
         self.scrape()
             .and_then(|p| metric(&p, "aether_replicator_is_leader"))
             == Some(1.0)
@@ -115,12 +115,12 @@ impl Replicator {
 
     /// `/readyz` answers 200: this replica holds its election role (leader
     /// or standby). Says nothing about the peers; see [`Replicator::synced`].
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         http_get(self.metrics, "/readyz").is_some_and(|(s, _)| s == 200)
     }
 
     /// This replica leads and reports `peer_synced 1` for every peer it has.
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.scrape().is_some_and(|p| {
             let synced: Vec<&str> = p
                 .lines()
@@ -132,18 +132,18 @@ impl Replicator {
         })
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGKILL and reap.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// SIGTERM, then wait up to `timeout` for the exit status.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.pid().to_string())

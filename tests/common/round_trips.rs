@@ -52,7 +52,7 @@ const INITIAL_WINDOW: u16 = 4;
 /// every connection the proxy accepts after
 /// [`super::FaultProxy::count_round_trips`].
 #[derive(Default)]
-pub struct RoundTrips {
+pub(crate) struct RoundTrips {
     inner: Mutex<Inner>,
 }
 
@@ -100,7 +100,7 @@ struct Mark {
 
 /// A mark's first request: its level and when the proxy read it.
 #[derive(Clone, Copy, Debug)]
-pub struct Seen {
+pub(crate) struct Seen {
     /// One more than the round trips the client had waited for in a row.
     pub level: u32,
     /// When the proxy read it from the client.
@@ -137,7 +137,7 @@ impl RoundTrips {
 
     /// Remember the first request (lowest level) whose DATA frame
     /// contains `needle`, under `name`.
-    pub fn mark(&self, name: &str, needle: &[u8]) {
+    pub(crate) fn mark(&self, name: &str, needle: &[u8]) {
         self.lock().marks.push(Mark {
             name: name.to_owned(),
             needle: needle.to_vec(),
@@ -146,7 +146,7 @@ impl RoundTrips {
     }
 
     /// The lowest-level request that carried the mark's bytes so far.
-    pub fn first(&self, name: &str) -> Option<Seen> {
+    pub(crate) fn first(&self, name: &str) -> Option<Seen> {
         self.lock()
             .marks
             .iter()
@@ -156,7 +156,7 @@ impl RoundTrips {
 
     /// The highest response level the client had received at `at`: the
     /// round trips through this proxy completed, in a row, by then.
-    pub fn completed_by(&self, at: Instant) -> u32 {
+    pub(crate) fn completed_by(&self, at: Instant) -> u32 {
         self.lock()
             .rises
             .iter()
@@ -167,14 +167,14 @@ impl RoundTrips {
     }
 
     /// Connections opened through the proxy since counting began.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.lock().conns.len()
     }
 
     /// Every request up to `max_level`, one line each: level, time since
     /// the first, connection, stream and the printable text of its first
     /// DATA frame (keys, values), so a person can tell what it was.
-    pub fn report(&self, max_level: u32) -> String {
+    pub(crate) fn report(&self, max_level: u32) -> String {
         let inner = self.lock();
         let t0 = inner.started;
         let mut out = String::new();
@@ -195,7 +195,7 @@ impl RoundTrips {
     /// BDP probes: one per sample) and any new stream window it set. A
     /// connection whose client bytes double bucket by bucket while the
     /// sender has more to send is in the window's ramp.
-    pub fn flow_report(&self, bucket: std::time::Duration) -> String {
+    pub(crate) fn flow_report(&self, bucket: std::time::Duration) -> String {
         let inner = self.lock();
         let Some(t0) = inner.started else {
             return String::new();
@@ -234,7 +234,7 @@ impl RoundTrips {
     /// Per connection, the largest stream window the server has set
     /// (SETTINGS_INITIAL_WINDOW_SIZE; grpc-go raises it with the
     /// connection's window as its BDP estimate grows), 0 if none.
-    pub fn stream_windows(&self) -> Vec<u32> {
+    pub(crate) fn stream_windows(&self) -> Vec<u32> {
         let inner = self.lock();
         let mut out = vec![0; inner.conns.len()];
         for f in &inner.flow {
@@ -247,7 +247,7 @@ impl RoundTrips {
 
     /// Client DATA bytes per connection, in `bucket`s of time since the
     /// first connection: `[conn][bucket]`.
-    pub fn client_bytes(&self, bucket: std::time::Duration) -> Vec<Vec<u64>> {
+    pub(crate) fn client_bytes(&self, bucket: std::time::Duration) -> Vec<Vec<u64>> {
         let inner = self.lock();
         let Some(t0) = inner.started else {
             return Vec::new();

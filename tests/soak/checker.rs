@@ -14,31 +14,31 @@ use crate::mesh::{Mesh, REGIONS, prefix, state_key};
 use crate::nemesis::{Log, Oob};
 
 /// Grace: a copy claiming to be fresh may lag the source by this much.
-pub const S_MS: i64 = 5000;
+pub(crate) const S_MS: i64 = 5000;
 /// The checker's own slack (its watch's delay, scheduling).
-pub const SLACK_MS: i64 = 1000;
+pub(crate) const SLACK_MS: i64 = 1000;
 /// A copy holding fewer than half the keys the source held throughout is
 /// "emptied" (only judged when the source held at least this many).
 const EMPTIED_MIN: usize = 20;
 /// A single key changed out of band on a peer must be repaired (or the
 /// copy signalled stale) within this much: twice the verification interval
 /// (10 s) plus S.
-pub const KEY_GRACE_MS: i64 = 25_000;
+pub(crate) const KEY_GRACE_MS: i64 = 25_000;
 
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64
 }
 
-pub fn hash(v: &[u8]) -> u64 {
+pub(crate) fn hash(v: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     v.hash(&mut h);
     h.finish()
 }
 
-pub fn preview(v: &[u8]) -> String {
+pub(crate) fn preview(v: &[u8]) -> String {
     let s = String::from_utf8_lossy(&v[..v.len().min(40)]).into_owned();
     if v.len() > 40 {
         format!("{s}..({} bytes)", v.len())
@@ -48,7 +48,7 @@ pub fn preview(v: &[u8]) -> String {
 }
 
 #[derive(Clone, Debug)]
-pub struct Val {
+pub(crate) struct Val {
     pub hash: u64,
     pub len: usize,
     pub preview: String,
@@ -65,7 +65,7 @@ impl Val {
 }
 
 #[derive(Clone, Debug)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub epoch: u64,
     pub rev: i64,
     pub t_ms: i64,
@@ -74,7 +74,7 @@ pub struct Entry {
 
 /// One source region's history.
 #[derive(Default)]
-pub struct History {
+pub(crate) struct History {
     pub keys: HashMap<Vec<u8>, Vec<Entry>>,
     /// Bumped by every re-read (start, restore, broken watch).
     pub epoch: u64,
@@ -116,13 +116,13 @@ impl History {
     }
 }
 
-pub struct Region {
+pub(crate) struct Region {
     pub history: Mutex<History>,
 }
 
 /// The signals one scrape of a replica gave.
 #[derive(Clone, Debug, Default)]
-pub struct Signal {
+pub(crate) struct Signal {
     pub answered: bool,
     pub leader: bool,
     pub synced: bool,
@@ -199,7 +199,7 @@ fn sender_claim(t: i64, sigs: &[Signal]) -> Option<i64> {
 }
 
 /// Fields of a state key value, by key.
-pub fn parse_state(v: &str) -> HashMap<String, String> {
+pub(crate) fn parse_state(v: &str) -> HashMap<String, String> {
     v.split(' ')
         .filter_map(|p| p.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -207,7 +207,7 @@ pub fn parse_state(v: &str) -> HashMap<String, String> {
 }
 
 #[derive(Clone, Debug)]
-pub struct Violation {
+pub(crate) struct Violation {
     pub t_ms: i64,
     pub origin: &'static str,
     pub peer: &'static str,
@@ -224,7 +224,7 @@ pub struct Violation {
 }
 
 #[derive(Default)]
-pub struct Figures {
+pub(crate) struct Figures {
     pub samples: AtomicU64,
     pub evaluated: AtomicU64,
     pub skipped: AtomicU64,
@@ -254,14 +254,14 @@ struct PairState {
     dedup: HashMap<(String, String, u64), (usize, i64)>,
 }
 
-pub struct Checker {
+pub(crate) struct Checker {
     pub regions: Vec<Region>,
     pub figures: Figures,
     pub stop: AtomicBool,
 }
 
 impl Checker {
-    pub fn new() -> Checker {
+    pub(crate) fn new() -> Checker {
         Checker {
             regions: (0..3)
                 .map(|_| Region {
@@ -278,7 +278,7 @@ impl Checker {
     }
 
     /// Records region `r`'s history until stopped.
-    pub async fn record(self: Arc<Self>, mesh: Arc<Mesh>, r: usize) {
+    pub(crate) async fn record(self: Arc<Self>, mesh: Arc<Mesh>, r: usize) {
         let reg = &mesh.regions[r];
         let pfx = prefix(REGIONS[r]);
         while !self.stopped() {
@@ -400,7 +400,13 @@ impl Checker {
     }
 
     /// Samples the copy of origin `o` on peer `p` until stopped.
-    pub async fn sample(self: Arc<Self>, mesh: Arc<Mesh>, log: Arc<Log>, o: usize, p: usize) {
+    pub(crate) async fn sample(
+        self: Arc<Self>,
+        mesh: Arc<Mesh>,
+        log: Arc<Log>,
+        o: usize,
+        p: usize,
+    ) {
         let mut pair = PairState::default();
         while !self.stopped() {
             let started = tokio::time::Instant::now();

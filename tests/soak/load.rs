@@ -12,13 +12,13 @@ use aether_replicator::etcd::{Client, Delete, Put, Txn};
 
 use crate::common::mirror::{Lcg, key_in};
 
-pub const KEYS: u64 = 300;
+pub(crate) const KEYS: u64 = 300;
 /// Keys of the bulk blocks, after the single-key ones.
 const BLOCK: u64 = 128;
 const BLOCKS: u64 = 2;
 
 #[derive(Default)]
-pub struct LoadStats {
+pub(crate) struct LoadStats {
     pub puts: AtomicU64,
     pub deletes: AtomicU64,
     pub large: AtomicU64,
@@ -28,7 +28,7 @@ pub struct LoadStats {
 }
 
 /// A unique value: region, sequence number, then filler up to `len`.
-pub fn value(region: &str, seq: u64, len: usize) -> String {
+pub(crate) fn value(region: &str, seq: u64, len: usize) -> String {
     let mut v = format!("{region}-{seq:09}-");
     while v.len() < len {
         v.push_str("abcdefghijklmnopqrstuvwxyz0123456789");
@@ -37,7 +37,7 @@ pub fn value(region: &str, seq: u64, len: usize) -> String {
     v
 }
 
-pub async fn run(
+pub(crate) async fn run(
     region: &'static str,
     client: Client,
     seed: u64,

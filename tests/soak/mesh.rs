@@ -13,23 +13,23 @@ use crate::common::peer_proxy::PeerProxy;
 use crate::common::replicator::{Replicator, http_get, metric};
 use crate::common::{Cluster, Etcd, FaultProxy};
 
-pub const REGIONS: [&str; 3] = ["a", "b", "c"];
+pub(crate) const REGIONS: [&str; 3] = ["a", "b", "c"];
 /// c's etcd refuses requests above this (`--max-request-bytes`).
-pub const C_MAX_REQUEST: usize = 524288;
+pub(crate) const C_MAX_REQUEST: usize = 524288;
 /// A value at least this long cannot be held by c (the oversized fault
 /// writes ~600 KiB; churn values are at most 64 KiB).
-pub const TOO_LARGE_FOR_C: usize = 256 * 1024;
+pub(crate) const TOO_LARGE_FOR_C: usize = 256 * 1024;
 
-pub fn prefix(region: &str) -> String {
+pub(crate) fn prefix(region: &str) -> String {
     format!("/aether/v1/regions/{region}/")
 }
 
-pub fn state_key(origin: &str) -> String {
+pub(crate) fn state_key(origin: &str) -> String {
     format!("/aether/v1/replication/{origin}/state")
 }
 
 /// A client with short timeouts over `endpoints`.
-pub fn client(endpoints: &[String]) -> Client {
+pub(crate) fn client(endpoints: &[String]) -> Client {
     let mut cfg = ClientConfig::new(endpoints.iter().cloned());
     cfg.request_timeout = Duration::from_secs(3);
     cfg.connect_timeout = Duration::from_secs(1);
@@ -38,7 +38,7 @@ pub fn client(endpoints: &[String]) -> Client {
 
 /// One replicator slot: the process (None while killed), its base
 /// arguments, and whether it is SIGSTOPped.
-pub struct Replica {
+pub(crate) struct Replica {
     pub id: String,
     pub proc: Option<Replicator>,
     /// `sh` reading a pipe from this test process: if the process dies
@@ -50,19 +50,19 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn metrics(&self) -> Option<SocketAddr> {
+    pub(crate) fn metrics(&self) -> Option<SocketAddr> {
         if self.stopped {
             // A stopped process claims nothing (and would stall the scrape).
             return None;
         }
         self.proc.as_ref().map(|p| p.metrics)
     }
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.proc.as_ref().map(|p| p.pid())
     }
 }
 
-pub struct Region {
+pub(crate) struct Region {
     pub name: &'static str,
     pub members: Vec<Arc<Mutex<Etcd>>>,
     pub endpoints: Vec<String>,
@@ -80,12 +80,12 @@ pub struct Region {
 }
 
 impl Region {
-    pub fn is_restoring(&self) -> bool {
+    pub(crate) fn is_restoring(&self) -> bool {
         self.restoring.load(Ordering::SeqCst)
     }
 }
 
-pub struct Mesh {
+pub(crate) struct Mesh {
     pub regions: Vec<Region>,
     /// links[origin][peer]: one proxy per member of the peer.
     pub links: Vec<Vec<Vec<FaultProxy>>>,
@@ -99,7 +99,7 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    pub async fn start(dir: PathBuf, log_dir: PathBuf) -> Mesh {
+    pub(crate) async fn start(dir: PathBuf, log_dir: PathBuf) -> Mesh {
         // a's members reach each other through proxies that can cut one
         // of them from the quorum.
         let mut peer_proxies = Vec::new();
@@ -208,7 +208,7 @@ impl Mesh {
         mesh
     }
 
-    pub fn replicator_args(&self, r: usize, id: &str) -> Vec<String> {
+    pub(crate) fn replicator_args(&self, r: usize, id: &str) -> Vec<String> {
         let reg = &self.regions[r];
         let mut args = vec![
             format!("--region={}", reg.name),
@@ -233,7 +233,7 @@ impl Mesh {
 
     /// (Re)starts replica `i` of region `r` (killing a running one first).
     /// Blocking (a kill and a spawn).
-    pub fn spawn_replica(&self, r: usize, i: usize) {
+    pub(crate) fn spawn_replica(&self, r: usize, i: usize) {
         let mut rep = self.regions[r].replicas[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -255,7 +255,7 @@ impl Mesh {
     }
 
     /// Kills replica `i` of region `r` (its log is kept).
-    pub fn kill_replica(&self, r: usize, i: usize) {
+    pub(crate) fn kill_replica(&self, r: usize, i: usize) {
         let mut rep = self.regions[r].replicas[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -282,7 +282,7 @@ impl Mesh {
     }
 
     /// Which replica of `r` says it leads (blocking scrapes).
-    pub fn leader_of(&self, r: usize) -> Option<usize> {
+    pub(crate) fn leader_of(&self, r: usize) -> Option<usize> {
         (0..2).find(|&i| {
             let addr = self.regions[r].replicas[i]
                 .lock()
@@ -295,7 +295,7 @@ impl Mesh {
     }
 
     /// Copies every live replica's log to the log dir (at the end).
-    pub fn save_logs(&self) {
+    pub(crate) fn save_logs(&self) {
         for reg in &self.regions {
             for rep in &reg.replicas {
                 let rep = rep.lock().unwrap_or_else(PoisonError::into_inner);
@@ -311,7 +311,7 @@ impl Mesh {
     }
 }
 
-pub fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let _ = std::process::Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
@@ -322,7 +322,7 @@ pub fn signal(pid: u32, sig: &str) {
 }
 
 /// Peak resident set (VmHWM) of `pid` in KiB.
-pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
+pub(crate) fn vm_hwm_kib(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
@@ -331,7 +331,7 @@ pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
 impl Mesh {
     /// Cuts a's member `m` from its quorum: nothing reaches it, nothing
     /// it sends reaches the others.
-    pub fn partition(&self, m: usize) {
+    pub(crate) fn partition(&self, m: usize) {
         for (j, p) in self.peer_proxies.iter().enumerate() {
             if j == m {
                 p.isolate(true);
@@ -341,7 +341,7 @@ impl Mesh {
         }
     }
 
-    pub fn heal_partition(&self) {
+    pub(crate) fn heal_partition(&self) {
         for p in &self.peer_proxies {
             p.heal();
         }

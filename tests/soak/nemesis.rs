@@ -17,7 +17,7 @@ use crate::mesh::{Mesh, REGIONS, prefix, signal, state_key};
 const MAX_ACTIVE: usize = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
+pub(crate) enum Kind {
     KillLeader,
     StopLeader,
     KillEtcd,
@@ -69,7 +69,7 @@ struct Active {
 }
 
 #[derive(Clone, Debug)]
-pub struct FaultRecord {
+pub(crate) struct FaultRecord {
     pub kind: Kind,
     pub desc: String,
     pub start_ms: i64,
@@ -81,7 +81,7 @@ pub struct FaultRecord {
 /// which the engine can only notice after the fact: the checker excuses
 /// what it causes until the engine claims currency past it.
 #[derive(Clone, Debug)]
-pub struct Oob {
+pub(crate) struct Oob {
     pub peer: usize,
     /// The origin whose copy was touched; None: every copy on the peer.
     pub origin: Option<usize>,
@@ -93,7 +93,7 @@ pub struct Oob {
 }
 
 #[derive(Default)]
-pub struct Log {
+pub(crate) struct Log {
     pub faults: Mutex<Vec<FaultRecord>>,
     pub oob: Mutex<Vec<Oob>>,
 }
@@ -115,7 +115,7 @@ impl Log {
         self.oob.lock().unwrap_or_else(PoisonError::into_inner)[i].t_done = Some(now_ms());
     }
 
-    pub fn by_kind(&self) -> BTreeMap<String, usize> {
+    pub(crate) fn by_kind(&self) -> BTreeMap<String, usize> {
         let mut m = BTreeMap::new();
         for f in self
             .faults
@@ -129,7 +129,7 @@ impl Log {
     }
 }
 
-pub struct Nemesis {
+pub(crate) struct Nemesis {
     mesh: Arc<Mesh>,
     rng: Lcg,
     log: Arc<Log>,
@@ -145,7 +145,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 impl Nemesis {
-    pub fn new(mesh: Arc<Mesh>, seed: u64, log: Arc<Log>) -> Nemesis {
+    pub(crate) fn new(mesh: Arc<Mesh>, seed: u64, log: Arc<Log>) -> Nemesis {
         let snapshot_dir = mesh.dir.join("snapshots");
         std::fs::create_dir_all(&snapshot_dir).unwrap();
         Nemesis {
@@ -194,7 +194,7 @@ impl Nemesis {
     }
 
     /// Runs until `stop`, then heals everything.
-    pub async fn run(mut self, stop: Arc<AtomicBool>) {
+    pub(crate) async fn run(mut self, stop: Arc<AtomicBool>) {
         let mut next_fault = tokio::time::Instant::now() + Duration::from_secs(3);
         let mut next_snapshot = tokio::time::Instant::now() + Duration::from_secs(2);
         while !stop.load(Ordering::SeqCst) {
@@ -671,7 +671,7 @@ async fn heal_one(mesh: &Arc<Mesh>, h: &Heal) {
 
 /// Everything back: every etcd running, every link healed without
 /// latency, every replicator running and continued.
-pub async fn heal_all(mesh: &Arc<Mesh>) {
+pub(crate) async fn heal_all(mesh: &Arc<Mesh>) {
     mesh.heal_partition();
     for o in 0..3 {
         for p in 0..3 {

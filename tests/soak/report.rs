@@ -9,7 +9,7 @@ use crate::load::LoadStats;
 use crate::mesh::REGIONS;
 use crate::nemesis::Log;
 
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub seed: u64,
     pub duration: std::time::Duration,
     pub etcd: String,
@@ -19,7 +19,12 @@ pub struct Outcome {
     pub report_path: std::path::PathBuf,
 }
 
-pub fn summary(o: &Outcome, c: &Checker, log: &Log, loads: &[std::sync::Arc<LoadStats>]) -> String {
+pub(crate) fn summary(
+    o: &Outcome,
+    c: &Checker,
+    log: &Log,
+    loads: &[std::sync::Arc<LoadStats>],
+) -> String {
     let f = &c.figures;
     let mut s = String::new();
     let _ = writeln!(
@@ -108,7 +113,7 @@ pub fn summary(o: &Outcome, c: &Checker, log: &Log, loads: &[std::sync::Arc<Load
     s
 }
 
-pub fn write(o: &Outcome, summary: &str, c: &Checker, log: &Log) {
+pub(crate) fn write(o: &Outcome, summary: &str, c: &Checker, log: &Log) {
     let mut s = String::new();
     let _ = writeln!(s, "{summary}");
     let _ = writeln!(s, "== faults (unix ms) ==");
