@@ -130,7 +130,6 @@
 //!
 //! Works against etcd 3.4 and later.
 
-#![warn(missing_docs, missing_debug_implementations)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod auth;
