@@ -84,12 +84,11 @@ impl OriginStatus {
         }
     }
 
-    /// Now minus the heartbeat the origin wrote into the state key (clock
-    /// skew between the regions included, never negative); `None` when
-    /// absent or when the key carries no heartbeat.
+    /// How stale the copy is by this process's clock, by
+    /// [`State::staleness_at`]'s rule; `None` when absent or when the key
+    /// carries no heartbeat.
     pub fn staleness(&self) -> Option<Duration> {
-        let hb = self.state.filter(|_| self.present)?.heartbeat_unix_ms;
-        (hb > 0).then(|| Duration::from_millis(unix_ms().saturating_sub(hb).max(0) as u64))
+        self.state.filter(|_| self.present)?.staleness_at(unix_ms())
     }
 
     /// Whether the lease is due for another lookup under `max_refresh`.

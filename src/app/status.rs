@@ -330,9 +330,8 @@ pub async fn run(config: &Config, opts: &StatusOptions) -> Result<Report> {
                 row.present = present;
                 row.state = state;
                 row.staleness = state
-                    .map(|s| s.heartbeat_unix_ms)
-                    .filter(|hb| *hb > 0)
-                    .map(|hb| unix_ms().saturating_sub(hb).max(0) as f64 / 1000.0);
+                    .and_then(|s| s.staleness_at(unix_ms()))
+                    .map(|d| d.as_secs_f64());
                 row.lease_left = ttl.as_ref().map(|t| t.ttl);
                 row.lease_granted = ttl.as_ref().map(|t| t.granted_ttl);
             }

@@ -58,7 +58,8 @@ pub struct State {
     pub source_cluster: u64,
     /// The source's own id (kept in the source etcd); 0: unknown.
     pub source_id: u64,
-    /// When the peer was last known current, Unix ms; 0: never.
+    /// When the peer was last known current, Unix ms by the writer's
+    /// clock; 0: never. Read it with [`State::staleness_at`].
     pub heartbeat_unix_ms: i64,
     /// A complete copy was made under this lease.
     pub synced: bool,
@@ -68,6 +69,33 @@ pub struct State {
 }
 
 impl State {
+    /// How stale the copy is by a reader's clock reading `now_unix_ms`;
+    /// `None` when the key carries no heartbeat. The one rule every
+    /// consumer of a state key uses (the view, `status`, the incoming
+    /// copies' metrics).
+    ///
+    /// The heartbeat is the writer's wall clock, so skew between the two
+    /// clocks moves the answer: that is the price of a reader that needs
+    /// nothing but the key. Two rules keep a clock step from making a
+    /// copy read fresher than it is:
+    /// - the writer never writes a heartbeat ahead of its own clock: it
+    ///   derives it, at each write, from its clock now less the copy's age
+    ///   on its monotonic clock (so a step of its wall clock moves the
+    ///   heartbeat only while the step lasts);
+    /// - a heartbeat in the reader's future is *suspect*: it counts as old
+    ///   as it is far ahead, never as age 0. A writer whose clock was set
+    ///   an hour ahead and then cut off reads an hour stale, not fresh.
+    ///
+    /// Why not a staleness free of clocks altogether: a reader that
+    /// watches the key could time its writes on its own monotonic clock,
+    /// but a one-shot reader (`status`, an alert's scrape of a fresh
+    /// process) sees one write and has nothing to time it against except
+    /// the writer's clock. Skew between regions is bounded by NTP; the
+    /// rules above make sure it can only hide up to that skew.
+    pub fn staleness_at(&self, now_unix_ms: i64) -> Option<std::time::Duration> {
+        staleness(self.heartbeat_unix_ms, now_unix_ms)
+    }
+
     /// The encoded value.
     pub fn encode(&self) -> Bytes {
         Bytes::from(format!(
@@ -121,6 +149,12 @@ impl State {
             lease_ttl,
         })
     }
+}
+
+/// [`State::staleness_at`] for a heartbeat kept apart from its key.
+pub fn staleness(heartbeat_unix_ms: i64, now_unix_ms: i64) -> Option<std::time::Duration> {
+    (heartbeat_unix_ms > 0)
+        .then(|| std::time::Duration::from_millis(now_unix_ms.abs_diff(heartbeat_unix_ms)))
 }
 
 /// The state key as read from a peer.

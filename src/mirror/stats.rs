@@ -169,7 +169,7 @@ pub fn unix_ms() -> i64 {
 /// `at` in microseconds since a process-wide origin on the monotonic clock,
 /// offset by a day so that a predecessor's heartbeat up to a day old can
 /// be placed before the process started.
-fn mono_us(at: Instant) -> u64 {
+pub(crate) fn mono_us(at: Instant) -> u64 {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     const DAY_US: u64 = 86_400_000_000;
     let origin = *ORIGIN.get_or_init(Instant::now);
@@ -384,8 +384,10 @@ impl PeerStats {
     /// The peer held everything the source did at `at` (Unix ms `at_unix_ms`).
     pub(crate) fn mark_current(&self, at: Instant, at_unix_ms: i64) {
         self.current_mono_us.fetch_max(mono_us(at), Relaxed);
+        // Stored, not the max: a wall clock stepped back must not leave a
+        // heartbeat ahead of it.
         self.current_unix_ms
-            .fetch_max(at_unix_ms.min(unix_ms()), Relaxed);
+            .store(at_unix_ms.min(unix_ms()), Relaxed);
     }
     /// Starts the staleness count now (a new engine, or a new leader).
     pub(crate) fn reset_current(&self) {

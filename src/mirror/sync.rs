@@ -187,10 +187,7 @@ pub(crate) async fn run(
     // Record completion: from here a successor can resume by watch, and
     // consumers see a complete copy.
     writer.marks.synced.store(true, Relaxed);
-    writer
-        .marks
-        .heartbeat_unix_ms
-        .fetch_max(started_ms, Relaxed);
+    writer.marks.mark_current(started);
     writer.write(Vec::new(), Some(at)).await?;
     writer.stats.mark_current(started, started_ms);
     writer.stats.sync_puts.fetch_add(puts, Relaxed);

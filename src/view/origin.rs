@@ -38,19 +38,18 @@ pub struct OriginStatus {
 }
 
 impl OriginStatus {
-    /// How stale the copy is at `now_unix_ms`: now minus the heartbeat
-    /// (the consumer's clock against the replicator's, skew included;
-    /// never negative). Zero for the viewer's own region; `None` when
-    /// unknown (no state key, or no heartbeat yet).
+    /// How stale the copy is at `now_unix_ms`, by [`State::staleness_at`]'s
+    /// rule (a heartbeat in the reader's future counts as that far in its
+    /// past). Zero for the viewer's own region; `None` when unknown (no
+    /// state key, or no heartbeat yet).
     pub fn staleness_at(&self, now_unix_ms: i64) -> Option<Duration> {
         if self.local {
             return Some(Duration::ZERO);
         }
-        if !self.state_present || self.heartbeat_unix_ms <= 0 {
+        if !self.state_present {
             return None;
         }
-        let ms = now_unix_ms.saturating_sub(self.heartbeat_unix_ms).max(0);
-        Some(Duration::from_millis(ms.unsigned_abs()))
+        crate::mirror::state::staleness(self.heartbeat_unix_ms, now_unix_ms)
     }
 
     /// [`OriginStatus::staleness_at`] by the system clock.

@@ -11,11 +11,12 @@
 //! limits ([`super::send::limits`]) run beside it.
 
 pub mod batch;
+mod fresh;
 mod inflight;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -23,6 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::batch::{Batch, Batcher};
+use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
 use super::config::MirrorConfig;
 use super::count::{self, CountSplits};
@@ -85,6 +87,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     // for until a pass completes.
     stats.set_synced(!verify.overdue());
     tracing::info!(peer = %writer.region, from, "mirroring live");
+    let fresh = Freshness::new(cfg.heartbeat_interval, cfg.lease_ttl, replay_horizon);
     let mut live = Live {
         writer,
         cfg,
@@ -98,17 +101,15 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         verify,
         splits,
         verifying: false,
-        replay_horizon,
         splits_seen: 0,
-        received: 0,
         launched_ops: 0,
         ops_before: VecDeque::new(),
         settled_ahead: Ahead::default(),
-        probe: None,
+        fresh,
+        lease_status,
         heartbeat_dirty: false,
-        cadence: count::Cadence::default(),
     };
-    let result = live.run(watcher, lease_status, cancel).await;
+    let result = live.run(watcher, cancel).await;
     if live.verifying {
         let retry = cfg.heartbeat_interval * 2;
         live.verify.skipped(
@@ -155,38 +156,10 @@ fn open_watch(local: &Client, prefix: &Bytes, from: i64) -> Result<(WatchStream,
     Ok((ws, watcher))
 }
 
-/// A freshness probe that came back: the source's revision at `at`.
-#[derive(Clone, Copy)]
-struct Probe {
-    source_revision: i64,
-    at: Instant,
-    at_unix_ms: i64,
-    /// Watch messages received when the probe was sent.
-    received: u64,
-    /// Ops of the txns not yet under the watermark when it was sent:
-    /// what the peer may hold beyond the watermark, with what is sent
-    /// until it comes back.
-    unsettled_from: u64,
-    /// Ops already applied of a revision above the watermark when it was
-    /// sent (a split revision's first parts).
-    ahead: u64,
-    /// The quiet period after it has passed without making it current:
-    /// only the watermark can still resolve it, and the next probe may
-    /// replace it.
-    quiet_done: bool,
-    /// The copy's key count was checked against the source's and matched.
-    /// A probe that could not count (a resumed copy still replaying the
-    /// predecessor's tail, or a compacted watermark) may still advance an
-    /// idle watermark, but never marks the copy current: a new leader that
-    /// adopted a copy emptied out of band would otherwise report it fresh
-    /// before it has counted it (found by the soak, seed 11).
-    counted: bool,
-}
-
 /// What a probe read: the source's header, the peer's state key and header,
 /// and the floor the peer's revision must not be below.
 struct ProbeRead {
-    sent: Probe,
+    sent: fresh::Sent,
     /// The boundaries the counts were split at, and the source's count of
     /// each piece (`None` with `source_count`).
     bounds: Vec<Bytes>,
@@ -208,13 +181,6 @@ struct ProbeRead {
     applied: i64,
 }
 
-/// How long the watch must stay quiet, with nothing pending, after a probe
-/// read the source's revision, before the engine takes it that no event in
-/// the subtree lies between what it applied and that revision. etcd hands
-/// a caught-up watcher its events as they commit, and a catching-up one
-/// every ~100 ms, so ten of those cycles of silence are a wide margin.
-const QUIET: Duration = Duration::from_secs(1);
-
 /// The live phase of one session: watch events in, fenced batches out
 /// through the send pipeline; a freshness probe every heartbeat.
 struct Live<'a> {
@@ -235,12 +201,7 @@ struct Live<'a> {
     /// Where the probe's key counts are split ([`super::count`]).
     splits: &'a mut CountSplits,
     verifying: bool,
-    /// Key counts are compared only once the watermark is past this (see
-    /// `Peer::replay_horizon`).
-    replay_horizon: i64,
     splits_seen: u64,
-    /// Watch messages received so far.
-    received: u64,
     /// Data ops launched in this phase so far.
     launched_ops: u64,
     /// Each txn not yet under the watermark, by sequence number (the
@@ -249,12 +210,12 @@ struct Live<'a> {
     /// Ops under the watermark of a revision above it: the applied first
     /// parts of a revision split over several txns.
     settled_ahead: Ahead,
-    /// The last probe not yet confirmed current.
-    probe: Option<Probe>,
+    /// Whether the copy is current: the one owner of that decision.
+    fresh: Freshness,
+    /// The lease's keep-alive status.
+    lease_status: watch::Receiver<LeaseStatus>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
-    /// Which probes count the copy.
-    cadence: count::Cadence,
 }
 
 impl<'a> Live<'a> {
@@ -264,12 +225,7 @@ impl<'a> Live<'a> {
         self.pipeline.window_txns() * 2
     }
 
-    async fn run(
-        &mut self,
-        mut watcher: Watcher,
-        mut lease_status: watch::Receiver<LeaseStatus>,
-        cancel: &CancellationToken,
-    ) -> Result<()> {
+    async fn run(&mut self, mut watcher: Watcher, cancel: &CancellationToken) -> Result<()> {
         let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
@@ -278,7 +234,8 @@ impl<'a> Live<'a> {
         loop {
             self.send_ready();
             let max_ready = self.max_ready();
-            let quiet_at = self.probe.filter(|p| !p.quiet_done).map(|p| p.at + QUIET);
+            let quiet_at = self.fresh.quiet_at();
+            let mut lease_status = self.lease_status.clone();
             let verify_at = self.verify.due().filter(|_| verifying.is_none());
             tokio::select! {
                 biased;
@@ -341,9 +298,7 @@ impl<'a> Live<'a> {
                     }
                 }, if quiet_at.is_some() => {
                     self.check_current();
-                    if let Some(p) = self.probe.as_mut() {
-                        p.quiet_done = true;
-                    }
+                    self.fresh.quiet_passed();
                 }
             }
         }
@@ -352,19 +307,14 @@ impl<'a> Live<'a> {
     /// Reads the source's revision and the peer's state key, for identity
     /// and freshness.
     fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
-        let sent = Probe {
-            source_revision: 0,
-            at: Instant::now(),
-            at_unix_ms: unix_ms(),
-            received: self.received,
-            unsettled_from: self
-                .ops_before
+        let sent = self.fresh.send(
+            Instant::now(),
+            self.ws.reconnects(),
+            self.ops_before
                 .front()
                 .map_or(self.launched_ops, |l| l.before),
-            ahead: self.settled_ahead.above(self.inflight.watermark()),
-            quiet_done: false,
-            counted: false,
-        };
+            self.settled_ahead.above(self.inflight.watermark()),
+        );
         let floor = self.writer.peer_revision();
         // Read before the source is: the source's revision can be no lower.
         // The watermark as it is when the read completes is no bound at
@@ -378,7 +328,7 @@ impl<'a> Live<'a> {
         // holds every write behind a count's index walk (src/mirror/count.rs).
         let bounds = self.splits.snapshot();
         let max_ops = self.pipeline.limits().max_ops;
-        let counting = self.cadence.due();
+        let counting = sent.counting;
         Box::pin(async move {
             // The source's id and revision, and its key count at the
             // watermark, side by side; then the peer's state key and key
@@ -416,10 +366,7 @@ impl<'a> Live<'a> {
             Ok(ProbeRead {
                 bounds,
                 source_pieces,
-                sent: Probe {
-                    source_revision: source.revision,
-                    ..sent
-                },
+                sent,
                 source,
                 source_id,
                 source_count,
@@ -467,57 +414,23 @@ impl<'a> Live<'a> {
             w.stats.count_pieces.store(each.len() as u64, Relaxed);
             self.splits.counted(&read.bounds, each);
         }
-        let counted = if read.peer_count.is_some() {
+        if read.peer_count.is_some() {
             w.stats.copy_counts.fetch_add(1, Relaxed);
-            let matched = self.check_count(&read)?;
-            if let (true, Some(keys)) = (matched, read.source_count) {
-                self.cadence.matched(keys);
-            }
-            matched
-        } else {
-            self.cadence.skipped()
-        };
-        // A pending probe keeps its place until its quiet period is over,
-        // or a busy stream would never have one.
-        if self.probe.is_none_or(|p| p.quiet_done) {
-            self.probe = Some(Probe {
-                counted,
-                ..read.sent
-            });
         }
-        Ok(())
-    }
-
-    /// Compares the copy's key count on the peer with the source's at the
-    /// watermark: a copy emptied or grown out of band (`del --prefix`, a
-    /// revoked lease, keys written by hand) must not read as current. The
-    /// txns in flight, and those sent while the probe was out, may have
-    /// moved the peer by at most their ops; keys too large for the peer are
-    /// absent there by design. Returns whether it could count at all.
-    fn check_count(&self, read: &ProbeRead) -> Result<bool> {
-        let (Some(source), Some(peer_count)) = (
-            read.source_count
-                .filter(|_| read.applied >= self.replay_horizon),
-            read.peer_count,
-        ) else {
-            return Ok(false);
+        let fresh = fresh::Read {
+            source_revision: read.source.revision,
+            source_member: read.source.member_id,
+            applied: read.applied,
+            counts: read.source_count.zip(read.peer_count),
+            oversized: w.oversized_count() as i64,
+            launched_ops: self.launched_ops,
         };
-        let oversized = self.writer.oversized_count() as i64;
-        let expected = source - oversized;
-        // Only while they exist: a tolerance kept after the split revision
-        // is whole would let a copy short of that many keys read fresh.
-        let slack =
-            (self.launched_ops.saturating_sub(read.sent.unsettled_from) + read.sent.ahead) as i64;
-        if (peer_count - expected).abs() <= slack {
-            return Ok(true);
-        }
-        Err(Error::CopyChanged {
-            peer: self.writer.region.clone(),
-            why: format!(
-                "it holds {peer_count} keys, the source held {source} at revision {} ({oversized} of them too large for the peer, {slack} ops in flight)",
-                read.applied
-            ),
-        })
+        self.fresh
+            .probed(read.sent, fresh)
+            .map_err(|why| Error::CopyChanged {
+                peer: w.region.clone(),
+                why,
+            })
     }
 
     /// Books a verification pass that ended: done, or skipped (counted,
@@ -550,37 +463,33 @@ impl<'a> Live<'a> {
         }
     }
 
-    /// Marks the peer current as of the pending probe when everything the
-    /// source held then is applied, or the watch has been quiet since with
-    /// nothing pending (an idle subtree: nothing to apply).
+    /// Asks [`Freshness`] whether the pending probe settles now, and
+    /// applies what it decided.
     fn check_current(&mut self) {
-        let Some(p) = self.probe else { return };
-        let applied = self.inflight.watermark() >= p.source_revision;
-        let idle = self.batcher.is_idle()
-            && self.inflight.is_empty()
-            && self.received == p.received
-            && self.ws.is_connected()
-            && p.at.elapsed() >= QUIET;
-        if !applied && !idle {
-            return;
-        }
-        if !applied {
+        let now = Instant::now();
+        let decision = self.fresh.decide(fresh::Now {
+            at: now,
+            watermark: self.inflight.watermark(),
+            nothing_pending: self.batcher.is_idle() && self.inflight.is_empty(),
+            connected: self.ws.is_connected(),
+            watch_member: self.ws.member_id(),
+            reconnects: self.ws.reconnects(),
+            lease_left: self.lease_status.borrow().ttl_left(),
+        });
+        if let Some(through) = decision.idle_through {
             // Nothing in the subtree changed through that revision: resume
             // from there (this moves an idle subtree's state revision on
             // etcd 3.4, which sends no progress notices by default).
-            // Known gap: the probe's revision may come from another member
-            // than the watch's; a watch on a member that lags by over the
-            // quiet period could still deliver events below it.
-            self.inflight.advance_idle(p.source_revision);
+            self.inflight.advance_idle(through);
         }
-        self.probe = None;
-        if !p.counted {
-            return;
+        if let Some(at) = decision.current_at {
+            let w = self.writer;
+            // Its Unix time by this clock now, never ahead of it.
+            let at_unix_ms = unix_ms() - now.saturating_duration_since(at).as_millis() as i64;
+            w.stats.mark_current(at, at_unix_ms);
+            w.marks.mark_current(at);
+            self.heartbeat_dirty = true;
         }
-        let w = self.writer;
-        w.stats.mark_current(p.at, p.at_unix_ms);
-        w.marks.heartbeat_unix_ms.fetch_max(p.at_unix_ms, Relaxed);
-        self.heartbeat_dirty = true;
     }
 
     /// Ends the session once the copy has been stale past the bound, so the
@@ -686,7 +595,7 @@ impl<'a> Live<'a> {
                 Some(Err(e)) => return Err(Error::Etcd(e)),
                 Some(Ok(resp)) => resp,
             };
-            self.received += 1;
+            self.fresh.received();
             tracing::trace!(peer = %self.writer.region, rev = resp.revision, events = resp.events.len(), first = resp.events.first().map(|e| e.revision()), "watch");
             if let Some(last) = resp.events.last() {
                 let stats = &self.writer.stats;

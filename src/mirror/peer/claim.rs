@@ -19,7 +19,7 @@ use super::Peer;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Client, Header, LeaseGrant, LeaseHandle, LeaseId};
 use crate::mirror::state::{self, State};
-use crate::mirror::stats::{ErrorKind, ResyncReason, unix_ms};
+use crate::mirror::stats::{ErrorKind, ResyncReason};
 use crate::mirror::sync::Pinned;
 
 /// Where a session starts from.
@@ -193,14 +193,9 @@ impl Peer {
         // What the copy is, as of this claim: a resumed copy keeps its
         // heartbeat and synced marker; anything else starts unsynced.
         let marks = &self.writer.marks;
-        marks
-            .heartbeat_unix_ms
-            // A heartbeat from a clock ahead is taken as now, no later: the
-            // state key must not carry a future the consumers read as fresh.
-            .store(
-                resume.map_or(0, |st| st.heartbeat_unix_ms.min(unix_ms())),
-                Relaxed,
-            );
+        // A heartbeat from a clock ahead is taken as now, no later: the
+        // state key must not carry a future the consumers read as fresh.
+        marks.adopt_heartbeat(resume.map_or(0, |st| st.heartbeat_unix_ms));
         if let Some(st) = resume.filter(|st| st.heartbeat_unix_ms > 0) {
             // The store's word on when this copy was last current.
             self.writer.stats.adopt_heartbeat(st.heartbeat_unix_ms);

@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -19,7 +20,7 @@ use crate::etcd::{
     self, Client, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse,
 };
 use crate::mirror::state::{self, State, Stored};
-use crate::mirror::stats::PeerStats;
+use crate::mirror::stats::{PeerStats, mono_us, unix_ms};
 
 /// Writes to one peer under this engine's claim.
 pub(crate) struct FencedWriter {
@@ -56,13 +57,47 @@ pub(crate) struct Marks {
     pub(crate) source_cluster: AtomicU64,
     /// The source's own id (kept in the source etcd).
     pub(crate) source_id: AtomicU64,
-    /// When the peer was last known current, Unix ms.
-    pub(crate) heartbeat_unix_ms: AtomicI64,
+    /// When the peer was last known current, on the monotonic clock
+    /// (`stats::mono_us`; 0: never). The heartbeat written is derived
+    /// from it at each write ([`Marks::heartbeat_unix_ms`]).
+    current_mono_us: AtomicU64,
     /// A complete copy is on the peer under this lease.
     pub(crate) synced: AtomicBool,
     /// The TTL the lease was granted with, seconds (0: none held): written
     /// into the state key so that a successor need not ask it.
     pub(crate) lease_ttl: AtomicI64,
+}
+
+impl Marks {
+    /// The peer held everything the source did at `at`.
+    pub(crate) fn mark_current(&self, at: Instant) {
+        self.current_mono_us.fetch_max(mono_us(at), Relaxed);
+    }
+
+    /// Takes a predecessor's heartbeat (Unix ms by its clock; 0: none):
+    /// the copy is as old as that says by this clock, and never younger
+    /// than now (a heartbeat from a clock ahead counts as now).
+    pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64) {
+        let at = (heartbeat_unix_ms > 0).then(|| {
+            let age = unix_ms().saturating_sub(heartbeat_unix_ms).max(0) as u64;
+            mono_us(Instant::now()).saturating_sub(age * 1000)
+        });
+        self.current_mono_us.store(at.unwrap_or(0), Relaxed);
+    }
+
+    /// The heartbeat to write now: this clock now, less the copy's age on
+    /// the monotonic clock. Never ahead of this clock, and a step of the
+    /// wall clock moves it only while the step lasts (see
+    /// [`State::staleness_at`]); 0 when the copy was never current.
+    pub(crate) fn heartbeat_unix_ms(&self) -> i64 {
+        match self.current_mono_us.load(Relaxed) {
+            0 => 0,
+            at => {
+                let age_us = mono_us(Instant::now()).saturating_sub(at);
+                unix_ms() - (age_us / 1000) as i64
+            }
+        }
+    }
 }
 
 impl FencedWriter {
@@ -161,7 +196,7 @@ impl FencedWriter {
             holder: self.holder,
             source_cluster: self.marks.source_cluster.load(Relaxed),
             source_id: self.marks.source_id.load(Relaxed),
-            heartbeat_unix_ms: self.marks.heartbeat_unix_ms.load(Relaxed),
+            heartbeat_unix_ms: self.marks.heartbeat_unix_ms(),
             synced: self.marks.synced.load(Relaxed),
             lease_ttl: self.marks.lease_ttl.load(Relaxed),
         }

@@ -63,6 +63,7 @@ pub(super) async fn run(
     cancel: CancellationToken,
     connected: Arc<AtomicBool>,
     reconnects: Arc<AtomicU64>,
+    member: Arc<AtomicU64>,
 ) {
     let mut watchers: HashMap<i64, State> = HashMap::new();
     let mut backoff = Backoff::new(Duration::from_millis(50), MAX_WATCH_BACKOFF);
@@ -179,6 +180,9 @@ pub(super) async fn run(
                 msg = inbound.message() => match msg {
                     Ok(Some(resp)) => {
                         backoff.reset();
+                        if let Some(h) = &resp.header {
+                            member.store(h.member_id, Ordering::Relaxed);
+                        }
                         let reauth = dispatch(&mut watchers, &mut pending, resp, &out_tx).await;
                         if watchers.is_empty() && !commands_open {
                             return;
@@ -190,6 +194,7 @@ pub(super) async fn run(
                             tracing::debug!("watch create refused for its token; re-authenticating");
                             client.clear_token();
                             connected.store(false, Ordering::Relaxed);
+                            member.store(0, Ordering::Relaxed);
                             reconnects.fetch_add(1, Ordering::Relaxed);
                             for st in watchers.values_mut() {
                                 st.sink.release(std::mem::take(&mut st.fragments));
@@ -203,6 +208,7 @@ pub(super) async fn run(
                             _ => Error::Unavailable("watch stream ended".into()),
                         };
                         connected.store(false, Ordering::Relaxed);
+                            member.store(0, Ordering::Relaxed);
                         if let Error::ResponseTooLarge { limit } = err {
                             // Every member would send the same response, so
                             // neither a resume nor another endpoint helps:
@@ -246,6 +252,7 @@ async fn dispatch(
     out: &mpsc::UnboundedSender<PbWatchRequest>,
 ) -> bool {
     let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+    let member_id = resp.header.as_ref().map_or(0, |h| h.member_id);
     if resp.created
         && resp.watch_id != -1
         && let Some(at) = pending.iter().position(|p| *p == resp.watch_id)
@@ -274,6 +281,7 @@ async fn dispatch(
                 id,
                 WatchResponse {
                     revision,
+                    member_id,
                     events: Vec::new(),
                 },
                 Fragments::default(),
@@ -340,7 +348,18 @@ async fn dispatch(
         // watchers that have caught up, so nothing below it is pending.
         st.resume = revision + 1;
     }
-    deliver(watchers, id, WatchResponse { revision, events }, held, out).await;
+    deliver(
+        watchers,
+        id,
+        WatchResponse {
+            revision,
+            member_id,
+            events,
+        },
+        held,
+        out,
+    )
+    .await;
     false
 }
 

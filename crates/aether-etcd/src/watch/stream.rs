@@ -23,6 +23,7 @@ pub struct WatchStream {
     cmds: mpsc::UnboundedSender<Cmd>,
     connected: Arc<AtomicBool>,
     reconnects: Arc<AtomicU64>,
+    member: Arc<AtomicU64>,
     buffer_bytes: usize,
     _guard: Arc<DropGuard>,
 }
@@ -53,17 +54,20 @@ impl WatchClient {
         let (tx, rx) = mpsc::unbounded_channel();
         let connected = Arc::new(AtomicBool::new(false));
         let reconnects = Arc::new(AtomicU64::new(0));
-        let (t, c, r) = (
+        let member = Arc::new(AtomicU64::new(0));
+        let (t, c, r, m) = (
             self.transport.clone(),
             connected.clone(),
             reconnects.clone(),
+            member.clone(),
         );
-        let guard = spawn_until_dropped(|cancel| run(t, rx, cancel, c, r));
+        let guard = spawn_until_dropped(|cancel| run(t, rx, cancel, c, r, m));
         WatchStream {
             next_id: Arc::new(AtomicI64::new(1)),
             cmds: tx,
             connected,
             reconnects,
+            member,
             buffer_bytes: self.transport.config().watcher_buffer_bytes,
             _guard: Arc::new(guard),
         }
@@ -124,6 +128,14 @@ impl WatchStream {
     /// consumer can tell a quiet watch from a dead one.
     pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The member that sent the stream's latest response, from its header:
+    /// `None` before the first and while the stream reconnects. With
+    /// [`WatchStream::reconnects`] unchanged, a unary read served by this
+    /// member saw the store this stream's watchers are fed from.
+    pub fn member_id(&self) -> Option<u64> {
+        Some(self.member.load(Ordering::Relaxed)).filter(|&m| m != 0)
     }
 
     /// Asks the server for a progress notice. etcd 3.4 broadcasts it to

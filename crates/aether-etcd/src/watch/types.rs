@@ -69,6 +69,12 @@ pub struct WatchResponse {
     /// The store revision when the server sent the response. With no events
     /// this is a progress notice.
     pub revision: i64,
+    /// The member that sent it. A watch stream that fails over resumes on
+    /// another member, so this can change between responses of one
+    /// watcher; a caller comparing it with a unary read's
+    /// [`Header::member_id`](crate::Header::member_id) knows whether both
+    /// saw the same member's store.
+    pub member_id: u64,
     /// The events, in revision order. All events of one revision are in the
     /// same response.
     pub events: Vec<Event>,

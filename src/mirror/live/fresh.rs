@@ -1,0 +1,460 @@
+//! Whether a peer's copy is current: the one place that decides it.
+//!
+//! The live loop feeds [`Freshness`] what happens (a watch message, a
+//! probe sent and read back, a txn under the watermark) and asks it
+//! [`Freshness::decide`]; nothing else in the engine marks a copy current.
+//! What it decides reaches the outside in two ways: the peer's stats
+//! (`peer_staleness_seconds`, on the monotonic clock) and the heartbeat in
+//! the state key, which consumers read by [`State::staleness_at`]'s rule.
+//!
+//! # The rule
+//! Every heartbeat a *probe* reads the source's revision S (and the
+//! member that served it) at the instant T it is sent. The copy is
+//! **current as of T** once all three hold:
+//! 1. **everything through S is received and applied**: the watermark
+//!    reached S; or the watch stream itself vouches that nothing in the
+//!    subtree lies between the watermark and S — nothing pending, no
+//!    message since T, the stream connected throughout to the very member
+//!    that served S, and quiet for [`QUIET`] (a caught-up watcher gets its
+//!    events as they commit, a catching-up one every ~100 ms). A read
+//!    served by another member says nothing about this stream: a watch on
+//!    a member that lags could still deliver events below S.
+//! 2. **the copy checked out**: its key count on the peer matched the
+//!    source's at the watermark, by this probe or by the session's last
+//!    count, which matched (a mismatch ends the session:
+//!    `Error::CopyChanged`). Counts pace themselves by the subtree's
+//!    size (`count::Cadence`).
+//! 3. **its lease has at least a heartbeat left** (or a third of its TTL,
+//!    if that is less: keep-alives go every third of it, so a healthy
+//!    lease never has less; a heartbeat longer than that would otherwise
+//!    fail healthy copies): a copy whose lease may lapse before the next
+//!    probe is not vouched for.
+//!
+//! ```text
+//!                  probe sent at T          read back: S, member, count
+//!   ┌───────┐  ─────────────────────►  ┌────────────┐ ─────────────────┐
+//!   │ none  │                          │  in flight │                  │
+//!   └───────┘  ◄──────────────┐        └────────────┘                  ▼
+//!       ▲        current as of T                       ┌──────────────────────┐
+//!       │        (rules 1, 2, 3)                       │ pending (S, counted) │
+//!       │                     └─────────────────────── └──────────────────────┘
+//!       │                                                 │        │
+//!       │  rule 1 met, rule 2 or 3 not: no mark,          │        │ count
+//!       └──────────────── probe dropped ──────────────────┘        │ mismatch
+//!                                                                  ▼
+//!                                            CopyChanged: the session ends, re-sync
+//! ```
+//! A pending probe keeps its place until its quiet period is over (a busy
+//! stream would never have one otherwise); after that the next probe may
+//! replace it. **Lapsed** is not decided here: a lease the peer reports
+//! gone ends the session (`Error::LeaseLost`), and the copy expires there.
+
+use std::time::{Duration, Instant};
+
+use crate::mirror::count::Cadence;
+#[cfg(doc)]
+use crate::mirror::state::State;
+
+/// How long the watch must stay quiet, with nothing pending, after a probe
+/// read the source's revision on the watch's own member, before that
+/// revision counts as received. etcd hands a caught-up watcher its events
+/// as they commit, and a catching-up one every ~100 ms, so ten of those
+/// cycles of silence are a wide margin.
+pub(crate) const QUIET: Duration = Duration::from_secs(1);
+
+/// What is known about one session's copy, for deciding whether it is
+/// current (see the module doc).
+#[derive(Debug)]
+pub(crate) struct Freshness {
+    /// The lease time left below which a copy is not current (rule 3).
+    lease_margin: Duration,
+    /// Key counts are compared only once the watermark is past this (see
+    /// `Peer::replay_horizon`).
+    replay_horizon: i64,
+    /// Watch messages received so far.
+    received: u64,
+    /// The last probe read back and not yet settled.
+    pending: Option<Probe>,
+    /// Which probes count the copy.
+    cadence: Cadence,
+}
+
+/// A probe as sent: what the loop knew at that instant.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    pub(crate) at: Instant,
+    /// Watch messages received when it was sent.
+    received: u64,
+    /// The watch stream's reconnects when it was sent.
+    reconnects: u64,
+    /// Ops of the txns not yet under the watermark when it was sent: what
+    /// the peer may hold beyond the watermark, with what is sent until it
+    /// comes back.
+    pub(crate) unsettled_from: u64,
+    /// Ops already applied of a revision above the watermark when it was
+    /// sent (a split revision's first parts).
+    ahead: u64,
+    /// Whether it counts the copy.
+    pub(crate) counting: bool,
+}
+
+/// What a probe read back, as far as freshness is concerned.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Read {
+    /// The source's revision.
+    pub(crate) source_revision: i64,
+    /// The member that served it.
+    pub(crate) source_member: u64,
+    /// The watermark when the probe was sent, before the source was read.
+    pub(crate) applied: i64,
+    /// The source's key count at `applied`, and the copy's on the peer
+    /// (`None`: this probe did not count, or the source's was compacted).
+    pub(crate) counts: Option<(i64, i64)>,
+    /// Keys absent on the peer by design (too large for it).
+    pub(crate) oversized: i64,
+    /// Ops launched in the session by the time it came back.
+    pub(crate) launched_ops: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    sent: Sent,
+    source_revision: i64,
+    source_member: u64,
+    /// The copy's count matched, by this probe or the session's last.
+    checked: bool,
+    /// Its quiet period passed without making it current: only the
+    /// watermark can still settle it, and the next probe may replace it.
+    quiet_done: bool,
+}
+
+/// What the live loop sees of the copy and its watch when it asks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Now {
+    pub(crate) at: Instant,
+    /// The contiguous watermark: every revision through it is on the peer.
+    pub(crate) watermark: i64,
+    /// Nothing received is waiting to be sent or acknowledged.
+    pub(crate) nothing_pending: bool,
+    /// The watch stream: connected, its member, its reconnects so far.
+    pub(crate) connected: bool,
+    pub(crate) watch_member: Option<u64>,
+    pub(crate) reconnects: u64,
+    /// Time left on the copy's lease, by its last keep-alive.
+    pub(crate) lease_left: Duration,
+}
+
+/// What [`Freshness::decide`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Decision {
+    /// The watch vouched that nothing lies between the watermark and this
+    /// revision: the watermark may move there.
+    pub(crate) idle_through: Option<i64>,
+    /// The copy is current as of this instant.
+    pub(crate) current_at: Option<Instant>,
+}
+
+impl Freshness {
+    pub(crate) fn new(heartbeat: Duration, lease_ttl: Duration, replay_horizon: i64) -> Freshness {
+        Freshness {
+            lease_margin: heartbeat.min(lease_ttl / 3),
+            replay_horizon,
+            received: 0,
+            pending: None,
+            cadence: Cadence::default(),
+        }
+    }
+
+    /// A watch message arrived (events or a progress notice).
+    pub(crate) fn received(&mut self) {
+        self.received += 1;
+    }
+
+    /// A probe goes out now; whether it counts the copy is decided here.
+    pub(crate) fn send(
+        &self,
+        at: Instant,
+        reconnects: u64,
+        unsettled_from: u64,
+        ahead: u64,
+    ) -> Sent {
+        Sent {
+            at,
+            received: self.received,
+            reconnects,
+            unsettled_from,
+            ahead,
+            counting: self.cadence.due(),
+        }
+    }
+
+    /// A probe came back. Checks the copy's count against the source's: a
+    /// copy emptied or grown out of band (`del --prefix`, a revoked lease,
+    /// keys written by hand) is `CopyChanged`. The txns in flight, and
+    /// those sent while the probe was out, may have moved the peer by at
+    /// most their ops; keys too large for the peer are absent there by
+    /// design.
+    pub(crate) fn probed(&mut self, sent: Sent, read: Read) -> Result<(), String> {
+        let counts = read.counts.filter(|_| read.applied >= self.replay_horizon);
+        let checked = match counts {
+            Some((source, peer)) => {
+                let expected = source - read.oversized;
+                // Only while they exist: a tolerance kept after a split
+                // revision is whole would let a copy short of that many
+                // keys read fresh.
+                let slack =
+                    (read.launched_ops.saturating_sub(sent.unsettled_from) + sent.ahead) as i64;
+                if (peer - expected).abs() > slack {
+                    return Err(format!(
+                        "it holds {peer} keys, the source held {source} at revision {} ({} of them too large for the peer, {slack} ops in flight)",
+                        read.applied, read.oversized
+                    ));
+                }
+                self.cadence.matched(source);
+                true
+            }
+            // A probe that could not count (a resumed copy still replaying
+            // the predecessor's tail, or a compacted watermark) may still
+            // move an idle watermark, but marks the copy current only on
+            // the strength of the session's last count: a new leader that
+            // adopted a copy emptied out of band would otherwise report it
+            // fresh before counting it.
+            None if sent.counting => false,
+            None => self.cadence.skipped(),
+        };
+        if self.pending.is_none_or(|p| p.quiet_done) {
+            self.pending = Some(Probe {
+                sent,
+                source_revision: read.source_revision,
+                source_member: read.source_member,
+                checked,
+                quiet_done: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// When the pending probe's quiet period ends, if it has one to wait.
+    pub(crate) fn quiet_at(&self) -> Option<Instant> {
+        self.pending
+            .filter(|p| !p.quiet_done)
+            .map(|p| p.sent.at + QUIET)
+    }
+
+    /// The pending probe's quiet period has passed (after a `decide`).
+    pub(crate) fn quiet_passed(&mut self) {
+        if let Some(p) = self.pending.as_mut() {
+            p.quiet_done = true;
+        }
+    }
+
+    /// Whether the pending probe settles now, and how (the module doc's
+    /// rule).
+    pub(crate) fn decide(&mut self, now: Now) -> Decision {
+        let Some(p) = self.pending else {
+            return Decision::default();
+        };
+        let applied = now.watermark >= p.source_revision;
+        let vouched = !applied
+            && now.nothing_pending
+            && self.received == p.sent.received
+            && now.connected
+            && now.reconnects == p.sent.reconnects
+            && now.watch_member == Some(p.source_member)
+            && now.at.saturating_duration_since(p.sent.at) >= QUIET;
+        if !applied && !vouched {
+            return Decision::default();
+        }
+        self.pending = None;
+        Decision {
+            idle_through: vouched.then_some(p.source_revision),
+            current_at: (p.checked && now.lease_left >= self.lease_margin).then_some(p.sent.at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HB: Duration = Duration::from_secs(5);
+    const TTL: Duration = Duration::from_secs(30);
+    const MEMBER: u64 = 7;
+
+    fn read(source_revision: i64, counts: Option<(i64, i64)>) -> Read {
+        Read {
+            source_revision,
+            source_member: MEMBER,
+            applied: 10,
+            counts,
+            oversized: 0,
+            launched_ops: 0,
+        }
+    }
+
+    fn now(t0: Instant, after: Duration, watermark: i64) -> Now {
+        Now {
+            at: t0 + after,
+            watermark,
+            nothing_pending: true,
+            connected: true,
+            watch_member: Some(MEMBER),
+            reconnects: 0,
+            lease_left: Duration::from_secs(30),
+        }
+    }
+
+    /// A session whose first probe (counting) came back at revision 20.
+    fn probed(f: &mut Freshness, t0: Instant, counts: Option<(i64, i64)>) -> Sent {
+        let sent = f.send(t0, 0, 0, 0);
+        assert!(sent.counting);
+        f.probed(sent, read(20, counts)).unwrap();
+        sent
+    }
+
+    #[test]
+    fn current_once_the_watermark_reaches_the_probed_revision() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0);
+        probed(&mut f, t0, Some((100, 100)));
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 19)), Decision::default());
+        let d = f.decide(now(t0, Duration::ZERO, 20));
+        assert_eq!(d.current_at, Some(t0));
+        assert_eq!(d.idle_through, None);
+        // Settled: nothing more to decide until the next probe.
+        assert_eq!(f.decide(now(t0, HB, 30)), Decision::default());
+    }
+
+    #[test]
+    fn not_current_until_the_copy_has_been_counted() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0);
+        // The first probe could not count (compacted): it settles without
+        // a mark.
+        probed(&mut f, t0, None);
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, None);
+        // Once a count matched, probes in between stand on it.
+        probed(&mut f, t0, Some((100, 100)));
+        assert!(f.decide(now(t0, Duration::ZERO, 20)).current_at.is_some());
+    }
+
+    #[test]
+    fn a_count_that_does_not_match_is_a_changed_copy() {
+        let mut f = Freshness::new(HB, TTL, 0);
+        let sent = f.send(Instant::now(), 0, 0, 0);
+        let why = f.probed(sent, read(20, Some((100, 99)))).unwrap_err();
+        assert!(why.contains("holds 99 keys"), "{why}");
+        // Ops in flight since the probe was sent excuse that many.
+        let sent = f.send(Instant::now(), 0, 5, 0);
+        let r = Read {
+            launched_ops: 6,
+            ..read(20, Some((100, 99)))
+        };
+        f.probed(sent, r).unwrap();
+        // A count taken before the resumed copy's replay is over says
+        // nothing either way.
+        let mut f = Freshness::new(HB, TTL, 50);
+        let sent = f.send(Instant::now(), 0, 0, 0);
+        f.probed(sent, read(20, Some((100, 0)))).unwrap();
+    }
+
+    #[test]
+    fn a_copy_whose_lease_has_less_than_a_heartbeat_left_is_not_current() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0);
+        probed(&mut f, t0, Some((100, 100)));
+        let lapsing = Now {
+            lease_left: HB - Duration::from_millis(1),
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(lapsing).current_at, None);
+        probed(&mut f, t0, Some((100, 100)));
+        let kept = Now {
+            lease_left: HB,
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(kept).current_at, Some(t0));
+        // A heartbeat longer than the keep-alive period: a third of the
+        // TTL is the margin, or a healthy lease would fail the rule.
+        let mut f = Freshness::new(HB, Duration::from_secs(6), 0);
+        probed(&mut f, t0, Some((100, 100)));
+        let healthy = Now {
+            lease_left: Duration::from_secs(4),
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(healthy).current_at, Some(t0));
+        probed(&mut f, t0, Some((100, 100)));
+        let lapsing = Now {
+            lease_left: Duration::from_millis(1999),
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(lapsing).current_at, None);
+    }
+
+    #[test]
+    fn an_idle_watch_vouches_only_for_its_own_members_revision() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0);
+        probed(&mut f, t0, Some((100, 100)));
+        // Not yet quiet long enough.
+        assert_eq!(f.decide(now(t0, QUIET / 2, 10)), Decision::default());
+        // The probe read another member than the watch's: a lagging
+        // member could still deliver events below it.
+        let other = Now {
+            watch_member: Some(MEMBER + 1),
+            ..now(t0, QUIET, 10)
+        };
+        assert_eq!(f.decide(other), Decision::default());
+        // Nor after the stream reconnected, nor while it is down.
+        let reconnected = Now {
+            reconnects: 1,
+            ..now(t0, QUIET, 10)
+        };
+        assert_eq!(f.decide(reconnected), Decision::default());
+        let down = Now {
+            connected: false,
+            watch_member: None,
+            ..now(t0, QUIET, 10)
+        };
+        assert_eq!(f.decide(down), Decision::default());
+        // The same member, quiet, nothing pending: it vouches.
+        let d = f.decide(now(t0, QUIET, 10));
+        assert_eq!(d.idle_through, Some(20));
+        assert_eq!(d.current_at, Some(t0));
+    }
+
+    #[test]
+    fn a_message_or_pending_work_since_the_probe_voids_the_idle_rule() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0);
+        probed(&mut f, t0, Some((100, 100)));
+        f.received();
+        assert_eq!(f.decide(now(t0, QUIET, 10)), Decision::default());
+        let mut f = Freshness::new(HB, TTL, 0);
+        probed(&mut f, t0, Some((100, 100)));
+        let busy = Now {
+            nothing_pending: false,
+            ..now(t0, QUIET, 10)
+        };
+        assert_eq!(f.decide(busy), Decision::default());
+    }
+
+    #[test]
+    fn a_pending_probe_keeps_its_place_until_its_quiet_period_is_over() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0);
+        probed(&mut f, t0, Some((100, 100)));
+        let later = f.send(t0 + HB, 0, 0, 0);
+        f.probed(later, read(40, None)).unwrap();
+        // Still the first probe's revision that settles it.
+        assert_eq!(f.decide(now(t0, HB, 20)).current_at, Some(t0));
+        probed(&mut f, t0, Some((100, 100)));
+        assert_eq!(f.quiet_at(), Some(t0 + QUIET));
+        f.quiet_passed();
+        assert_eq!(f.quiet_at(), None);
+        let later = f.send(t0 + HB, 0, 0, 0);
+        f.probed(later, read(40, Some((100, 100)))).unwrap();
+        assert_eq!(f.decide(now(t0, HB, 20)), Decision::default());
+        assert_eq!(f.decide(now(t0, HB, 40)).current_at, Some(t0 + HB));
+    }
+}
