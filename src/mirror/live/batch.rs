@@ -87,6 +87,22 @@ pub struct Batcher {
     pub split_revisions: u64,
 }
 
+impl std::fmt::Debug for Batcher {
+    // The ops themselves are the caller's data: a summary is what a log
+    // or a panic message needs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("lease", &self.lease)
+            .field("rev_number", &self.rev_number)
+            .field("rev_ops", &self.rev.len())
+            .field("cur_through", &self.cur_through)
+            .field("cur_keys", &self.cur_keys.len())
+            .field("ready", &self.ready.len())
+            .field("split_revisions", &self.split_revisions)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Batcher {
     /// A batcher writing puts under `lease`, within `limits` less the room
     /// the engine needs for its own compare and state put.
