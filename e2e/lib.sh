@@ -38,6 +38,17 @@ need_promtool() {
   fi
 }
 
+# FAKETIME_LIB: Debian's libfaketime, which the suite preloads into a
+# replicator to step its wall clock (tests/ops.rs).
+FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
+
+# need_faketime: installs Debian's libfaketime when it is missing.
+need_faketime() {
+  if [ ! -e "${AETHER_FAKETIME_LIB:-$FAKETIME_LIB}" ]; then
+    apt_install libfaketime - libfaketime
+  fi
+}
+
 # need_commands CMD...: installs the Debian packages of the same names for
 # the CMDs that are missing, as root (elsewhere fails with the command to run).
 need_commands() {

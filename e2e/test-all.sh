@@ -13,6 +13,8 @@ need_etcd
 need_commands curl python3
 # promtool: the suite's metrics test checks the page with it.
 need_promtool
+# libfaketime: the wall-clock step test preloads it into a replicator.
+need_faketime
 # sed, not head: head exits after one line and, under pipefail, etcd's
 # SIGPIPE on the next line failed the whole run (exit 141).
 etcd --version | sed -n 1p

@@ -6,8 +6,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use aether_replicator::mirror::state::State;
 use common::replicator::{Replicator, metric};
-use common::{Etcd, wait_until};
+use common::{Etcd, FaultProxy, wait_until};
 
 /// Runs `promtool check metrics` on `page`: (exit success, its output).
 /// promtool missing is a failure with the install command, not a skip.
@@ -407,4 +408,145 @@ fn status_refuses_invalid_flags_with_exit_2() {
         assert_eq!(err.lines().count(), 1, "{argv:?}: {err}");
         assert!(err.starts_with("error"), "{argv:?}: {err}");
     }
+}
+
+/// Debian's libfaketime, preloaded into a replicator to step its wall
+/// clock; `AETHER_FAKETIME_LIB` names another build.
+fn faketime_lib() -> String {
+    let lib = std::env::var("AETHER_FAKETIME_LIB")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1".into());
+    assert!(
+        std::path::Path::new(&lib).exists(),
+        "libfaketime not found at {lib}: install it with `apt-get update && apt-get install -y libfaketime`, or set AETHER_FAKETIME_LIB"
+    );
+    lib
+}
+
+/// The state key region `origin` wrote into `etcd`, decoded.
+fn state_in(etcd: &Etcd, origin: &str) -> Option<State> {
+    let out = etcd.etcdctl_ok(&[
+        "get",
+        "--prefix",
+        &format!("/aether/v1/replication/{origin}/"),
+        "--print-value-only",
+    ]);
+    out.lines().find_map(|l| State::decode(l.as_bytes()))
+}
+
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// An NTP step of the writer's wall clock, an hour ahead and back, with its
+/// monotonic clock untouched; then the writer is cut from its own etcd and
+/// the source changes. Its copy must read stale everywhere within a
+/// heartbeat plus 5 s: a heartbeat written during the step must neither
+/// stay ahead nor read as age 0.
+#[test]
+fn a_wall_clock_stepped_ahead_and_back_never_makes_a_copy_read_fresh() {
+    let lib = faketime_lib();
+    let (etcd_a, etcd_b) = (Etcd::start(), Etcd::start());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // a's only path to its own etcd, to cut.
+    let local = rt.block_on(FaultProxy::start(etcd_a.client_addr()));
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("faketime");
+    std::fs::write(&clock, "+0\n").unwrap();
+    let heartbeat = Duration::from_secs(1);
+    let a_args = vec![
+        "--region=a".to_string(),
+        format!("--local-etcd={}", local.endpoint()),
+        format!("--peer-etcd=b={}", etcd_b.endpoint()),
+        // Long enough that the copy outlives the test once a stops.
+        "--lease-ttl=30s".into(),
+        format!("--heartbeat-interval={}s", heartbeat.as_secs()),
+    ];
+    let clock_path = clock.to_str().unwrap();
+    let a = Replicator::spawn_with_env(
+        &a_args,
+        &[
+            ("LD_PRELOAD", &lib),
+            ("FAKETIME_TIMESTAMP_FILE", clock_path),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    // b reads a's copy in b's etcd: its origin_staleness_seconds.
+    let b = Replicator::spawn(&run_args("b", &etcd_b, "a", &etcd_a));
+    etcd_a.etcdctl_ok(&["put", "/aether/v1/regions/a/k", "v0"]);
+    assert!(
+        wait_until(Duration::from_secs(30), || a.synced() && b.synced()),
+        "{}\n---\n{}",
+        a.log_text(),
+        b.log_text()
+    );
+
+    // The step: a's heartbeats land an hour ahead...
+    std::fs::write(&clock, "+3600\n").unwrap();
+    let mut seen = None;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            seen = state_in(&etcd_b, "a");
+            seen.is_some_and(|s| s.heartbeat_unix_ms > unix_ms_now() + 1_800_000)
+        }),
+        "no heartbeat written during the step: {seen:?}\n{}",
+        a.log_text()
+    );
+    // ...and back, then at once a loses its own etcd and the source moves.
+    std::fs::write(&clock, "+0\n").unwrap();
+    local.cut();
+    etcd_a.etcdctl_ok(&["put", "/aether/v1/regions/a/k", "v1"]);
+
+    // status reads a's etcd directly: the cut is a's alone.
+    let a_status = [
+        run_args("a", &etcd_a, "b", &etcd_b),
+        vec!["--max-staleness=3s".into()],
+    ]
+    .concat();
+    let (mut key, mut metric, mut row_text) = (None, None, String::new());
+    let all_stale = wait_until(heartbeat + Duration::from_secs(5), || {
+        let now = unix_ms_now();
+        key = state_in(&etcd_b, "a").and_then(|s| s.staleness_at(now));
+        metric = incoming_in(&b, "b", "origin_staleness_seconds", "a");
+        let (_, out, err) = status(&a_status);
+        row_text = format!("{out}{err}");
+        key.is_some_and(|s| s > Duration::from_secs(3))
+            && metric.is_some_and(|s| s > 3.0)
+            && row_text.contains("over --max-staleness")
+    });
+    assert!(
+        all_stale,
+        "within {heartbeat:?} + 5 s of the cut: state key staleness {key:?}, b's origin_staleness_seconds {metric:?}, status:\n{row_text}"
+    );
+
+    // Healed, the writer's heartbeats follow its clock again: none stays
+    // ahead of it for having been written ahead once.
+    local.heal();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            seen = state_in(&etcd_b, "a");
+            seen.is_some_and(|s| s.staleness_at(unix_ms_now()) < Some(Duration::from_secs(3)))
+        }),
+        "the heartbeat did not come back to the writer's clock: {seen:?}\n{}",
+        a.log_text()
+    );
+    drop(local);
+    drop(rt);
+}
+
+/// An incoming-copy metric of region `region`'s replicator `r`.
+fn incoming_in(r: &Replicator, region: &str, name: &str, origin: &str) -> Option<f64> {
+    r.scrape().and_then(|p| {
+        metric(
+            &p,
+            &format!("aether_replicator_{name}{{region=\"{region}\",origin=\"{origin}\"}}"),
+        )
+    })
 }
