@@ -12,8 +12,8 @@ use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::Etcd;
 use common::mirror::{
-    CONVERGE, Lcg, PREFIX, Scene, client, config, contents, converged, eventually, fast, key,
-    put_each, start_synced, state_on,
+    CONVERGE, Lcg, PREFIX, Scene, backstop, client, config, contents, converged, eventually, fast,
+    key, put_each, start_synced, state_on,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,7 +244,7 @@ async fn verification_repairs_edits_made_on_the_peer() {
     let scene = Scene::start();
     let (src, peer) = scene.clients();
     put_each(&src, 0..20, "v").await;
-    let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
+    let cfg = backstop(10).with_verify_interval(Some(Duration::from_millis(500)));
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     // Out-of-band edits an identity check cannot see, in one txn so the
     // key count (which the freshness probe compares) never moves: a value
@@ -288,7 +288,7 @@ async fn values_too_large_for_a_page_of_keys_are_synced_in_smaller_pages() {
     common::mirror::put_many(&src, (0..300).map(|i| (key(i), value(i, "v")))).await;
     // The last revision small enough for the live watch's first response.
     src.put(Put::new(key(300), "small")).await.unwrap();
-    let mut cfg = fast(10).with_verify_interval(Some(Duration::from_millis(500)));
+    let mut cfg = backstop(10).with_verify_interval(Some(Duration::from_millis(500)));
     cfg.page_size = 10_000;
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     assert_eq!(contents(&peer, PREFIX).await.len(), 301);

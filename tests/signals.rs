@@ -14,7 +14,7 @@ use aether_replicator::mirror::{
     Engine, ErrorKind, MirrorConfig, PeerStats, ResyncReason, VerifySkip,
 };
 use common::mirror::{
-    CONVERGE, Scene, client, converged, eventually, eventually_eq, fast, key, put_each,
+    CONVERGE, Scene, backstop, client, converged, eventually, eventually_eq, fast, key, put_each,
     put_in_revisions_of, put_many, start_synced,
 };
 use common::{Etcd, FaultProxy};
@@ -82,7 +82,7 @@ async fn a_copy_emptied_or_grown_on_the_peer_is_not_reported_fresh() {
     let (src, peer) = scene.clients();
     put_each(&src, 0..30, "v").await;
     // No verification: only the freshness probe can see it.
-    let cfg = fast(10);
+    let cfg = backstop(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     // Emptied by hand, as `etcdctl del --prefix` does.
@@ -117,7 +117,7 @@ async fn verification_skips_a_value_too_large_for_the_peer_and_repairs_the_rest(
     src.put(Put::new(key(1), vec![b'x'; 100 * 1024]))
         .await
         .unwrap();
-    let cfg = fast(10).with_verify_interval(Some(Duration::from_millis(300)));
+    let cfg = backstop(10).with_verify_interval(Some(Duration::from_millis(300)));
     let engine = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
     tokio::time::timeout(CONVERGE, engine.wait_synced())
         .await
@@ -357,7 +357,7 @@ async fn a_copy_counted_in_pieces_is_not_reported_fresh_when_one_key_goes() {
     let scene = Scene::start();
     let (src, peer) = scene.clients();
     put_each(&src, 0..30, "v").await;
-    let cfg = fast(10);
+    let cfg = backstop(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     // Enough keys through the live stream for the probe to count the copy
@@ -419,7 +419,7 @@ async fn a_revision_once_split_over_txns_does_not_blunt_the_count_for_good() {
     );
     let (src, peer) = scene.clients();
     put_each(&src, 0..30, "v").await;
-    let cfg = fast(10);
+    let cfg = backstop(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     put_in_revisions_of(&src, 300, (1000..1900).map(|i| (key(i), format!("w{i}")))).await;
@@ -442,7 +442,7 @@ async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
     let scene = Scene::start();
     let (src, peer) = scene.clients();
     put_many(&src, (0..9000).map(|i| (key(i), format!("v{i}")))).await;
-    let cfg = fast(10);
+    let cfg = backstop(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     let pieces = || s.count_pieces.load(Relaxed);
@@ -467,7 +467,7 @@ async fn a_large_copy_is_counted_every_few_heartbeats_and_reads_fresh_in_between
     let scene = Scene::start();
     let (src, peer) = scene.clients();
     put_many(&src, (0..45_000).map(|i| (key(i), format!("v{i}")))).await;
-    let cfg = fast(10);
+    let cfg = backstop(10);
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     let counts = || s.copy_counts.load(Relaxed);
@@ -504,7 +504,7 @@ async fn a_copy_adopted_without_a_sync_is_counted_in_pieces_after_its_first_pass
     let (src, peer) = scene.clients();
     put_many(&src, (0..9000).map(|i| (key(i), format!("v{i}")))).await;
     // An hour between passes: only the takeover's own pass runs.
-    let cfg = fast(10).with_verify_interval(Some(Duration::from_secs(3600)));
+    let cfg = backstop(10).with_verify_interval(Some(Duration::from_secs(3600)));
     let first = start_synced(&src, peer.clone(), &peer, &cfg).await;
     first.shutdown().await;
     let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
@@ -524,4 +524,74 @@ async fn a_copy_adopted_without_a_sync_is_counted_in_pieces_after_its_first_pass
         0,
         "the successor resumed the copy rather than re-syncing it"
     );
+}
+
+/// The copy watch: with the probe an hour apart and no verification pass,
+/// only the watch on the copy can see a hand edit. Each kind (a stray key,
+/// a deleted key, a value edited in place, a `del --prefix` of part of the
+/// copy) is seen, counted and repaired key by key, without a re-sync; the
+/// engine's own writes, a busy stream of them, never count as out of band.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_band_changes_are_seen_by_the_copy_watch_and_repaired_key_by_key() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..100, "v").await;
+    let cfg = common::mirror::config(10)
+        .with_heartbeat_interval(Duration::from_secs(3600))
+        .with_verify_interval(None);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    // Our own writes, many txns of them in flight at once.
+    put_many(&src, (100..2100).map(|i| (key(i), format!("w{i}")))).await;
+    put_each(&src, 0..50, "again").await;
+    converged(&src, &peer, &cfg).await;
+    assert_eq!(
+        s.out_of_band.load(Relaxed),
+        0,
+        "our own writes read as out of band"
+    );
+
+    for (what, edit) in [
+        ("a stray key", Edit::Put(key(9_999), "stray")),
+        ("a deleted key", Edit::Delete(key(7))),
+        ("a value edited in place", Edit::Put(key(8), "edited")),
+        (
+            "del --prefix of part of the copy",
+            Edit::DeletePrefix("/aether/v1/regions/a/clusters/c1/services/s3/".into()),
+        ),
+    ] {
+        let (seen, repaired) = (s.out_of_band.load(Relaxed), s.repaired.load(Relaxed));
+        let at = tokio::time::Instant::now();
+        edit.apply(&peer).await;
+        eventually(&format!("{what}: seen and repaired"), async || {
+            s.out_of_band.load(Relaxed) > seen && s.repaired.load(Relaxed) > repaired
+        })
+        .await;
+        converged(&src, &peer, &cfg).await;
+        eprintln!("{what}: exact again after {:?}", at.elapsed());
+    }
+    assert_eq!(
+        s.resyncs(ResyncReason::CopyChanged),
+        0,
+        "repaired, not re-synced"
+    );
+    // Exact, and current again once the repairs are done.
+    eventually("the copy reads synced again", async || s.is_synced()).await;
+}
+
+/// One hand edit on a peer.
+enum Edit {
+    Put(String, &'static str),
+    Delete(String),
+    DeletePrefix(String),
+}
+
+impl Edit {
+    async fn apply(&self, peer: &aether_replicator::etcd::Client) {
+        match self {
+            Edit::Put(k, v) => drop(peer.put(Put::new(k.clone(), *v)).await.unwrap()),
+            Edit::Delete(k) => drop(peer.delete(Delete::key(k.clone())).await.unwrap()),
+            Edit::DeletePrefix(p) => drop(peer.delete(Delete::prefix(p.clone())).await.unwrap()),
+        }
+    }
 }

@@ -303,8 +303,20 @@ impl Collector for AppCollector {
         counters(
             e,
             "copy_counts",
-            "Key counts of the copy and the source taken by the freshness probe: one every heartbeat up to 20,000 keys, less often above (mirror::count).",
+            "Key counts of the copy and the source taken by the freshness probe: at a session's start, then every few minutes as a backstop to the copy watch (mirror::count).",
             per_peer_count(|p| p.copy_counts.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "out_of_band_changes",
+            "Changes to the copy on the peer that were not this engine's, seen by the copy watch: each turns the copy not current until repaired.",
+            per_peer_count(|p| p.out_of_band.load(Relaxed)),
+        )?;
+        counters(
+            e,
+            "repaired_keys",
+            "Keys the copy watch's repairs rewrote or deleted on the peer, from the source.",
+            per_peer_count(|p| p.repaired.load(Relaxed)),
         )?;
         counters(
             e,

@@ -62,20 +62,39 @@ fn heartbeats_between_counts(keys: i64) -> u64 {
 
 /// Which of a session's probes count the copy: every one until a count
 /// has matched, then one every [`heartbeats_between_counts`] for the
-/// subtree's size at that count.
-#[derive(Debug, Default)]
+/// subtree's size at that count, and no more often than every `min_gap`
+/// heartbeats (the backstop spacing while the copy watch follows the copy;
+/// 1 without it).
+#[derive(Debug)]
 pub(crate) struct Cadence {
     /// The source's key count at the session's last count, which matched.
     matched_keys: Option<i64>,
     /// Probes since then.
     since: u64,
+    min_gap: u64,
+}
+
+impl Default for Cadence {
+    fn default() -> Self {
+        Cadence::new(1)
+    }
 }
 
 impl Cadence {
+    /// A cadence counting no more often than every `min_gap` heartbeats
+    /// once a count matched.
+    pub(crate) fn new(min_gap: u64) -> Cadence {
+        Cadence {
+            matched_keys: None,
+            since: 0,
+            min_gap: min_gap.max(1),
+        }
+    }
+
     /// Whether the next probe counts.
     pub(crate) fn due(&self) -> bool {
         self.matched_keys
-            .is_none_or(|keys| self.since + 1 >= heartbeats_between_counts(keys))
+            .is_none_or(|keys| self.since + 1 >= heartbeats_between_counts(keys).max(self.min_gap))
     }
 
     /// A count matched, the source holding `keys` keys.
@@ -89,6 +108,12 @@ impl Cadence {
     pub(crate) fn skipped(&mut self) -> bool {
         self.since += 1;
         self.matched_keys.is_some()
+    }
+
+    /// The next probe counts, whatever the spacing (the copy watch had to
+    /// be re-armed: what it missed, only a count can see).
+    pub(crate) fn recount(&mut self) {
+        self.matched_keys = None;
     }
 }
 

@@ -284,6 +284,11 @@ pub struct PeerStats {
     /// Key counts of the copy the freshness probe has taken (one per
     /// count, source and peer together; see `mirror::count`).
     pub copy_counts: AtomicU64,
+    /// Changes to the copy on the peer that were not this engine's, seen
+    /// by the copy watch (one per key and revision).
+    pub out_of_band: AtomicU64,
+    /// Keys the copy watch's repairs rewrote or deleted on the peer.
+    pub repaired: AtomicU64,
     /// The adaptive window in request bytes (txn window × mean txn size,
     /// capped by the byte cap).
     pub window_bytes: AtomicU64,
@@ -328,6 +333,8 @@ impl PeerStats {
             window_txns: AtomicU64::new(0),
             count_pieces: AtomicU64::new(0),
             copy_counts: AtomicU64::new(0),
+            out_of_band: AtomicU64::new(0),
+            repaired: AtomicU64::new(0),
             window_bytes: AtomicU64::new(0),
             rtt_micros: AtomicU64::new(0),
             errors: Default::default(),

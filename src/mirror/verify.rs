@@ -183,8 +183,11 @@ pub(crate) async fn pass(
             None => Delete::key(key.clone()).into(),
         };
         let sent = writer
-            .client
-            .txn(writer.txn(vec![op], None).when([guard.clone()]))
+            .own
+            .send(
+                &writer.client,
+                writer.txn(vec![op], None).when([guard.clone()]),
+            )
             .await;
         let resp = match sent {
             Err(etcd::Error::RequestTooLarge) => {
@@ -203,8 +206,8 @@ pub(crate) async fn pass(
                     .txn(vec![Delete::key(key.clone()).into()], None)
                     .when([guard]);
                 writer
-                    .client
-                    .txn(del)
+                    .own
+                    .send(&writer.client, del)
                     .await
                     .map_err(|e| writer.txn_error(e))?
             }

@@ -46,6 +46,13 @@ pub(crate) fn fast(ttl_secs: u64) -> MirrorConfig {
         .with_verify_interval(None)
 }
 
+/// [`fast`] without the copy watch: only the key count and the
+/// verification pass see out-of-band changes, as when the watch has a gap.
+/// For the tests of those backstops.
+pub(crate) fn backstop(ttl_secs: u64) -> MirrorConfig {
+    fast(ttl_secs).without_copy_watch()
+}
+
 /// One put per revision, so the source's history is as long as `n`.
 pub(crate) async fn put_each(c: &Client, range: std::ops::Range<usize>, value: &str) {
     for i in range {

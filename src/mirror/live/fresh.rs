@@ -30,16 +30,21 @@
 //!    fail healthy copies): a copy whose lease may lapse before the next
 //!    probe is not vouched for.
 //!
+//! 4. **no out-of-band change waits for repair**: the copy watch
+//!    (`live/copy.rs`) saw every change on the copy that was not ours, and
+//!    each was repaired; a change drops the probe in hand (sent before it,
+//!    it vouches for nothing) until then.
+//!
 //! ```text
 //!                  probe sent at T          read back: S, member, count
 //!   ┌───────┐  ─────────────────────►  ┌────────────┐ ─────────────────┐
 //!   │ none  │                          │  in flight │                  │
 //!   └───────┘  ◄──────────────┐        └────────────┘                  ▼
 //!       ▲        current as of T                       ┌──────────────────────┐
-//!       │        (rules 1, 2, 3)                       │ pending (S, counted) │
+//!       │        (rules 1 to 4)                        │ pending (S, counted) │
 //!       │                     └─────────────────────── └──────────────────────┘
 //!       │                                                 │        │
-//!       │  rule 1 met, rule 2 or 3 not: no mark,          │        │ count
+//!       │  rule 1 met, 2, 3 or 4 not: no mark,            │        │ count
 //!       └──────────────── probe dropped ──────────────────┘        │ mismatch
 //!                                                                  ▼
 //!                                            CopyChanged: the session ends, re-sync
@@ -77,6 +82,8 @@ pub(crate) struct Freshness {
     pending: Option<Probe>,
     /// Which probes count the copy.
     cadence: Cadence,
+    /// Keys the copy watch found changed out of band and not yet repaired.
+    out_of_band: bool,
 }
 
 /// A probe as sent: what the loop knew at that instant.
@@ -155,14 +162,49 @@ pub(crate) struct Decision {
 }
 
 impl Freshness {
-    pub(crate) fn new(heartbeat: Duration, lease_ttl: Duration, replay_horizon: i64) -> Freshness {
+    /// `recount`: the backstop count's interval while the copy watch
+    /// follows the copy (zero: by the subtree's size alone).
+    pub(crate) fn new(
+        heartbeat: Duration,
+        lease_ttl: Duration,
+        replay_horizon: i64,
+        recount: Duration,
+    ) -> Freshness {
+        let gap = recount.as_millis() / heartbeat.as_millis().max(1);
         Freshness {
             lease_margin: heartbeat.min(lease_ttl / 3),
             replay_horizon,
             received: 0,
             pending: None,
-            cadence: Cadence::default(),
+            cadence: Cadence::new(u64::try_from(gap).unwrap_or(u64::MAX)),
+            out_of_band: false,
         }
+    }
+
+    /// The copy watch saw a change that was not ours: the copy is not
+    /// current from now until [`Freshness::repaired`], and the probe in
+    /// hand, sent before it, vouches for nothing.
+    pub(crate) fn out_of_band(&mut self) {
+        self.out_of_band = true;
+        self.pending = None;
+    }
+
+    /// Every key changed out of band was compared with the source and
+    /// repaired.
+    pub(crate) fn repaired(&mut self) {
+        self.out_of_band = false;
+    }
+
+    /// Whether keys changed out of band wait for repair.
+    pub(crate) fn is_out_of_band(&self) -> bool {
+        self.out_of_band
+    }
+
+    /// The copy watch was re-armed after a gap (the peer compacted past
+    /// it): the next probe counts, and until a count matches, none marks
+    /// the copy current.
+    pub(crate) fn recount(&mut self) {
+        self.cadence.recount();
     }
 
     /// A watch message arrived (events or a progress notice).
@@ -222,7 +264,8 @@ impl Freshness {
             None if sent.counting => false,
             None => self.cadence.skipped(),
         };
-        if self.pending.is_none_or(|p| p.quiet_done) {
+        // A probe sent before an out-of-band change vouches for nothing.
+        if self.pending.is_none_or(|p| p.quiet_done) && !self.out_of_band {
             self.pending = Some(Probe {
                 sent,
                 source_revision: read.source_revision,
@@ -268,7 +311,8 @@ impl Freshness {
         self.pending = None;
         Decision {
             idle_through: vouched.then_some(p.source_revision),
-            current_at: (p.checked && now.lease_left >= self.lease_margin).then_some(p.sent.at),
+            current_at: (p.checked && now.lease_left >= self.lease_margin && !self.out_of_band)
+                .then_some(p.sent.at),
         }
     }
 }
@@ -315,7 +359,7 @@ mod tests {
     #[test]
     fn current_once_the_watermark_reaches_the_probed_revision() {
         let t0 = Instant::now();
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         assert_eq!(f.decide(now(t0, Duration::ZERO, 19)), Decision::default());
         let d = f.decide(now(t0, Duration::ZERO, 20));
@@ -328,7 +372,7 @@ mod tests {
     #[test]
     fn not_current_until_the_copy_has_been_counted() {
         let t0 = Instant::now();
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         // The first probe could not count (compacted): it settles without
         // a mark.
         probed(&mut f, t0, None);
@@ -340,7 +384,7 @@ mod tests {
 
     #[test]
     fn a_count_that_does_not_match_is_a_changed_copy() {
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         let sent = f.send(Instant::now(), 0, 0, 0);
         let why = f.probed(sent, read(20, Some((100, 99)))).unwrap_err();
         assert!(why.contains("holds 99 keys"), "{why}");
@@ -353,7 +397,7 @@ mod tests {
         f.probed(sent, r).unwrap();
         // A count taken before the resumed copy's replay is over says
         // nothing either way.
-        let mut f = Freshness::new(HB, TTL, 50);
+        let mut f = Freshness::new(HB, TTL, 50, Duration::ZERO);
         let sent = f.send(Instant::now(), 0, 0, 0);
         f.probed(sent, read(20, Some((100, 0)))).unwrap();
     }
@@ -361,7 +405,7 @@ mod tests {
     #[test]
     fn a_copy_whose_lease_has_less_than_a_heartbeat_left_is_not_current() {
         let t0 = Instant::now();
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         let lapsing = Now {
             lease_left: HB - Duration::from_millis(1),
@@ -376,7 +420,7 @@ mod tests {
         assert_eq!(f.decide(kept).current_at, Some(t0));
         // A heartbeat longer than the keep-alive period: a third of the
         // TTL is the margin, or a healthy lease would fail the rule.
-        let mut f = Freshness::new(HB, Duration::from_secs(6), 0);
+        let mut f = Freshness::new(HB, Duration::from_secs(6), 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         let healthy = Now {
             lease_left: Duration::from_secs(4),
@@ -394,7 +438,7 @@ mod tests {
     #[test]
     fn an_idle_watch_vouches_only_for_its_own_members_revision() {
         let t0 = Instant::now();
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         // Not yet quiet long enough.
         assert_eq!(f.decide(now(t0, QUIET / 2, 10)), Decision::default());
@@ -426,11 +470,11 @@ mod tests {
     #[test]
     fn a_message_or_pending_work_since_the_probe_voids_the_idle_rule() {
         let t0 = Instant::now();
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         f.received();
         assert_eq!(f.decide(now(t0, QUIET, 10)), Decision::default());
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         let busy = Now {
             nothing_pending: false,
@@ -442,7 +486,7 @@ mod tests {
     #[test]
     fn a_pending_probe_keeps_its_place_until_its_quiet_period_is_over() {
         let t0 = Instant::now();
-        let mut f = Freshness::new(HB, TTL, 0);
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
         probed(&mut f, t0, Some((100, 100)));
         let later = f.send(t0 + HB, 0, 0, 0);
         f.probed(later, read(40, None)).unwrap();
@@ -456,5 +500,46 @@ mod tests {
         f.probed(later, read(40, Some((100, 100)))).unwrap();
         assert_eq!(f.decide(now(t0, HB, 20)), Decision::default());
         assert_eq!(f.decide(now(t0, HB, 40)).current_at, Some(t0 + HB));
+    }
+
+    #[test]
+    fn an_out_of_band_change_makes_the_copy_not_current_until_repaired() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
+        probed(&mut f, t0, Some((100, 100)));
+        f.out_of_band();
+        // The probe in hand is gone, and one read back meanwhile is not
+        // taken.
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
+        let sent = f.send(t0, 0, 0, 0);
+        f.probed(sent, read(20, Some((100, 100)))).unwrap();
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
+        f.repaired();
+        probed(&mut f, t0, Some((100, 100)));
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, Some(t0));
+    }
+
+    #[test]
+    fn with_the_copy_watch_counts_are_a_backstop_and_a_re_arm_counts_at_once() {
+        let t0 = Instant::now();
+        // Counts every 12 heartbeats (a minute of 5 s heartbeats).
+        let mut f = Freshness::new(HB, TTL, 0, Duration::from_secs(60));
+        probed(&mut f, t0, Some((100, 100)));
+        let counting = (0..24)
+            .filter(|_| {
+                let sent = f.send(t0, 0, 0, 0);
+                let counts = sent.counting.then_some((100, 100));
+                f.probed(sent, read(20, counts)).unwrap();
+                sent.counting
+            })
+            .count();
+        assert_eq!(counting, 2);
+        assert!(f.decide(now(t0, Duration::ZERO, 20)).current_at.is_some());
+        // Re-armed: the next probe counts, and marks nothing until it has.
+        f.recount();
+        let sent = f.send(t0, 0, 0, 0);
+        assert!(sent.counting);
+        f.probed(sent, read(20, None)).unwrap();
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, None);
     }
 }

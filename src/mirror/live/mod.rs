@@ -11,12 +11,13 @@
 //! limits ([`super::send::limits`]) run beside it.
 
 pub mod batch;
+mod copy;
 mod fresh;
 mod inflight;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::batch::{Batch, Batcher};
+use self::copy::CopyWatch;
 use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
 use super::config::MirrorConfig;
@@ -87,7 +89,29 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     // for until a pass completes.
     stats.set_synced(!verify.overdue());
     tracing::info!(peer = %writer.region, from, "mirroring live");
-    let fresh = Freshness::new(cfg.heartbeat_interval, cfg.lease_ttl, replay_horizon);
+    // The copy watch starts just past the last txn of ours: what came
+    // before is the sync's (or the claim's) to have compared.
+    let copy = if cfg.copy_watch {
+        Some(CopyWatch::open(
+            &writer.client,
+            prefix,
+            writer.peer_revision() + 1,
+            writer.own.clone(),
+        )?)
+    } else {
+        None
+    };
+    let recount = if copy.is_some() {
+        cfg.recount_interval
+    } else {
+        Duration::ZERO
+    };
+    let fresh = Freshness::new(
+        cfg.heartbeat_interval,
+        cfg.lease_ttl,
+        replay_horizon,
+        recount,
+    );
     let mut live = Live {
         writer,
         cfg,
@@ -108,6 +132,8 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         fresh,
         lease_status,
         heartbeat_dirty: false,
+        copy,
+        to_repair: copy::Pending::new(),
     };
     let result = live.run(watcher, cancel).await;
     if live.verifying {
@@ -214,6 +240,11 @@ struct Live<'a> {
     fresh: Freshness,
     /// The lease's keep-alive status.
     lease_status: watch::Receiver<LeaseStatus>,
+    /// The watch on the copy itself (`None`: off, see
+    /// [`MirrorConfig::copy_watch`]).
+    copy: Option<CopyWatch>,
+    /// Keys changed out of band, waiting for the next repair.
+    to_repair: copy::Pending,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
 }
@@ -230,6 +261,7 @@ impl<'a> Live<'a> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
         let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
+        let mut repairing: Option<BoxFuture<'a, Result<copy::Repaired>>> = None;
         let mut reprobing: Option<BoxFuture<'static, ProbeResult>> = None;
         loop {
             self.send_ready();
@@ -248,7 +280,21 @@ impl<'a> Live<'a> {
                 }
                 Some(done) = self.pipeline.next(), if !self.pipeline.is_empty() => {
                     self.complete(done).await?;
+                    self.judge_copy()?;
                     self.check_current();
+                }
+                msg = async { self.copy.as_mut().expect("guarded").next().await }, if self.copy.is_some() => {
+                    self.copy_event(msg)?;
+                    self.judge_copy()?;
+                }
+                repaired = async { repairing.as_mut().expect("guarded").await }, if repairing.is_some() => {
+                    repairing = None;
+                    self.repaired(repaired?);
+                }
+                _ = std::future::ready(()), if repairing.is_none() && !self.to_repair.is_empty() => {
+                    let keys: Vec<Bytes> = std::mem::take(&mut self.to_repair).into_iter().collect();
+                    let max_ops = self.pipeline.limits().max_ops.saturating_sub(2);
+                    repairing = Some(Box::pin(copy::repair(self.writer, self.local, keys, max_ops)));
                 }
                 msg = watcher.next(), if self.batcher.ready_len() < max_ready => {
                     self.take_watch(msg, &mut watcher, max_ready)?;
@@ -492,6 +538,83 @@ impl<'a> Live<'a> {
         }
     }
 
+    /// Takes a response of the copy watch. A watch the peer compacted
+    /// past is re-armed from the peer's revision now, and the next probe
+    /// counts the copy: what happened in the gap only a count can see.
+    fn copy_event(&mut self, msg: Option<etcd::Result<etcd::WatchResponse>>) -> Result<()> {
+        let Some(copy) = self.copy.as_mut() else {
+            return Ok(());
+        };
+        match msg {
+            Some(Ok(resp)) => {
+                copy.take(resp);
+                Ok(())
+            }
+            Some(Err(etcd::Error::Compacted { .. })) => {
+                let from = self.writer.peer_revision() + 1;
+                tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
+                *copy = CopyWatch::open(
+                    &self.writer.client,
+                    self.prefix,
+                    from,
+                    self.writer.own.clone(),
+                )?;
+                self.fresh.recount();
+                Ok(())
+            }
+            Some(Err(e)) => Err(Error::Etcd(e)),
+            None => Err(Error::Etcd(etcd::Error::Closed)),
+        }
+    }
+
+    /// Judges what the copy watch holds: a change that was not ours turns
+    /// the copy not current at once (the state key says so too) and queues
+    /// its key for repair. More keys than a repair takes are a re-sync's
+    /// job.
+    fn judge_copy(&mut self) -> Result<()> {
+        let Some(copy) = self.copy.as_mut() else {
+            return Ok(());
+        };
+        let foreign = copy.judge();
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        let w = self.writer;
+        w.stats.out_of_band.fetch_add(foreign.len() as u64, Relaxed);
+        if !self.fresh.is_out_of_band() {
+            tracing::warn!(peer = %w.region, keys = foreign.len(), first = %String::from_utf8_lossy(&foreign[0]), "the copy was changed out of band: not current until repaired");
+            self.fresh.out_of_band();
+            w.stats.set_synced(false);
+            w.marks.synced.store(false, Relaxed);
+            self.heartbeat_dirty = true;
+        }
+        self.to_repair.extend(foreign);
+        if self.to_repair.len() > copy::MAX_REPAIR_KEYS {
+            return Err(Error::CopyChanged {
+                peer: w.region.clone(),
+                why: format!(
+                    "over {} keys changed out of band: a re-sync compares them faster than key by key",
+                    copy::MAX_REPAIR_KEYS
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Books a repair that ended: once nothing waits for another, the
+    /// copy is exact again and the state key says so.
+    fn repaired(&mut self, done: copy::Repaired) {
+        let w = self.writer;
+        w.stats.repaired.fetch_add(done.fixed, Relaxed);
+        tracing::info!(peer = %w.region, fixed = done.fixed, left = done.left, "repaired keys changed out of band");
+        if self.to_repair.is_empty() {
+            self.fresh.repaired();
+            w.marks.synced.store(true, Relaxed);
+            w.stats.set_synced(!self.verify.overdue());
+            self.heartbeat_dirty = true;
+        }
+    }
+
     /// Ends the session once the copy has been stale past the bound, so the
     /// peer loop can re-sync it or let it lapse.
     fn check_stale(&self) -> Result<()> {
@@ -679,7 +802,7 @@ impl<'a> Live<'a> {
             let txn = self.writer.txn(Vec::new(), Some(self.inflight.watermark()));
             tokio::select! {
                 _ = &mut deadline => {}
-                _ = self.writer.client.txn(txn) => {}
+                _ = self.writer.own.send(&self.writer.client, txn) => {}
             }
         }
     }

@@ -14,6 +14,7 @@
 //! [`Link`] that outlives sessions; the txns in flight belong to one phase.
 
 pub(crate) mod limits;
+pub(crate) mod own;
 pub(crate) mod pacer;
 pub(crate) mod writer;
 
@@ -111,11 +112,11 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         self.link.pacer.on_send(Instant::now(), self.txns.len());
         let txn = self.writer.txn(ops.clone(), state_revision);
         let (branch, size) = (txn.success_len().max(txn.compare_len()), txn.encoded_len());
-        let client = self.writer.client.clone();
+        let (client, own) = (self.writer.client.clone(), self.writer.own.clone());
         self.bytes += bytes;
         let sent = Instant::now();
         self.txns.push(Box::pin(async move {
-            let result = client.txn(txn).await;
+            let result = own.send(&client, txn).await;
             Done {
                 tag,
                 ops,
@@ -209,7 +210,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                     };
                     let txn = w.txn(ops.clone(), None);
                     let (branch, size) = (txn.success_len(), txn.encoded_len());
-                    match w.client.txn(txn).await {
+                    match w.own.send(&w.client, txn).await {
                         Ok(resp) => {
                             self.accepted(&resp, branch, size)?;
                             w.took(&ops);

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::own::Own;
 use crate::error::{Error, Result};
 use crate::etcd::LeaseId;
 use crate::etcd::{
@@ -39,6 +40,9 @@ pub(crate) struct FencedWriter {
     pub(crate) lease: Option<LeaseHandle>,
     /// What goes into the state key besides the revision.
     pub(crate) marks: Marks,
+    /// The revisions our write txns committed at: every write to the peer
+    /// goes through it ([`Own::send`]).
+    pub(crate) own: Own,
     /// The peer's identity as this engine knows it: its cluster id and the
     /// highest revision a txn of ours committed at.
     peer_cluster: AtomicU64,
@@ -117,6 +121,7 @@ impl FencedWriter {
             fence: 0,
             lease: None,
             marks: Marks::default(),
+            own: Own::default(),
             peer_cluster: AtomicU64::new(0),
             peer_revision: AtomicI64::new(0),
             oversized: Mutex::new(HashSet::new()),
@@ -226,8 +231,8 @@ impl FencedWriter {
     /// the send pipeline (a sync's completion, a drain's last word).
     pub(crate) async fn write(&self, ops: Vec<Op>, state_revision: Option<i64>) -> Result<()> {
         let resp = self
-            .client
-            .txn(self.txn(ops, state_revision))
+            .own
+            .send(&self.client, self.txn(ops, state_revision))
             .await
             .map_err(|e| self.txn_error(e))?;
         if !resp.succeeded {

@@ -1,0 +1,188 @@
+//! The copy watch: every change to this region's copy on the peer, and
+//! whether it was ours.
+//!
+//! Each live phase watches its copy on the peer (the region's subtree
+//! there) from just past the last txn of ours before it. An event whose
+//! revision is one of our own txns' ([`Own`]) is ours; any other is an
+//! out-of-band change (a hand edit, a `del --prefix`, a stray writer, a
+//! deposed engine's txn that slipped in before the fence moved, a lease
+//! other than ours expiring): the live loop turns the copy not current at
+//! once and repairs the keys it names, one by one, from the source
+//! ([`repair`]).
+//!
+//! Why watch rather than count: a key count cannot see a value edited in
+//! place, a delete and a stray put cancel out in it, and counting a large
+//! copy often enough to matter costs both etcds a walk of the subtree.
+//! The watch sees every change, at the cost of one watcher on the peer.
+//! Counting stays as a backstop (at the session start, and every
+//! [`crate::mirror::MirrorConfig::recount_interval`]), and is what re-arms
+//! the watch when the peer compacted past it.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::etcd::{
+    self, Client, Compare, CompareOp, Delete, KeyValue, Op, OpResponse, Range, Txn, TxnResponse,
+    WatchOptions, WatchResponse, WatchStream, Watcher,
+};
+use crate::mirror::send::own::{Own, Verdict};
+use crate::mirror::send::writer::FencedWriter;
+
+/// The watch on one session's copy, and the events not yet judged.
+pub(crate) struct CopyWatch {
+    /// Kept so the stream lives as long as its watcher.
+    _ws: WatchStream,
+    watcher: Watcher,
+    own: Own,
+    /// Events not yet judged: revision, key, and our txns sent when it
+    /// arrived.
+    held: VecDeque<(i64, Bytes, u64)>,
+    /// The last revision the watch delivered.
+    seen: i64,
+}
+
+impl std::fmt::Debug for CopyWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyWatch")
+            .field("held", &self.held.len())
+            .field("seen", &self.seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CopyWatch {
+    /// Watches `prefix` on the peer from revision `from`.
+    pub(crate) fn open(peer: &Client, prefix: &Bytes, from: i64, own: Own) -> Result<CopyWatch> {
+        let ws = peer.watch_stream();
+        let watcher = ws.watch(WatchOptions::prefix(prefix.clone()).start_revision(from))?;
+        own.prune(from);
+        Ok(CopyWatch {
+            _ws: ws,
+            watcher,
+            own,
+            held: VecDeque::new(),
+            seen: from - 1,
+        })
+    }
+
+    /// The watch's next response (cancel-safe).
+    pub(crate) async fn next(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        self.watcher.next().await
+    }
+
+    /// Takes a response's events, to be judged.
+    pub(crate) fn take(&mut self, resp: WatchResponse) {
+        let sent = self.own.sent();
+        for e in resp.events {
+            self.seen = self.seen.max(e.revision());
+            self.held
+                .push_back((e.revision(), e.kv.key().clone(), sent));
+        }
+    }
+
+    /// Judges the held events that can be judged now, in order: the keys
+    /// changed out of band among them.
+    pub(crate) fn judge(&mut self) -> Vec<Bytes> {
+        let mut foreign = Vec::new();
+        while let Some((revision, key, sent)) = self.held.front() {
+            match self.own.judge(*revision, *sent) {
+                Verdict::Own => {}
+                Verdict::Foreign => foreign.push(key.clone()),
+                // Events come in revision order and were held in it: the
+                // rest waits with this one.
+                Verdict::Undecided => break,
+            }
+            self.held.pop_front();
+        }
+        let floor = self.held.front().map_or(self.seen + 1, |h| h.0);
+        self.own.prune(floor);
+        foreign
+    }
+}
+
+/// What a repair did.
+#[derive(Debug, Default)]
+pub(crate) struct Repaired {
+    /// Keys rewritten or deleted on the peer.
+    pub(crate) fixed: u64,
+    /// Keys found equal to the source, or written meanwhile by the live
+    /// stream (which wins).
+    pub(crate) left: u64,
+}
+
+/// Compares `keys` on the peer with the source as it is now and repairs
+/// each that differs: re-put from the source, or deleted when the source
+/// has none. Each repair is guarded by the key's revision on the peer as
+/// read, so a live write that lands meanwhile wins; the live stream later
+/// brings any key repaired to a newer value than its watermark back into
+/// step, as it delivers that key's events in order.
+pub(crate) async fn repair(
+    writer: &FencedWriter,
+    local: &Client,
+    keys: Vec<Bytes>,
+    max_ops: usize,
+) -> Result<Repaired> {
+    let mut done = Repaired::default();
+    for chunk in keys.chunks(max_ops.max(1)) {
+        let ranges = || chunk.iter().map(|k| Op::from(Range::key(k.clone())));
+        let (source, peer) = tokio::join!(
+            local.txn(Txn::new().and_then(ranges())),
+            writer.client.txn(Txn::new().and_then(ranges()))
+        );
+        let (source, peer) = (source?, peer.map_err(|e| writer.txn_error(e))?);
+        for (i, key) in chunk.iter().enumerate() {
+            let (want, have) = (first_kv(&source, i), first_kv(&peer, i));
+            let same = match (&want, &have) {
+                (Some(w), Some(h)) => w.value() == h.value() && h.lease() == writer.lease_id(),
+                (None, None) => true,
+                _ => false,
+            };
+            if same {
+                done.left += 1;
+                continue;
+            }
+            let guard = match &have {
+                Some(h) => Compare::mod_revision(key.clone(), CompareOp::Equal, h.mod_revision()),
+                None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            };
+            let op = match want {
+                Some(w) => {
+                    let (k, v) = w.into_key_value();
+                    writer.put(k, v)
+                }
+                None => Delete::key(key.clone()).into(),
+            };
+            let resp = writer
+                .own
+                .send(&writer.client, writer.txn(vec![op], None).when([guard]))
+                .await
+                .map_err(|e| writer.txn_error(e))?;
+            if resp.succeeded {
+                done.fixed += 1;
+            } else if writer.fence_holds(&resp) {
+                done.left += 1;
+            } else {
+                return Err(writer.fence_failure(&resp));
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// The key a txn's `i`-th range found, if any.
+fn first_kv(resp: &TxnResponse, i: usize) -> Option<KeyValue> {
+    match resp.responses.get(i) {
+        Some(OpResponse::Range(r)) => r.kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+/// The keys a repair will take at most: a change larger than this (a
+/// `del --prefix` of a large copy) is a re-sync's job, which compares the
+/// whole copy in pages rather than key by key.
+pub(crate) const MAX_REPAIR_KEYS: usize = 10_000;
+
+/// Keys waiting for a repair, deduplicated.
+pub(crate) type Pending = BTreeSet<Bytes>;

@@ -1,0 +1,188 @@
+//! The revisions this engine's own txns committed at on the peer: how the
+//! copy watch ([`crate::mirror::live`]'s `copy`) tells its own writes from
+//! everyone else's.
+//!
+//! Every write txn to the peer goes through [`Own::send`], which books it
+//! in flight before it leaves and, once answered, books the revision it
+//! committed at. An event the copy watch sees at revision X is this
+//! engine's if X is booked. Watch events can arrive before the txn's own
+//! answer, so an event not (yet) booked is *held* until every txn that was
+//! in flight when it arrived has been answered: a txn sent after the event
+//! arrived commits after it, at a higher revision, so it cannot explain
+//! it. Only then is the event judged out of band.
+//!
+//! A txn whose answer never comes (a timeout, a session dropped mid-call)
+//! is booked as answered without a revision: if it did commit, its event
+//! reads as out of band and the key is compared with the source and, if it
+//! matches, left alone. A false alarm, never a miss.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::etcd::{self, Client, Txn, TxnResponse};
+
+/// The ledger of one peer's own txns (see the module doc). Cheap to clone:
+/// clones share it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Own {
+    inner: Arc<Mutex<Ledger>>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// Txns sent so far; a txn's ticket is the count before it.
+    sent: u64,
+    /// The tickets of the txns not yet answered.
+    in_flight: BTreeSet<u64>,
+    /// Revisions our txns committed at, above the copy watch's floor.
+    revisions: BTreeSet<i64>,
+    /// Below this, revisions are no longer asked about (see [`Own::prune`]).
+    floor: i64,
+}
+
+/// What [`Own::judge`] found for an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// One of ours.
+    Own,
+    /// Nobody of ours wrote it: out of band.
+    Foreign,
+    /// Txns that were in flight when it arrived may still explain it:
+    /// ask again once they are answered.
+    Undecided,
+}
+
+/// A txn booked in flight; answered on drop if [`Ticket::answered`] was
+/// not called (a future dropped mid-call).
+struct Ticket {
+    own: Own,
+    id: u64,
+    done: bool,
+}
+
+impl Ticket {
+    fn answered(mut self, revision: Option<i64>) {
+        self.done = true;
+        self.own.answer(self.id, revision);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            self.own.answer(self.id, None);
+        }
+    }
+}
+
+impl Own {
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends a write txn to the peer, booking it.
+    pub(crate) async fn send(&self, client: &Client, txn: Txn) -> etcd::Result<TxnResponse> {
+        let ticket = self.begin();
+        let result = client.txn(txn).await;
+        let committed = match &result {
+            Ok(resp) if resp.succeeded => Some(resp.header.revision),
+            _ => None,
+        };
+        ticket.answered(committed);
+        result
+    }
+
+    fn begin(&self) -> Ticket {
+        let mut l = self.ledger();
+        let id = l.sent;
+        l.sent += 1;
+        l.in_flight.insert(id);
+        Ticket {
+            own: self.clone(),
+            id,
+            done: false,
+        }
+    }
+
+    fn answer(&self, id: u64, revision: Option<i64>) {
+        let mut l = self.ledger();
+        l.in_flight.remove(&id);
+        if let Some(r) = revision.filter(|&r| r >= l.floor) {
+            l.revisions.insert(r);
+        }
+    }
+
+    /// Txns sent so far: what an event that arrives now must wait for.
+    pub(crate) fn sent(&self) -> u64 {
+        self.ledger().sent
+    }
+
+    /// Whose is an event at `revision` that arrived when `sent` txns had
+    /// been sent?
+    pub(crate) fn judge(&self, revision: i64, sent: u64) -> Verdict {
+        let l = self.ledger();
+        if l.revisions.contains(&revision) {
+            Verdict::Own
+        } else if l.in_flight.first().is_some_and(|&oldest| oldest < sent) {
+            Verdict::Undecided
+        } else {
+            Verdict::Foreign
+        }
+    }
+
+    /// Forgets revisions below `floor`: the copy watch delivers events in
+    /// revision order, so nothing below the oldest event it still holds
+    /// will be asked about again.
+    pub(crate) fn prune(&self, floor: i64) {
+        let mut l = self.ledger();
+        if floor > l.floor {
+            l.floor = floor;
+            l.revisions = l.revisions.split_off(&floor);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_waits_for_the_txns_in_flight_when_it_arrived() {
+        let own = Own::default();
+        let a = own.begin();
+        let b = own.begin();
+        // The event arrives with both in flight.
+        let sent = own.sent();
+        assert_eq!(own.judge(10, sent), Verdict::Undecided);
+        a.answered(Some(9));
+        assert_eq!(own.judge(10, sent), Verdict::Undecided);
+        // A txn sent after the event arrived cannot explain it.
+        let c = own.begin();
+        b.answered(Some(10));
+        assert_eq!(own.judge(10, sent), Verdict::Own);
+        assert_eq!(own.judge(11, sent), Verdict::Foreign);
+        drop(c);
+    }
+
+    #[test]
+    fn a_txn_never_answered_counts_as_answered_without_a_revision() {
+        let own = Own::default();
+        let t = own.begin();
+        let sent = own.sent();
+        drop(t);
+        assert_eq!(own.judge(5, sent), Verdict::Foreign);
+    }
+
+    #[test]
+    fn pruned_revisions_are_forgotten() {
+        let own = Own::default();
+        own.begin().answered(Some(3));
+        own.begin().answered(Some(8));
+        own.prune(5);
+        assert_eq!(own.judge(3, own.sent()), Verdict::Foreign);
+        assert_eq!(own.judge(8, own.sent()), Verdict::Own);
+        // A late answer below the floor is not kept.
+        own.begin().answered(Some(4));
+        assert_eq!(own.ledger().revisions.len(), 1);
+    }
+}
