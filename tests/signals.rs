@@ -595,3 +595,47 @@ impl Edit {
         }
     }
 }
+
+/// The peer compacts past the copy watch while it is cut off, after a
+/// stray key was written there: the watch, re-armed from what the peer
+/// still has, cannot replay the stray key, so the copy is counted at once,
+/// the count finds it, and the copy is re-synced. Without the re-arm's
+/// count, the stray key would wait for the backstop (minutes) or the
+/// verification pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_watch_the_peer_compacted_past_is_re_armed_with_a_count() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
+    put_each(&src, 0..50, "v").await;
+    // No probe but the first and the re-arm's, no verification pass.
+    let cfg = common::mirror::config(30)
+        .with_heartbeat_interval(Duration::from_secs(3600))
+        .with_verify_interval(None)
+        .with_lapse_after(None);
+    let engine = start_synced(&src, client(&proxy.endpoint()), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    eventually("the first probe counted the copy", async || {
+        s.copy_counts.load(Relaxed) >= 1
+    })
+    .await;
+    proxy.cut();
+    peer.put(Put::new(key(9_999), "stray")).await.unwrap();
+    let mut last = 0;
+    for i in 0..20 {
+        last = peer
+            .put(Put::new(format!("/elsewhere/{i}"), "x"))
+            .await
+            .unwrap()
+            .header
+            .revision;
+    }
+    peer.compact(last, true).await.unwrap();
+    proxy.heal();
+    eventually(
+        "the re-armed watch's count found the stray key",
+        async || s.resyncs(ResyncReason::CopyChanged) >= 1,
+    )
+    .await;
+    converged(&src, &peer, &cfg).await;
+}

@@ -284,7 +284,10 @@ impl<'a> Live<'a> {
                     self.check_current();
                 }
                 msg = async { self.copy.as_mut().expect("guarded").next().await }, if self.copy.is_some() => {
-                    self.copy_event(msg)?;
+                    if self.copy_event(msg)? {
+                        // Re-armed after a gap: count at once.
+                        tick.reset_immediately();
+                    }
                     self.judge_copy()?;
                 }
                 repaired = async { repairing.as_mut().expect("guarded").await }, if repairing.is_some() => {
@@ -539,19 +542,24 @@ impl<'a> Live<'a> {
     }
 
     /// Takes a response of the copy watch. A watch the peer compacted
-    /// past is re-armed from the peer's revision now, and the next probe
-    /// counts the copy: what happened in the gap only a count can see.
-    fn copy_event(&mut self, msg: Option<etcd::Result<etcd::WatchResponse>>) -> Result<()> {
+    /// past is re-armed from the oldest revision the peer still has, and
+    /// the copy is counted at once (true): what happened in the gap only a
+    /// count can see.
+    fn copy_event(&mut self, msg: Option<etcd::Result<etcd::WatchResponse>>) -> Result<bool> {
         let Some(copy) = self.copy.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
         match msg {
             Some(Ok(resp)) => {
                 copy.take(resp);
-                Ok(())
+                Ok(false)
             }
-            Some(Err(etcd::Error::Compacted { .. })) => {
-                let from = self.writer.peer_revision() + 1;
+            Some(Err(etcd::Error::Compacted { compact_revision })) => {
+                // From the oldest revision the peer still has (or, if it
+                // did not say, its revision as of our last read of it):
+                // from our own last txn again would only be refused again.
+                let floor = self.writer.peer_revision() + 1;
+                let from = compact_revision.map_or(floor, |c| c.max(floor));
                 tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
                 *copy = CopyWatch::open(
                     &self.writer.client,
@@ -560,7 +568,7 @@ impl<'a> Live<'a> {
                     self.writer.own.clone(),
                 )?;
                 self.fresh.recount();
-                Ok(())
+                Ok(true)
             }
             Some(Err(e)) => Err(Error::Etcd(e)),
             None => Err(Error::Etcd(etcd::Error::Closed)),
