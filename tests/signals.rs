@@ -639,3 +639,54 @@ async fn a_copy_watch_the_peer_compacted_past_is_re_armed_with_a_count() {
     .await;
     converged(&src, &peer, &cfg).await;
 }
+
+/// Measures, with default settings, how long a copy of `AETHER_KEYS` keys
+/// (default 10,000) takes to read not current and then exact again after
+/// each kind of out-of-band change on the peer. A measurement, not a
+/// check: `cargo nextest run --test signals --run-ignored only
+/// measure_out_of_band --no-capture`; the figures are in
+/// docs/benchmarks-log.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run by hand"]
+async fn measure_out_of_band() {
+    let n: usize = std::env::var("AETHER_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let big = || {
+        Etcd::builder()
+            .extra_args(&["--quota-backend-bytes=8589934592"])
+            .start()
+    };
+    let scene = Scene::with(big(), big());
+    let (src, peer) = scene.clients();
+    put_many(&src, (0..n).map(|i| (key(i), format!("value-{i}")))).await;
+    let mut cfg = MirrorConfig::new("a");
+    cfg.max_backoff = Duration::from_millis(500);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    let s = engine.stats()[0].clone();
+    let prefix = common::mirror::PREFIX;
+    for (what, edit) in [
+        ("put of a stray key", Edit::Put(key(n + 1), "stray")),
+        ("delete", Edit::Delete(key(n / 2))),
+        ("value edit", Edit::Put(key(n / 3), "edited")),
+        ("del --prefix", Edit::DeletePrefix(prefix.into())),
+    ] {
+        eventually("synced before the edit", async || s.is_synced()).await;
+        let at = std::time::Instant::now();
+        edit.apply(&peer).await;
+        let limit = Duration::from_secs(600);
+        while s.is_synced() && at.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let not_current = at.elapsed();
+        while !s.is_synced() && at.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let exact = at.elapsed();
+        let report = converged(&src, &peer, &cfg).await;
+        eprintln!(
+            "{n} keys, {what}: not current after {not_current:?}, synced again after {exact:?} (then compared: {report:?})"
+        );
+    }
+}

@@ -117,7 +117,9 @@ pub(crate) struct Repaired {
 /// has none. Each repair is guarded by the key's revision on the peer as
 /// read, so a live write that lands meanwhile wins; the live stream later
 /// brings any key repaired to a newer value than its watermark back into
-/// step, as it delivers that key's events in order.
+/// step, as it delivers that key's events in order. A chunk of keys is
+/// read in one round trip per store and repaired in one fenced txn, each
+/// key a nested txn of its own guard and write.
 pub(crate) async fn repair(
     writer: &FencedWriter,
     local: &Client,
@@ -132,6 +134,7 @@ pub(crate) async fn repair(
             writer.client.txn(Txn::new().and_then(ranges()))
         );
         let (source, peer) = (source?, peer.map_err(|e| writer.txn_error(e))?);
+        let mut fixes = Vec::new();
         for (i, key) in chunk.iter().enumerate() {
             let (want, have) = (first_kv(&source, i), first_kv(&peer, i));
             let same = match (&want, &have) {
@@ -154,17 +157,23 @@ pub(crate) async fn repair(
                 }
                 None => Delete::key(key.clone()).into(),
             };
-            let resp = writer
-                .own
-                .send(&writer.client, writer.txn(vec![op], None).when([guard]))
-                .await
-                .map_err(|e| writer.txn_error(e))?;
-            if resp.succeeded {
-                done.fixed += 1;
-            } else if writer.fence_holds(&resp) {
-                done.left += 1;
-            } else {
-                return Err(writer.fence_failure(&resp));
+            fixes.push(Op::from(Txn::new().when([guard]).and_then([op])));
+        }
+        if fixes.is_empty() {
+            continue;
+        }
+        let resp = writer
+            .own
+            .send(&writer.client, writer.txn(fixes, None))
+            .await
+            .map_err(|e| writer.txn_error(e))?;
+        if !resp.succeeded {
+            return Err(writer.fence_failure(&resp));
+        }
+        for r in &resp.responses {
+            match r {
+                OpResponse::Txn(t) if t.succeeded => done.fixed += 1,
+                _ => done.left += 1,
             }
         }
     }
@@ -182,7 +191,7 @@ fn first_kv(resp: &TxnResponse, i: usize) -> Option<KeyValue> {
 /// The keys a repair will take at most: a change larger than this (a
 /// `del --prefix` of a large copy) is a re-sync's job, which compares the
 /// whole copy in pages rather than key by key.
-pub(crate) const MAX_REPAIR_KEYS: usize = 10_000;
+pub(crate) const MAX_REPAIR_KEYS: usize = 1_000;
 
 /// Keys waiting for a repair, deduplicated.
 pub(crate) type Pending = BTreeSet<Bytes>;

@@ -601,7 +601,7 @@ impl<'a> Live<'a> {
             return Err(Error::CopyChanged {
                 peer: w.region.clone(),
                 why: format!(
-                    "over {} keys changed out of band: a re-sync compares them faster than key by key",
+                    "over {} keys changed out of band: a re-sync compares them faster than a repair",
                     copy::MAX_REPAIR_KEYS
                 ),
             });
