@@ -23,20 +23,21 @@
 //! sync is counted in one piece until then (a new leader verifies at once)
 //! or until its live stream has mirrored [`PIECE_KEYS`] keys.
 //!
-//! How often: every heartbeat while the subtree holds up to
-//! [`KEYS_PER_HEARTBEAT`] keys, and every `keys / KEYS_PER_HEARTBEAT`
-//! heartbeats above that ([`heartbeats_between_counts`]). Pieces bound how
-//! long one count holds the writes, not what counting costs: each count
-//! walks the whole subtree on both stores, and every etcd of a mesh of N
-//! regions serves 2(N − 1) of them per heartbeat. Ten regions at 100k keys
-//! each, every copy synced and nothing written, kept the ten etcds busy
-//! for 1.53 CPU-seconds a second counting every heartbeat, 0.34–0.37
-//! counting every fifth (docs/benchmarks-log.md §4). The probes in between
-//! still check both stores' identity and the claim, and advance the
-//! heartbeat on the strength of the session's last count, which matched: a
-//! copy changed out of band is found within that many heartbeats rather
-//! than one (the verification pass, every 10 minutes, repairs it key by
-//! key either way).
+//! How often: at the start of every session, then as a backstop to the
+//! copy watch (`live/copy.rs`), which sees every change to the copy as it
+//! happens: no more often than every
+//! [`crate::mirror::MirrorConfig::recount_interval`] (3 minutes), and at
+//! once when the copy watch had to be re-armed after a gap. Without the
+//! copy watch the count is the first line: every heartbeat while the
+//! subtree holds up to [`KEYS_PER_HEARTBEAT`] keys, and every
+//! `keys / KEYS_PER_HEARTBEAT` heartbeats above that
+//! ([`heartbeats_between_counts`]). Pieces bound how long one count holds
+//! the writes, not what counting costs: each count walks the whole subtree
+//! on both stores. Ten regions at 100k keys each, every copy synced and
+//! nothing written, kept the ten etcds busy for 1.53 CPU-seconds a second
+//! counting every heartbeat, 0.34–0.37 counting every fifth
+//! (docs/benchmarks-log.md §4), which is why the copy watch, not the
+//! count, is what keeps a copy honest.
 
 use std::collections::BTreeSet;
 

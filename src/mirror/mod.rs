@@ -38,11 +38,12 @@
 //! - `live/`: the live loop (`mod.rs`: the select loop) and its parts:
 //!   [`batch`] turns watch events into batches of whole revisions;
 //!   `inflight` keeps per-key order and the acknowledged watermark of the
-//!   txns in flight; `fresh` decides whether the copy is current.
+//!   txns in flight; `copy` watches the copy on the peer and repairs what
+//!   others change there; `fresh` decides whether the copy is current.
 //! - `count`: key counts split into pieces, so a count never holds a
 //!   store's writes for a whole walk of the subtree.
-//! - `verify`: the periodic verification pass that repairs what the live
-//!   loop can't see.
+//! - `verify`: the periodic verification pass, the last backstop for what
+//!   the copy watch and the counts can't see.
 //! - `send/`: **the one send path** of the sync and the live loop
 //!   (`mod.rs`: the pipeline: txns in flight, their bytes, refusals and
 //!   re-sends) and what it draws on:
@@ -51,14 +52,19 @@
 //!     throughput;
 //!   - `limits`: the peer's txn limits, discovered by probing after a
 //!     refusal;
-//!   - `writer`: builds every fenced txn and tells why one failed.
+//!   - `writer`: builds every fenced txn and tells why one failed;
+//!   - `own`: books every write txn and the revision it committed at, so
+//!     the copy watch tells our changes from everyone else's.
 //! - [`state`]: the state key's format, the fence and the claim;
 //!   [`stats`]: per-peer counters and signals; [`check`]: the offline
 //!   comparison behind `aether-replicator check`; `config`: [`MirrorConfig`].
 //!
 //! # Where to look
-//! - *Where is a copy declared current?* Only in `live/fresh.rs`; the
-//!   consumer's side reads the state key in `crate::view::origin`.
+//! - *Where is a copy declared current?* Only in `live/fresh.rs`; a
+//!   consumer judges the state key's heartbeat by
+//!   [`state::State::staleness_at`].
+//! - *Who changed this key on the peer?* `live/copy.rs` asks
+//!   `send/own.rs`: ours if a txn of ours committed at its revision.
 //! - *Where is a txn packed?* Sync: `sync` with the client's
 //!   [`crate::etcd::TxnBatcher`]. Live: [`batch::Batcher`]. Both pack for
 //!   the limits the pipeline reports.
