@@ -52,11 +52,18 @@ impl std::fmt::Debug for CopyWatch {
     }
 }
 
+impl Drop for CopyWatch {
+    fn drop(&mut self) {
+        self.own.disarm();
+    }
+}
+
 impl CopyWatch {
     /// Watches `prefix` on the peer from revision `from`.
     pub(crate) fn open(peer: &Client, prefix: &Bytes, from: i64, own: Own) -> Result<CopyWatch> {
         let ws = peer.watch_stream();
         let watcher = ws.watch(WatchOptions::prefix(prefix.clone()).start_revision(from))?;
+        // Armed from here: our txns' revisions are kept for it.
         own.prune(from);
         Ok(CopyWatch {
             _ws: ws,

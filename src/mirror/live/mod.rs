@@ -561,12 +561,15 @@ impl<'a> Live<'a> {
                 let floor = self.writer.peer_revision() + 1;
                 let from = compact_revision.map_or(floor, |c| c.max(floor));
                 tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
-                *copy = CopyWatch::open(
+                // The old watch goes first: dropping it disarms the
+                // ledger, which the new one arms again.
+                self.copy = None;
+                self.copy = Some(CopyWatch::open(
                     &self.writer.client,
                     self.prefix,
                     from,
                     self.writer.own.clone(),
-                )?;
+                )?);
                 self.fresh.recount();
                 Ok(true)
             }

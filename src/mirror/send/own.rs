@@ -38,6 +38,8 @@ struct Ledger {
     revisions: BTreeSet<i64>,
     /// Below this, revisions are no longer asked about (see [`Own::prune`]).
     floor: i64,
+    /// A copy watch asks: revisions are kept only then.
+    armed: bool,
 }
 
 /// What [`Own::judge`] found for an event.
@@ -107,7 +109,7 @@ impl Own {
     fn answer(&self, id: u64, revision: Option<i64>) {
         let mut l = self.ledger();
         l.in_flight.remove(&id);
-        if let Some(r) = revision.filter(|&r| r >= l.floor) {
+        if let Some(r) = revision.filter(|&r| l.armed && r >= l.floor) {
             l.revisions.insert(r);
         }
     }
@@ -135,10 +137,20 @@ impl Own {
     /// will be asked about again.
     pub(crate) fn prune(&self, floor: i64) {
         let mut l = self.ledger();
+        l.armed = true;
         if floor > l.floor {
             l.floor = floor;
             l.revisions = l.revisions.split_off(&floor);
         }
+    }
+}
+
+impl Own {
+    /// No copy watch asks any more: keep nothing until one does.
+    pub(crate) fn disarm(&self) {
+        let mut l = self.ledger();
+        l.armed = false;
+        l.revisions.clear();
     }
 }
 
@@ -149,6 +161,7 @@ mod tests {
     #[test]
     fn an_event_waits_for_the_txns_in_flight_when_it_arrived() {
         let own = Own::default();
+        own.prune(0);
         let a = own.begin();
         let b = own.begin();
         // The event arrives with both in flight.
@@ -167,6 +180,7 @@ mod tests {
     #[test]
     fn a_txn_never_answered_counts_as_answered_without_a_revision() {
         let own = Own::default();
+        own.prune(0);
         let t = own.begin();
         let sent = own.sent();
         drop(t);
@@ -176,6 +190,7 @@ mod tests {
     #[test]
     fn pruned_revisions_are_forgotten() {
         let own = Own::default();
+        own.prune(0);
         own.begin().answered(Some(3));
         own.begin().answered(Some(8));
         own.prune(5);
@@ -184,5 +199,16 @@ mod tests {
         // A late answer below the floor is not kept.
         own.begin().answered(Some(4));
         assert_eq!(own.ledger().revisions.len(), 1);
+    }
+
+    #[test]
+    fn nothing_is_kept_while_no_copy_watch_asks() {
+        let own = Own::default();
+        own.begin().answered(Some(3));
+        assert!(own.ledger().revisions.is_empty());
+        own.prune(0);
+        own.begin().answered(Some(4));
+        own.disarm();
+        assert!(own.ledger().revisions.is_empty());
     }
 }
