@@ -293,6 +293,8 @@ impl<'a> Live<'a> {
                 repaired = async { repairing.as_mut().expect("guarded").await }, if repairing.is_some() => {
                     repairing = None;
                     self.repaired(repaired?);
+                    // Events held for the repair's txns can be judged now.
+                    self.judge_copy()?;
                 }
                 _ = std::future::ready(()), if repairing.is_none() && !self.to_repair.is_empty() => {
                     let keys: Vec<Bytes> = std::mem::take(&mut self.to_repair).into_iter().collect();
@@ -311,6 +313,7 @@ impl<'a> Live<'a> {
                     verifying = None;
                     self.verifying = false;
                     self.verified(report)?;
+                    self.judge_copy()?;
                 }
                 _ = async {
                     match verify_at {
