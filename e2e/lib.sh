@@ -65,6 +65,24 @@ need_commands() {
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# need_toolchain VERSION: installs Rust VERSION with rustup (minimal profile)
+# unless it is there; fails with the command to run if it cannot.
+need_toolchain() {
+  local v=$1
+  if command -v rustup >/dev/null && rustup run "$v" rustc --version >/dev/null 2>&1; then
+    return 0
+  fi
+  command -v rustup >/dev/null || {
+    echo "Rust $v is missing and there is no rustup to install it: rustup toolchain install $v --profile minimal" >&2
+    exit 1
+  }
+  echo "== installing Rust $v"
+  rustup toolchain install "$v" --profile minimal >&2 || {
+    echo "could not install Rust $v (is rustup's dist server reachable?): rustup toolchain install $v --profile minimal" >&2
+    exit 1
+  }
+}
+
 # metric TEXT SELECTOR: the value of the first sample in the metrics page TEXT
 # named as SELECTOR (`name{label="v",...}`) with at least its labels.
 metric() {

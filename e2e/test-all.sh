@@ -44,6 +44,26 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The declared MSRV, checked with that toolchain: every target, dev-deps
+# included (all build on it). Its own artefacts sit beside the others in
+# target/ (another compiler, other hashes), so it rebuilds nothing else.
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+client_msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' crates/aether-etcd/Cargo.toml)
+if [[ -z $msrv || -z $client_msrv ]]; then
+  echo "FAIL: no rust-version = \"...\" line in Cargo.toml or crates/aether-etcd/Cargo.toml" >&2
+  exit 1
+fi
+echo "== MSRV: cargo +$msrv check"
+need_toolchain "$msrv"
+cargo "+$msrv" check --locked --workspace --all-targets
+# The client's own rust-version, if it claims an older one than the crate
+# that depends on it.
+if [[ $client_msrv != "$msrv" ]]; then
+  echo "== MSRV of aether-etcd: cargo +$client_msrv check"
+  need_toolchain "$client_msrv"
+  cargo "+$client_msrv" check --locked -p aether-etcd --all-targets
+fi
+
 # The whole suite against Debian's etcd 3.4.23, then against 3.5.1.
 suite() {
   if cargo nextest --version >/dev/null 2>&1; then
