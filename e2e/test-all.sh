@@ -128,6 +128,13 @@ cargo check --lib --no-default-features
 echo "== benches compile"
 cargo bench --workspace --no-run
 
+# Every fuzz target built (instrumented, on stable: no cargo-fuzz needed)
+# and run for a few seconds on its corpus; fuzz/README.md has the numbers.
+# libfuzzer-sys compiles libFuzzer with a C++ compiler.
+need_commands g++
+echo "== fuzz targets build and run"
+bash fuzz/smoke.sh
+
 echo "== the demo: demo.sh | tee, Ctrl-C, nothing left running"
 bash e2e/demo-test.sh 1
 
