@@ -174,6 +174,15 @@ async fn soak() {
         .unwrap();
 
     let mesh = Arc::new(Mesh::start(tmp.path().to_path_buf(), run_dir.clone()).await);
+    // The large cluster goes in before any replicator runs: the first sync
+    // carries it to both peers.
+    let preload = load::preload(&mesh.regions[load::BIG].client, REGIONS[load::BIG], seed).await;
+    eprintln!(
+        "preloaded {} keys into {} in {preload:?}",
+        load::BIG_KEYS,
+        REGIONS[load::BIG]
+    );
+    mesh.spawn_all();
 
     // Wait for the first complete copies.
     let t0 = Instant::now();
@@ -208,7 +217,8 @@ async fn soak() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    eprintln!("mesh synced after {:?}", t0.elapsed());
+    let first_sync = t0.elapsed();
+    eprintln!("mesh synced after {first_sync:?}");
 
     let checker = Arc::new(Checker::new());
     let mut tasks = Vec::new();
@@ -301,6 +311,8 @@ async fn soak() {
         time_to_exact,
         last_inexact: last,
         peak_rss_kib: peak_rss.load(Ordering::Relaxed),
+        preload,
+        first_sync,
         report_path: report_path.clone(),
     };
     let summary = report::summary(&outcome, &checker, &log, &loads);

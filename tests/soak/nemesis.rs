@@ -11,7 +11,7 @@ use aether_replicator::etcd::{Put, Range};
 use crate::checker::{now_ms, parse_state};
 use crate::common::mirror::{Lcg, key_in};
 use crate::common::replicator::http_get;
-use crate::load::value;
+use crate::load::{BIG, BIG_KEYS, big_key, churn_prefix, value};
 use crate::mesh::{Mesh, REGIONS, prefix, signal, state_key};
 
 const MAX_ACTIVE: usize = 3;
@@ -29,12 +29,13 @@ pub(crate) enum Kind {
     OobPut,
     OobDelete,
     OobDelPrefix,
+    OobEdit,
     RevokeLease,
     TtlRestart,
     Oversized,
 }
 
-const KINDS: [(Kind, u64); 14] = [
+const KINDS: [(Kind, u64); 15] = [
     (Kind::KillLeader, 10),
     (Kind::StopLeader, 8),
     (Kind::KillEtcd, 8),
@@ -46,6 +47,7 @@ const KINDS: [(Kind, u64); 14] = [
     (Kind::OobPut, 6),
     (Kind::OobDelete, 5),
     (Kind::OobDelPrefix, 4),
+    (Kind::OobEdit, 5),
     (Kind::RevokeLease, 5),
     (Kind::TtlRestart, 4),
     (Kind::Oversized, 4),
@@ -75,6 +77,8 @@ pub(crate) struct FaultRecord {
     pub start_ms: i64,
     pub heal_ms: Option<i64>,
     pub outcome: String,
+    /// It changed the large copy (see `load::BIG`).
+    pub large: bool,
 }
 
 /// An out-of-band change to a peer's copy (or to the whole peer store),
@@ -122,6 +126,21 @@ impl Log {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
+        {
+            *m.entry(format!("{:?}", f.kind)).or_default() += 1;
+        }
+        m
+    }
+
+    /// The faults that changed the large copy, by kind.
+    pub(crate) fn large_by_kind(&self) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for f in self
+            .faults
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|f| f.large)
         {
             *m.entry(format!("{:?}", f.kind)).or_default() += 1;
         }
@@ -178,6 +197,7 @@ impl Nemesis {
             start_ms: now_ms(),
             heal_ms: None,
             outcome: String::new(),
+            large: false,
         });
         f.len() - 1
     }
@@ -484,56 +504,8 @@ impl Nemesis {
                     .await;
                 self.outcome(rec, out);
             }
-            Kind::OobPut | Kind::OobDelete | Kind::OobDelPrefix => {
-                let (o, p) = self.pair();
-                let copy = mesh.regions[p]
-                    .client
-                    .range(Range::prefix(prefix(REGIONS[o])).keys_only())
-                    .await
-                    .map(|r| {
-                        r.kvs()
-                            .iter()
-                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
-                            .collect::<Vec<_>>()
-                    })
-                    .unwrap_or_default();
-                self.seq += 1;
-                let (desc, args, one_key): (String, Vec<String>, Option<Vec<u8>>) = match kind {
-                    Kind::OobPut => {
-                        let key = if !copy.is_empty() && self.rng.below(2) == 0 {
-                            copy[self.rng.below(copy.len() as u64) as usize].clone()
-                        } else {
-                            key_in(REGIONS[o], 1000 + self.rng.below(1000) as usize)
-                        };
-                        let v = format!("GARBAGE-{}", self.seq);
-                        (
-                            format!("put {key}={v} on {}", REGIONS[p]),
-                            vec!["put".into(), key.clone(), v],
-                            Some(key.into_bytes()),
-                        )
-                    }
-                    Kind::OobDelete => {
-                        if copy.is_empty() {
-                            return;
-                        }
-                        let key = copy[self.rng.below(copy.len() as u64) as usize].clone();
-                        (
-                            format!("del {key} on {}", REGIONS[p]),
-                            vec!["del".into(), key.clone()],
-                            Some(key.into_bytes()),
-                        )
-                    }
-                    _ => (
-                        format!("del --prefix {} on {}", prefix(REGIONS[o]), REGIONS[p]),
-                        vec!["del".into(), "--prefix".into(), prefix(REGIONS[o])],
-                        None,
-                    ),
-                };
-                let rec = self.record(kind, desc);
-                let oob = self.log.oob_start(p, Some(o), one_key);
-                let out = self.etcdctl(p, args).await;
-                self.log.oob_done(oob);
-                self.outcome(rec, out);
+            Kind::OobPut | Kind::OobDelete | Kind::OobDelPrefix | Kind::OobEdit => {
+                self.out_of_band(kind).await;
             }
             Kind::RevokeLease => {
                 let (o, p) = self.pair();
@@ -605,6 +577,116 @@ impl Nemesis {
         }
     }
 
+    /// A change made by hand to a copy on a peer. Half of them go to the
+    /// large copy (`load::BIG`'s, on either peer) and touch its large
+    /// cluster; the rest to any copy's churn keys. `OobDelPrefix` of the
+    /// large copy removes more keys than a repair takes (a re-sync's job);
+    /// drawn for its churn keys only, it removes one cluster from it.
+    async fn out_of_band(&mut self, kind: Kind) {
+        let mesh = self.mesh.clone();
+        let big_cluster = self.rng.below(2) == 0;
+        let (o, p) = if big_cluster {
+            (BIG, (BIG + 1 + self.rng.below(2) as usize) % 3)
+        } else {
+            self.pair()
+        };
+        let peer = &mesh.regions[p].client;
+        self.seq += 1;
+        let seq = self.seq;
+        // The key a one-key change touches.
+        let key = match kind {
+            Kind::OobDelPrefix => None,
+            _ if big_cluster => {
+                // A few tries for a key the copy holds: a delete or an edit
+                // needs one, a put takes any.
+                let mut found = None;
+                for _ in 0..4 {
+                    let key = big_key(REGIONS[o], self.rng.below(BIG_KEYS));
+                    if kind == Kind::OobPut || value_on(peer, &key).await.is_some() {
+                        found = Some(key);
+                        break;
+                    }
+                }
+                let Some(key) = found else {
+                    return;
+                };
+                Some(key)
+            }
+            _ => {
+                let copy = peer
+                    .range(Range::prefix(churn_prefix(REGIONS[o])).keys_only())
+                    .await
+                    .map(|r| {
+                        r.kvs()
+                            .iter()
+                            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default();
+                if kind == Kind::OobPut && (copy.is_empty() || self.rng.below(2) == 1) {
+                    Some(key_in(REGIONS[o], 1000 + self.rng.below(1000) as usize))
+                } else if copy.is_empty() {
+                    return;
+                } else {
+                    Some(copy[self.rng.below(copy.len() as u64) as usize].clone())
+                }
+            }
+        };
+        let on = REGIONS[p];
+        let large = o == BIG;
+        let copy_name = if large { "the large copy" } else { "the copy" };
+        let rec = match (&key, kind) {
+            (Some(key), Kind::OobPut) => format!("put {key}=GARBAGE-{seq} on {on}"),
+            (Some(key), Kind::OobDelete) => format!("del {key} on {on}"),
+            (Some(key), _) => {
+                format!("edit {key} in place on {on} (same length, lease kept)")
+            }
+            (None, _) if large && !big_cluster => {
+                format!("del --prefix {} on {on}", churn_prefix(REGIONS[o]))
+            }
+            (None, _) => format!("del --prefix {} on {on}", prefix(REGIONS[o])),
+        };
+        let rec = self.record(kind, format!("{rec} ({copy_name} of {})", REGIONS[o]));
+        if large {
+            self.log
+                .faults
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)[rec]
+                .large = true;
+        }
+        if kind == Kind::OobEdit {
+            let key = key.expect("an edit has a key");
+            // Read again just before: the edit keeps whatever the copy
+            // holds now, less a few bytes.
+            let Some(mut v) = value_on(peer, &key).await else {
+                return self.outcome(rec, "gone before the edit".into());
+            };
+            let mark = format!("EDITED-{seq}-");
+            let n = mark.len().min(v.len());
+            v[..n].copy_from_slice(&mark.as_bytes()[..n]);
+            let oob = self
+                .log
+                .oob_start(p, Some(o), Some(key.clone().into_bytes()));
+            let res = peer.put(Put::new(key, v).ignore_lease()).await;
+            self.log.oob_done(oob);
+            return self.outcome(rec, format!("{:?}", res.map(|_| "ok")));
+        }
+        let args: Vec<String> = match (&key, kind) {
+            (Some(key), Kind::OobPut) => {
+                vec!["put".into(), key.clone(), format!("GARBAGE-{seq}")]
+            }
+            (Some(key), _) => vec!["del".into(), key.clone()],
+            (None, _) if large && !big_cluster => {
+                vec!["del".into(), "--prefix".into(), churn_prefix(REGIONS[o])]
+            }
+            (None, _) => vec!["del".into(), "--prefix".into(), prefix(REGIONS[o])],
+        };
+        let oob = self.log.oob_start(p, Some(o), key.map(String::into_bytes));
+        let out = self.etcdctl(p, args).await;
+        self.log.oob_done(oob);
+        self.outcome(rec, out);
+    }
+
     async fn etcdctl(&self, r: usize, args: Vec<String>) -> String {
         let reg = &self.mesh.regions[r];
         let member = reg.members[0].clone();
@@ -628,6 +710,12 @@ impl Nemesis {
         f[a.record].heal_ms = Some(now_ms());
         eprintln!("[nemesis {}] healed #{} {:?}", now_ms(), a.record, a.heal);
     }
+}
+
+/// `key`'s value on `client`'s etcd now (None: absent, or unreadable).
+async fn value_on(client: &aether_replicator::etcd::Client, key: &str) -> Option<Vec<u8>> {
+    let resp = client.range(Range::key(key.to_string())).await.ok()?;
+    resp.kvs().first().map(|kv| kv.value().to_vec())
 }
 
 async fn heal_one(mesh: &Arc<Mesh>, h: &Heal) {

@@ -16,6 +16,10 @@ pub(crate) struct Outcome {
     pub time_to_exact: Option<std::time::Duration>,
     pub last_inexact: String,
     pub peak_rss_kib: u64,
+    /// How long the large cluster's preload took, and the first sync of
+    /// every copy after it.
+    pub preload: std::time::Duration,
+    pub first_sync: std::time::Duration,
     pub report_path: std::path::PathBuf,
 }
 
@@ -34,9 +38,18 @@ pub(crate) fn summary(
         o.duration.as_secs(),
         o.etcd
     );
+    let _ = writeln!(
+        s,
+        "large copy: {} keys of {} preloaded in {:.1}s, every copy synced {:.1}s later",
+        crate::load::BIG_KEYS,
+        REGIONS[crate::load::BIG],
+        o.preload.as_secs_f64(),
+        o.first_sync.as_secs_f64()
+    );
     let kinds = log.by_kind();
     let total: usize = kinds.values().sum();
     let _ = writeln!(s, "faults injected: {total} {kinds:?}");
+    let _ = writeln!(s, "  of them on the large copy: {:?}", log.large_by_kind());
     for (i, l) in loads.iter().enumerate() {
         let _ = writeln!(
             s,
@@ -68,6 +81,19 @@ pub(crate) fn summary(
         f.violations.load(Ordering::Relaxed),
         f.list.lock().unwrap_or_else(PoisonError::into_inner).len()
     );
+    let per_pair = f
+        .per_pair
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(&(a, b), &(n, ms))| {
+            (
+                format!("{}->{}", REGIONS[a], REGIONS[b]),
+                format!("{n} at {:.0}ms", ms as f64 / n.max(1) as f64),
+            )
+        })
+        .collect::<std::collections::BTreeMap<_, _>>();
+    let _ = writeln!(s, "evaluated per pair (mean time): {per_pair:?}");
     let longest = f
         .longest_signalled
         .lock()
@@ -126,12 +152,32 @@ pub(crate) fn write(o: &Outcome, summary: &str, c: &Checker, log: &Log) {
     {
         let _ = writeln!(
             s,
-            "#{i} {:?} start={} heal={} {} {}",
+            "#{i} {:?}{} start={} heal={} {} {}",
             f.kind,
+            if f.large { " (large copy)" } else { "" },
             f.start_ms,
             f.heal_ms.map_or("-".into(), |h| h.to_string()),
             f.desc,
             f.outcome
+        );
+    }
+    let _ = writeln!(s, "== out-of-band changes (unix ms) ==");
+    for x in log
+        .oob
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+    {
+        let _ = writeln!(
+            s,
+            "on {} copy of {} key {} start={} done={}",
+            REGIONS[x.peer],
+            x.origin.map_or("every region", |o| REGIONS[o]),
+            x.key
+                .as_ref()
+                .map_or("(all)".into(), |k| String::from_utf8_lossy(k).into_owned()),
+            x.t_start,
+            x.t_done.map_or("-".into(), |d| d.to_string()),
         );
     }
     let _ = writeln!(s, "== history resets ==");
