@@ -706,3 +706,34 @@ async fn measure_out_of_band() {
         }
     }
 }
+
+/// A value edited on the peer after its writer crashed and before a
+/// successor adopts the copy: nobody watched then, so the successor's copy
+/// watch starts just past the predecessor's last write and sees it. With
+/// the probe an hour apart and no verification pass, nothing else could.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_while_no_engine_watched_is_seen_by_the_successor() {
+    let scene = Scene::start();
+    let (src, peer) = scene.clients();
+    put_each(&src, 0..50, "v").await;
+    let cfg = common::mirror::config(30)
+        .with_heartbeat_interval(Duration::from_secs(3600))
+        .with_verify_interval(None);
+    let first = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    first.abort();
+    peer.put(Put::new(key(8), "edited while nobody watched"))
+        .await
+        .unwrap();
+    let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
+    let s = second.stats()[0].clone();
+    eventually("the successor saw the edit and repaired it", async || {
+        s.out_of_band.load(Relaxed) >= 1 && s.repaired.load(Relaxed) >= 1
+    })
+    .await;
+    converged(&src, &peer, &cfg).await;
+    assert_eq!(
+        s.resyncs(ResyncReason::Initial) + s.resyncs(ResyncReason::Fenced),
+        0,
+        "the successor resumed the copy rather than re-syncing it"
+    );
+}

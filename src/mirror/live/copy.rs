@@ -7,8 +7,7 @@
 //! out-of-band change (a hand edit, a `del --prefix`, a stray writer, a
 //! deposed engine's txn that slipped in before the fence moved, a lease
 //! other than ours expiring): the live loop turns the copy not current at
-//! once and repairs the keys it names, one by one, from the source
-//! ([`repair`]).
+//! once and repairs the keys it names from the source ([`plan`]).
 //!
 //! Why watch rather than count: a key count cannot see a value edited in
 //! place, a delete and a stray put cancel out in it, and counting a large
@@ -52,18 +51,11 @@ impl std::fmt::Debug for CopyWatch {
     }
 }
 
-impl Drop for CopyWatch {
-    fn drop(&mut self) {
-        self.own.disarm();
-    }
-}
-
 impl CopyWatch {
     /// Watches `prefix` on the peer from revision `from`.
     pub(crate) fn open(peer: &Client, prefix: &Bytes, from: i64, own: Own) -> Result<CopyWatch> {
         let ws = peer.watch_stream();
         let watcher = ws.watch(WatchOptions::prefix(prefix.clone()).start_revision(from))?;
-        // Armed from here: our txns' revisions are kept for it.
         own.prune(from);
         Ok(CopyWatch {
             _ws: ws,
@@ -109,31 +101,30 @@ impl CopyWatch {
     }
 }
 
-/// What a repair did.
+/// What a repair's read found: the writes that make the keys match the
+/// source, each a nested txn guarded by the key's revision on the peer as
+/// read, and how many keys already matched.
 #[derive(Debug, Default)]
-pub(crate) struct Repaired {
-    /// Keys rewritten or deleted on the peer.
-    pub(crate) fixed: u64,
-    /// Keys found equal to the source, or written meanwhile by the live
-    /// stream (which wins).
-    pub(crate) left: u64,
+pub(crate) struct Plan {
+    pub(crate) fixes: Vec<(Bytes, Op)>,
+    pub(crate) matched: u64,
 }
 
-/// Compares `keys` on the peer with the source as it is now and repairs
-/// each that differs: re-put from the source, or deleted when the source
-/// has none. Each repair is guarded by the key's revision on the peer as
-/// read, so a live write that lands meanwhile wins; the live stream later
-/// brings any key repaired to a newer value than its watermark back into
-/// step, as it delivers that key's events in order. A chunk of keys is
-/// read in one round trip per store and repaired in one fenced txn, each
-/// key a nested txn of its own guard and write.
-pub(crate) async fn repair(
+/// Compares `keys` on the peer with the source as it is now: a chunk of
+/// keys to a round trip on each store. The writes it plans re-put a key
+/// from the source, or delete it when the source has none; each is guarded
+/// by the key's revision on the peer as read, so a write that lands there
+/// meanwhile wins. They go out through the live loop, in per-key order
+/// with the live stream's txns (`Live::plan_repairs`): a delete the live
+/// stream sends for a key already absent leaves no trace a guard could
+/// see, so only that order keeps a repair from re-putting it.
+pub(crate) async fn plan(
     writer: &FencedWriter,
     local: &Client,
     keys: Vec<Bytes>,
     max_ops: usize,
-) -> Result<Repaired> {
-    let mut done = Repaired::default();
+) -> Result<Plan> {
+    let mut plan = Plan::default();
     for chunk in keys.chunks(max_ops.max(1)) {
         let ranges = || chunk.iter().map(|k| Op::from(Range::key(k.clone())));
         let (source, peer) = tokio::join!(
@@ -141,7 +132,6 @@ pub(crate) async fn repair(
             writer.client.txn(Txn::new().and_then(ranges()))
         );
         let (source, peer) = (source?, peer.map_err(|e| writer.txn_error(e))?);
-        let mut fixes = Vec::new();
         for (i, key) in chunk.iter().enumerate() {
             let (want, have) = (first_kv(&source, i), first_kv(&peer, i));
             let same = match (&want, &have) {
@@ -150,7 +140,7 @@ pub(crate) async fn repair(
                 _ => false,
             };
             if same {
-                done.left += 1;
+                plan.matched += 1;
                 continue;
             }
             let guard = match &have {
@@ -164,27 +154,13 @@ pub(crate) async fn repair(
                 }
                 None => Delete::key(key.clone()).into(),
             };
-            fixes.push(Op::from(Txn::new().when([guard]).and_then([op])));
-        }
-        if fixes.is_empty() {
-            continue;
-        }
-        let resp = writer
-            .own
-            .send(&writer.client, writer.txn(fixes, None))
-            .await
-            .map_err(|e| writer.txn_error(e))?;
-        if !resp.succeeded {
-            return Err(writer.fence_failure(&resp));
-        }
-        for r in &resp.responses {
-            match r {
-                OpResponse::Txn(t) if t.succeeded => done.fixed += 1,
-                _ => done.left += 1,
-            }
+            plan.fixes.push((
+                key.clone(),
+                Op::from(Txn::new().when([guard]).and_then([op])),
+            ));
         }
     }
-    Ok(done)
+    Ok(plan)
 }
 
 /// The key a txn's `i`-th range found, if any.

@@ -15,7 +15,7 @@ mod copy;
 mod fresh;
 mod inflight;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,8 @@ pub(crate) struct Parts<'a> {
     pub(crate) splits: &'a mut CountSplits,
     /// See `Peer::replay_horizon`.
     pub(crate) replay_horizon: i64,
+    /// Where the copy watch starts (see `Peer::copy_from`).
+    pub(crate) copy_from: i64,
     pub(crate) cancel: &'a CancellationToken,
 }
 
@@ -70,6 +72,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         verify,
         splits,
         replay_horizon,
+        copy_from,
         cancel,
     } = parts;
     let Some(lease_status) = writer.lease.as_ref().map(LeaseHandle::subscribe) else {
@@ -89,13 +92,13 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     // for until a pass completes.
     stats.set_synced(!verify.overdue());
     tracing::info!(peer = %writer.region, from, "mirroring live");
-    // The copy watch starts just past the last txn of ours: what came
-    // before is the sync's (or the claim's) to have compared.
+    // The copy watch starts where the claim said: our own txns since are
+    // booked, anything else there is out of band.
     let copy = if cfg.copy_watch {
         Some(CopyWatch::open(
             &writer.client,
             prefix,
-            writer.peer_revision() + 1,
+            copy_from.max(1),
             writer.own.clone(),
         )?)
     } else {
@@ -134,6 +137,10 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         heartbeat_dirty: false,
         copy,
         to_repair: copy::Pending::new(),
+        repair_reading: HashSet::new(),
+        repair_touched: HashSet::new(),
+        repair_ready: None,
+        repair_seqs: HashSet::new(),
     };
     let result = live.run(watcher, cancel).await;
     if live.verifying {
@@ -245,6 +252,14 @@ struct Live<'a> {
     copy: Option<CopyWatch>,
     /// Keys changed out of band, waiting for the next repair.
     to_repair: copy::Pending,
+    /// Keys whose repair is being read, and those of them the live stream
+    /// sent a txn for since: it decides those.
+    repair_reading: HashSet<Bytes>,
+    repair_touched: HashSet<Bytes>,
+    /// A repair's writes, waiting for their keys' txns in flight.
+    repair_ready: Option<Batch>,
+    /// Sequence numbers of the repair txns in flight.
+    repair_seqs: HashSet<u64>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
 }
@@ -261,7 +276,7 @@ impl<'a> Live<'a> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
         let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
-        let mut repairing: Option<BoxFuture<'a, Result<copy::Repaired>>> = None;
+        let mut repairing: Option<BoxFuture<'a, Result<copy::Plan>>> = None;
         let mut reprobing: Option<BoxFuture<'static, ProbeResult>> = None;
         loop {
             self.send_ready();
@@ -290,16 +305,15 @@ impl<'a> Live<'a> {
                     }
                     self.judge_copy()?;
                 }
-                repaired = async { repairing.as_mut().expect("guarded").await }, if repairing.is_some() => {
+                plan = async { repairing.as_mut().expect("guarded").await }, if repairing.is_some() => {
                     repairing = None;
-                    self.repaired(repaired?);
-                    // Events held for the repair's txns can be judged now.
-                    self.judge_copy()?;
+                    self.planned(plan?);
                 }
-                _ = std::future::ready(()), if repairing.is_none() && !self.to_repair.is_empty() => {
+                _ = std::future::ready(()), if repairing.is_none() && self.repair_ready.is_none() && !self.to_repair.is_empty() => {
                     let keys: Vec<Bytes> = std::mem::take(&mut self.to_repair).into_iter().collect();
+                    self.repair_reading = keys.iter().cloned().collect();
                     let max_ops = self.pipeline.limits().max_ops.saturating_sub(2);
-                    repairing = Some(Box::pin(copy::repair(self.writer, self.local, keys, max_ops)));
+                    repairing = Some(Box::pin(copy::plan(self.writer, self.local, keys, max_ops)));
                 }
                 msg = watcher.next(), if self.batcher.ready_len() < max_ready => {
                     self.take_watch(msg, &mut watcher, max_ready)?;
@@ -564,9 +578,6 @@ impl<'a> Live<'a> {
                 let floor = self.writer.peer_revision() + 1;
                 let from = compact_revision.map_or(floor, |c| c.max(floor));
                 tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
-                // The old watch goes first: dropping it disarms the
-                // ledger, which the new one arms again.
-                self.copy = None;
                 self.copy = Some(CopyWatch::open(
                     &self.writer.client,
                     self.prefix,
@@ -615,18 +626,52 @@ impl<'a> Live<'a> {
         Ok(())
     }
 
-    /// Books a repair that ended: once nothing waits for another, the
-    /// copy is exact again and the state key says so.
-    fn repaired(&mut self, done: copy::Repaired) {
-        let w = self.writer;
-        w.stats.repaired.fetch_add(done.fixed, Relaxed);
-        tracing::info!(peer = %w.region, fixed = done.fixed, left = done.left, "repaired keys changed out of band");
-        if self.to_repair.is_empty() {
-            self.fresh.repaired();
-            w.marks.synced.store(true, Relaxed);
-            w.stats.set_synced(!self.verify.overdue());
-            self.heartbeat_dirty = true;
+    /// Takes a repair's plan: its writes go out as one batch, in per-key
+    /// order with the live stream's txns, less the keys the live stream
+    /// sent a txn for while the plan was read (the stream's newer word
+    /// decides those).
+    fn planned(&mut self, plan: copy::Plan) {
+        let touched = std::mem::take(&mut self.repair_touched);
+        self.repair_reading.clear();
+        let (mut keys, mut ops) = (Vec::new(), Vec::new());
+        for (key, op) in plan.fixes {
+            if !touched.contains(&key) {
+                keys.push(key);
+                ops.push(op);
+            }
         }
+        tracing::info!(peer = %self.writer.region, writes = ops.len(), matched = plan.matched, left_to_the_stream = touched.len(), "repairing keys changed out of band");
+        if !ops.is_empty() {
+            let bytes = ops.iter().map(etcd::Op::encoded_len).sum();
+            self.repair_ready = Some(Batch {
+                ops,
+                keys,
+                complete_through: self.inflight.watermark(),
+                events: 0,
+                received: Instant::now(),
+                bytes,
+                ahead: 0,
+            });
+        }
+        self.maybe_repaired();
+    }
+
+    /// Once no repair waits to be read, sent or acknowledged, the copy is
+    /// exact again and the state key says so.
+    fn maybe_repaired(&mut self) {
+        if !self.fresh.is_out_of_band()
+            || !self.to_repair.is_empty()
+            || !self.repair_reading.is_empty()
+            || self.repair_ready.is_some()
+            || !self.repair_seqs.is_empty()
+        {
+            return;
+        }
+        let w = self.writer;
+        self.fresh.repaired();
+        w.marks.synced.store(true, Relaxed);
+        w.stats.set_synced(!self.verify.overdue());
+        self.heartbeat_dirty = true;
     }
 
     /// Ends the session once the copy has been stale past the bound, so the
@@ -648,6 +693,14 @@ impl<'a> Live<'a> {
     /// Sends what can go: eagerly while there is room in flight, so a lone
     /// revision leaves at once and a burst fills the batches.
     fn send_ready(&mut self) {
+        if let Some(repair) = self.repair_ready.take() {
+            if !self.inflight.conflicts(&repair.keys) && self.pipeline.has_room(repair.bytes) {
+                let seq = self.launch(repair);
+                self.repair_seqs.insert(seq);
+            } else {
+                self.repair_ready = Some(repair);
+            }
+        }
         loop {
             if self.batcher.ready_len() == 0 {
                 self.batcher.flush();
@@ -683,9 +736,16 @@ impl<'a> Live<'a> {
         }
     }
 
-    fn launch(&mut self, mut batch: Batch) {
+    fn launch(&mut self, mut batch: Batch) -> u64 {
         // Every state put carries the heartbeat as it is now.
         self.heartbeat_dirty = false;
+        if !self.repair_reading.is_empty() {
+            for k in &batch.keys {
+                if self.repair_reading.contains(k) {
+                    self.repair_touched.insert(k.clone());
+                }
+            }
+        }
         let (seq, state_rev) = self.inflight.open(&batch.keys, batch.complete_through);
         tracing::trace!(peer = %self.writer.region, seq, through = batch.complete_through, state_rev, ops = batch.ops.len(), "send");
         let ops = std::mem::take(&mut batch.ops);
@@ -697,6 +757,7 @@ impl<'a> Live<'a> {
         });
         self.launched_ops += ops.len() as u64;
         self.pipeline.send(ops, Some(state_rev), (seq, batch));
+        seq
     }
 
     /// Applies what a re-probe of lowered txn limits found: a peer that
@@ -762,6 +823,7 @@ impl<'a> Live<'a> {
     async fn complete(&mut self, done: Done<(u64, Batch)>) -> Result<()> {
         let (seq, batch) = self.pipeline.settle(done).await?;
         self.inflight.release(&batch.keys);
+        let keys_written = batch.keys.len() as u64;
         // A refusal may have lowered the limits: pack for them from now.
         let limits = self.pipeline.limits();
         if limits != self.batcher.limits() {
@@ -782,6 +844,12 @@ impl<'a> Live<'a> {
         }
         tracing::trace!(peer = %self.writer.region, seq, through = complete_through, "acked");
         let watermark = self.inflight.ack(seq, complete_through);
+        if self.repair_seqs.remove(&seq) {
+            // Written or left to a write that landed first: either way
+            // the key is the source's or on its way there.
+            stats.repaired.fetch_add(keys_written, Relaxed);
+            self.maybe_repaired();
+        }
         stats.applied_revision.fetch_max(watermark, Relaxed);
         let floor = self.inflight.floor_seq();
         while let Some(l) = self.ops_before.front().filter(|l| l.seq < floor) {

@@ -226,6 +226,21 @@ impl Peer {
                 None => None,
             }
         };
+        // Where the copy watch starts (`live/copy.rs`): for a resumed copy,
+        // just past the predecessor's last write, so that a change made
+        // while nobody watched is out of band; for a copy to be synced,
+        // from this claim's read on (the sync compares what came before,
+        // and a change during the sync is the watch's). Our own txns are
+        // booked from here on.
+        let copy_from = if sync.is_none() && stored.create_revision != 0 {
+            stored.mod_revision + 1
+        } else {
+            peer_header.revision + 1
+        };
+        self.copy_from = copy_from;
+        if self.cfg.copy_watch {
+            w.own.arm(copy_from);
+        }
         let (created, pinned) =
             tokio::join!(state::create(&w.client, &w.state_key, claimed), pinning);
         let start = match (sync, pinned) {

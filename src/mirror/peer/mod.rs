@@ -65,6 +65,8 @@ pub(crate) struct Peer {
     /// watermark passes it, the peer may hold a predecessor's writes beyond
     /// the watermark, and key counts can't be compared (0: no such span).
     pub(crate) replay_horizon: i64,
+    /// Where the session's copy watch starts, as the claim decided.
+    pub(crate) copy_from: i64,
     /// `<state_root><region>/source-id` in the local etcd: the source's
     /// own id ([`super::state::source_id`]).
     pub(crate) source_id_key: Bytes,
@@ -126,6 +128,7 @@ impl Peer {
             sync_started_ms: 0,
             sync_pending: false,
             replay_horizon: 0,
+            copy_from: 0,
             source_id_key,
             verify,
             sync_slots,

@@ -310,6 +310,7 @@ impl Peer {
             verify: &mut self.verify,
             splits: &mut self.splits,
             replay_horizon: self.replay_horizon,
+            copy_from: self.copy_from,
             cancel: &self.cancel,
         };
         live::run(parts, opened).await

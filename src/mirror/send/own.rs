@@ -146,11 +146,14 @@ impl Own {
 }
 
 impl Own {
-    /// No copy watch asks any more: keep nothing until one does.
-    pub(crate) fn disarm(&self) {
+    /// A session will watch its copy from `from`: book our txns' revisions
+    /// from there on (those already booked above it are kept: a txn of an
+    /// earlier session of this engine is still ours).
+    pub(crate) fn arm(&self, from: i64) {
         let mut l = self.ledger();
-        l.armed = false;
-        l.revisions.clear();
+        l.armed = true;
+        l.floor = from;
+        l.revisions = l.revisions.split_off(&from);
     }
 }
 
@@ -202,13 +205,16 @@ mod tests {
     }
 
     #[test]
-    fn nothing_is_kept_while_no_copy_watch_asks() {
+    fn nothing_is_kept_until_a_session_arms_it() {
         let own = Own::default();
         own.begin().answered(Some(3));
         assert!(own.ledger().revisions.is_empty());
-        own.prune(0);
+        own.arm(4);
         own.begin().answered(Some(4));
-        own.disarm();
-        assert!(own.ledger().revisions.is_empty());
+        own.begin().answered(Some(9));
+        // A later session arming from lower keeps what is booked above.
+        own.arm(2);
+        assert_eq!(own.judge(9, own.sent()), Verdict::Own);
+        assert_eq!(own.judge(3, own.sent()), Verdict::Foreign);
     }
 }
