@@ -594,7 +594,11 @@ impl Edit {
             // Deleting a million keys outlasts etcd's own request timeout;
             // it goes on in the store all the same.
             Edit::DeletePrefix(p) => match peer.delete(Delete::prefix(p.clone())).await {
-                Ok(_) | Err(aether_replicator::etcd::Error::ServerTimeout(_)) => {}
+                Ok(_)
+                | Err(
+                    aether_replicator::etcd::Error::ServerTimeout(_)
+                    | aether_replicator::etcd::Error::Timeout(_),
+                ) => {}
                 Err(e) => panic!("del --prefix {p}: {e}"),
             },
         }
