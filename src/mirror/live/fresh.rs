@@ -10,7 +10,7 @@
 //! # The rule
 //! Every heartbeat a *probe* reads the source's revision S (and the
 //! member that served it) at the instant T it is sent. The copy is
-//! **current as of T** once all three hold:
+//! **current as of T** once all four hold:
 //! 1. **everything through S is received and applied**: the watermark
 //!    reached S; or the watch stream itself vouches that nothing in the
 //!    subtree lies between the watermark and S — nothing pending, no
@@ -22,18 +22,17 @@
 //! 2. **the copy checked out**: its key count on the peer matched the
 //!    source's at the watermark, by this probe or by the session's last
 //!    count, which matched (a mismatch ends the session:
-//!    `Error::CopyChanged`). Counts pace themselves by the subtree's
-//!    size (`count::Cadence`).
+//!    `Error::CopyChanged`). Counts come at the session's start, then as
+//!    a backstop to the copy watch (`count::Cadence`).
 //! 3. **its lease has at least a heartbeat left** (or a third of its TTL,
 //!    if that is less: keep-alives go every third of it, so a healthy
 //!    lease never has less; a heartbeat longer than that would otherwise
 //!    fail healthy copies): a copy whose lease may lapse before the next
 //!    probe is not vouched for.
-//!
 //! 4. **no out-of-band change waits for repair**: the copy watch
 //!    (`live/copy.rs`) saw every change on the copy that was not ours, and
 //!    each was repaired; a change drops the probe in hand (sent before it,
-//!    it vouches for nothing) until then.
+//!    it vouches for nothing), and none is taken until then.
 //!
 //! ```text
 //!                  probe sent at T          read back: S, member, count
