@@ -18,10 +18,14 @@
 //! the watch when the peer compacted past it.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::error::Result;
+use super::Live;
+use super::batch::Batch;
+use crate::error::{Error, Result};
 use crate::etcd::{
     self, Client, Compare, CompareOp, Delete, KeyValue, Op, OpResponse, Range, Txn, TxnResponse,
     WatchOptions, WatchResponse, WatchStream, Watcher,
@@ -178,3 +182,126 @@ pub(crate) const MAX_REPAIR_KEYS: usize = 1_000;
 
 /// Keys waiting for a repair, deduplicated.
 pub(crate) type Pending = BTreeSet<Bytes>;
+
+/// The live loop's side of the copy watch: taking its events, judging
+/// them, and sending the repairs.
+impl Live<'_> {
+    /// Takes a response of the copy watch. A watch the peer compacted
+    /// past is re-armed from the oldest revision the peer still has, and
+    /// the copy is counted at once (true): what happened in the gap only a
+    /// count can see.
+    pub(super) fn copy_event(
+        &mut self,
+        msg: Option<etcd::Result<etcd::WatchResponse>>,
+    ) -> Result<bool> {
+        let Some(copy) = self.copy.as_mut() else {
+            return Ok(false);
+        };
+        match msg {
+            Some(Ok(resp)) => {
+                copy.take(resp);
+                Ok(false)
+            }
+            Some(Err(etcd::Error::Compacted { compact_revision })) => {
+                // From the oldest revision the peer still has (or, if it
+                // did not say, its revision as of our last read of it):
+                // from our own last txn again would only be refused again.
+                let floor = self.writer.peer_revision() + 1;
+                let from = compact_revision.map_or(floor, |c| c.max(floor));
+                tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
+                self.copy = Some(CopyWatch::open(
+                    &self.writer.client,
+                    self.prefix,
+                    from,
+                    self.writer.own.clone(),
+                )?);
+                self.fresh.recount();
+                Ok(true)
+            }
+            Some(Err(e)) => Err(Error::Etcd(e)),
+            None => Err(Error::Etcd(etcd::Error::Closed)),
+        }
+    }
+
+    /// Judges what the copy watch holds: a change that was not ours turns
+    /// the copy not current at once (the state key says so too) and queues
+    /// its key for repair. More keys than a repair takes are a re-sync's
+    /// job.
+    pub(super) fn judge_copy(&mut self) -> Result<()> {
+        let Some(copy) = self.copy.as_mut() else {
+            return Ok(());
+        };
+        let foreign = copy.judge();
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        let w = self.writer;
+        w.stats.out_of_band.fetch_add(foreign.len() as u64, Relaxed);
+        if !self.fresh.is_out_of_band() {
+            tracing::warn!(peer = %w.region, keys = foreign.len(), first = %String::from_utf8_lossy(&foreign[0]), "the copy was changed out of band: not current until repaired");
+            self.fresh.out_of_band();
+            w.stats.set_synced(false);
+            w.marks.synced.store(false, Relaxed);
+            self.heartbeat_dirty = true;
+        }
+        self.to_repair.extend(foreign);
+        if self.to_repair.len() > MAX_REPAIR_KEYS {
+            return Err(Error::CopyChanged {
+                peer: w.region.clone(),
+                why: format!(
+                    "over {} keys changed out of band: a re-sync compares them faster than a repair",
+                    MAX_REPAIR_KEYS
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes a repair's plan: its writes go out as one batch, in per-key
+    /// order with the live stream's txns, less the keys the live stream
+    /// sent a txn for while the plan was read (the stream's newer word
+    /// decides those).
+    pub(super) fn planned(&mut self, plan: Plan) {
+        let touched = std::mem::take(&mut self.repair_touched);
+        self.repair_reading.clear();
+        let (mut keys, mut ops) = (Vec::new(), Vec::new());
+        for (key, op) in plan.fixes {
+            if !touched.contains(&key) {
+                keys.push(key);
+                ops.push(op);
+            }
+        }
+        tracing::info!(peer = %self.writer.region, writes = ops.len(), matched = plan.matched, left_to_the_stream = touched.len(), "repairing keys changed out of band");
+        if !ops.is_empty() {
+            let bytes = ops.iter().map(etcd::Op::encoded_len).sum();
+            self.repair_ready = Some(Batch {
+                ops,
+                keys,
+                complete_through: self.inflight.watermark(),
+                events: 0,
+                received: Instant::now(),
+                bytes,
+                ahead: 0,
+            });
+        }
+        self.maybe_repaired();
+    }
+
+    /// Once no repair waits to be read, sent or acknowledged, the copy is
+    /// exact again and the state key says so.
+    pub(super) fn maybe_repaired(&mut self) {
+        if !self.fresh.is_out_of_band()
+            || !self.to_repair.is_empty()
+            || !self.repair_reading.is_empty()
+            || self.repair_ready.is_some()
+            || !self.repair_seqs.is_empty()
+        {
+            return;
+        }
+        let w = self.writer;
+        self.fresh.repaired();
+        w.marks.synced.store(true, Relaxed);
+        w.stats.set_synced(!self.verify.overdue());
+        self.heartbeat_dirty = true;
+    }
+}
