@@ -39,7 +39,7 @@ use super::diff::{Diff, Merge};
 use super::send::writer::FencedWriter;
 use super::stats::{ErrorKind, PeerStats, VerifySkip};
 use crate::error::Result;
-use crate::etcd::{self, Client, Compare, CompareOp, Delete, KeyValue, Op, Range};
+use crate::etcd::{self, Client, Delete, KeyValue, Range};
 
 /// Passes in a row that could not finish before the copy is reported not
 /// synced.
@@ -171,17 +171,7 @@ pub(crate) async fn pass(
             report.skipped += 1;
             continue;
         }
-        let guard = match &peer_kv {
-            Some(p) => Compare::mod_revision(key.clone(), CompareOp::Equal, p.mod_revision()),
-            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-        };
-        let op: Op = match want {
-            Some(w) => {
-                let (k, v) = w.into_key_value();
-                writer.put(k, v)
-            }
-            None => Delete::key(key.clone()).into(),
-        };
+        let (guard, op) = writer.fix(&key, want, peer_kv.as_ref());
         let sent = writer
             .own
             .send(

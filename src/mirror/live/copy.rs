@@ -27,8 +27,8 @@ use super::Live;
 use super::batch::Batch;
 use crate::error::{Error, Result};
 use crate::etcd::{
-    self, Client, Compare, CompareOp, Delete, KeyValue, Op, OpResponse, Range, Txn, TxnResponse,
-    WatchOptions, WatchResponse, WatchStream, Watcher,
+    self, Client, KeyValue, Op, OpResponse, Range, Txn, TxnResponse, WatchOptions, WatchResponse,
+    WatchStream, Watcher,
 };
 use crate::mirror::send::own::{Own, Verdict};
 use crate::mirror::send::writer::FencedWriter;
@@ -147,17 +147,7 @@ pub(crate) async fn plan(
                 plan.matched += 1;
                 continue;
             }
-            let guard = match &have {
-                Some(h) => Compare::mod_revision(key.clone(), CompareOp::Equal, h.mod_revision()),
-                None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            };
-            let op = match want {
-                Some(w) => {
-                    let (k, v) = w.into_key_value();
-                    writer.put(k, v)
-                }
-                None => Delete::key(key.clone()).into(),
-            };
+            let (guard, op) = writer.fix(key, want, have.as_ref());
             plan.fixes.push((
                 key.clone(),
                 Op::from(Txn::new().when([guard]).and_then([op])),

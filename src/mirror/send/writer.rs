@@ -188,6 +188,31 @@ impl FencedWriter {
         self.stats.set_lease(LeaseId::NONE, None);
     }
 
+    /// The write that makes `key` on the peer what the source holds
+    /// (`want`; `None`: the source has no such key), guarded by the key as
+    /// it was read on the peer (`have`), so that a write landing there
+    /// meanwhile wins. The verification pass's and the copy watch's repairs.
+    pub(crate) fn fix(
+        &self,
+        key: &Bytes,
+        want: Option<crate::etcd::KeyValue>,
+        have: Option<&crate::etcd::KeyValue>,
+    ) -> (crate::etcd::Compare, Op) {
+        use crate::etcd::{Compare, CompareOp, Delete};
+        let guard = match have {
+            Some(h) => Compare::mod_revision(key.clone(), CompareOp::Equal, h.mod_revision()),
+            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+        };
+        let op = match want {
+            Some(w) => {
+                let (k, v) = w.into_key_value();
+                self.put(k, v)
+            }
+            None => Delete::key(key.clone()).into(),
+        };
+        (guard, op)
+    }
+
     /// A put under the mirror lease.
     pub(crate) fn put(&self, key: Bytes, value: Bytes) -> Op {
         Put::new(key, value).lease(self.lease_id()).into()
