@@ -120,28 +120,18 @@ impl Log {
     }
 
     pub(crate) fn by_kind(&self) -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for f in self
-            .faults
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
-            *m.entry(format!("{:?}", f.kind)).or_default() += 1;
-        }
-        m
+        self.count_kinds(|_| true)
     }
 
     /// The faults that changed the large copy, by kind.
     pub(crate) fn large_by_kind(&self) -> BTreeMap<String, usize> {
+        self.count_kinds(|f| f.large)
+    }
+
+    fn count_kinds(&self, keep: impl Fn(&&FaultRecord) -> bool) -> BTreeMap<String, usize> {
         let mut m = BTreeMap::new();
-        for f in self
-            .faults
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|f| f.large)
-        {
+        let faults = self.faults.lock().unwrap_or_else(PoisonError::into_inner);
+        for f in faults.iter().filter(keep) {
             *m.entry(format!("{:?}", f.kind)).or_default() += 1;
         }
         m
