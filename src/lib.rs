@@ -6,6 +6,8 @@
 //!   (`crates/aether-etcd`), re-exported here. It depends on nothing in
 //!   this crate; depend on `aether-etcd` to get the client alone.
 //! - [`schema`]: the origin-first key layout of the endpoint registry.
+//! - [`store`]: the narrow interface between the engine and an etcd:
+//!   the calls the engine makes, which the client implements.
 //! - [`mirror`]: the engine that mirrors one region's subtree into every
 //!   peer region's etcd under an origin-heartbeat lease.
 //! - [`view`]: the consumer side: a live, merged, locality-ranked view of
@@ -26,6 +28,7 @@ pub mod error;
 pub use aether_etcd as etcd;
 pub mod mirror;
 pub mod schema;
+pub mod store;
 pub mod view;
 
 pub use error::{Error, Result};

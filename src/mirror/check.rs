@@ -13,8 +13,8 @@ use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
 use super::state::{self, State};
 use crate::error::Result;
-use crate::etcd::Client;
 use crate::etcd::LeaseId;
+use crate::store::Store;
 
 /// Most keys listed per category in a [`Report`]; the counts are exact.
 pub const MAX_LISTED: usize = 10;
@@ -61,8 +61,14 @@ impl Report {
     }
 }
 
-/// Compares this region's subtree at `local` with its copy on `peer`.
-pub async fn compare(local: &Client, peer: &Client, cfg: &MirrorConfig) -> Result<Report> {
+/// Compares this region's subtree at `local` with its copy on `peer`
+/// (each an [`etcd::Client`](crate::etcd::Client) or a [`Store`]).
+pub async fn compare(
+    local: impl Into<Store>,
+    peer: impl Into<Store>,
+    cfg: &MirrorConfig,
+) -> Result<Report> {
+    let (local, peer) = (&local.into(), &peer.into());
     let prefix = Bytes::from(cfg.prefix());
     let mut report = Report::default();
     let (stored, _) = state::read(peer, &Bytes::from(cfg.state_key())).await?;

@@ -44,7 +44,8 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 
 use super::state::Stored;
-use crate::etcd::{self, Client, Header, Op, OpResponse, Range, Txn, prefix_end};
+use crate::etcd::{self, Header, Op, OpResponse, Range, Txn, prefix_end};
+use crate::store::Store;
 
 /// About how many keys one count request should walk: a few ms of etcd's
 /// index walk, short enough that the writes waiting behind it don't show.
@@ -233,7 +234,7 @@ fn counts(resp: &etcd::TxnResponse, skip: usize) -> impl Iterator<Item = i64> + 
 /// Counts `prefix` on `client` at `revision`, split at `bounds`, in txns of
 /// at most `max_ops` ranges: each piece's count, in key order.
 pub(crate) async fn count_at(
-    client: &Client,
+    client: &Store,
     prefix: &Bytes,
     bounds: &[Bytes],
     revision: i64,
@@ -249,7 +250,7 @@ pub(crate) async fn count_at(
 }
 
 /// The peer's state key `key`, for a probe that does not count.
-pub(crate) async fn read_state(peer: &Client, key: &Bytes) -> etcd::Result<(Stored, Header)> {
+pub(crate) async fn read_state(peer: &Store, key: &Bytes) -> etcd::Result<(Stored, Header)> {
     let resp = peer.range(Range::key(key.clone())).await?;
     Ok((Stored::from_kv(resp.kvs().first()), resp.header))
 }
@@ -258,7 +259,7 @@ pub(crate) async fn read_state(peer: &Client, key: &Bytes) -> etcd::Result<(Stor
 /// both at one revision: the state key and the first pieces in one txn,
 /// the rest pinned at that txn's revision. Also each piece's count.
 pub(crate) async fn read_state_with_count(
-    peer: &Client,
+    peer: &Store,
     key: &Bytes,
     prefix: &Bytes,
     bounds: &[Bytes],

@@ -33,7 +33,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::etcd::{self, Client, KeyValue, prefix_end};
+use crate::etcd::{self, KeyValue, prefix_end};
+use crate::store::Store;
 
 /// One key of the join.
 pub(crate) enum Diff {
@@ -56,15 +57,15 @@ pub(crate) struct Merge {
 }
 
 impl Merge {
-    pub(crate) fn start(local: &Client, peer: &Client, prefix: Bytes, page_size: usize) -> Merge {
+    pub(crate) fn start(local: &Store, peer: &Store, prefix: Bytes, page_size: usize) -> Merge {
         Merge::start_over(local, peer, prefix, page_size, 0, None)
     }
 
     /// Like [`Merge::start`], with the source read at `source_revision`
     /// (0: its current one).
     pub(crate) fn start_at(
-        local: &Client,
-        peer: &Client,
+        local: &Store,
+        peer: &Store,
         prefix: Bytes,
         page_size: usize,
         source_revision: i64,
@@ -76,8 +77,8 @@ impl Merge {
     /// known): from [`LONG_LINK`] on, the peer is read by several scans at
     /// once.
     pub(crate) fn start_over(
-        local: &Client,
-        peer: &Client,
+        local: &Store,
+        peer: &Store,
         prefix: Bytes,
         page_size: usize,
         source_revision: i64,
@@ -166,7 +167,7 @@ impl Drop for AbortOnDrop {
 impl Prefetch {
     /// A scan of `prefix` at `revision` (0: the current one) in its own
     /// task.
-    fn start(client: &Client, prefix: Bytes, page_size: usize, revision: i64) -> Prefetch {
+    fn start(client: &Store, prefix: Bytes, page_size: usize, revision: i64) -> Prefetch {
         let (tx, rx) = mpsc::channel(PREFETCH_PAGES);
         // Small first pages: the writes start after a few ms, not after
         // reading a full page.
@@ -248,8 +249,8 @@ fn key_after(key: &[u8]) -> Bytes {
 /// rest is one sequential scan; on a long one, [`scan_peer`] with the bounds
 /// from a second scan of the source.
 async fn read_peer(
-    peer: Client,
-    local: Client,
+    peer: Store,
+    local: Store,
     prefix: Bytes,
     page_size: usize,
     rtt: Option<Duration>,
@@ -300,7 +301,7 @@ async fn read_peer(
 /// [`PEER_SCANS`] scans at once over the intervals that end at `bounds`
 /// (the last runs to the end of the prefix once `bounds` closes).
 async fn scan_peer(
-    peer: Client,
+    peer: Store,
     (from, end): (Bytes, Bytes),
     page_size: usize,
     mut bounds: mpsc::Receiver<Bytes>,

@@ -72,6 +72,9 @@
 //!   called by the pipeline when the peer refuses a txn for its size).
 //! - *Where is the window sized?* `send/pacer.rs` (`Pacer`), fed only by
 //!   the pipeline.
+//! - *Which etcd calls does the engine make?* Those of
+//!   [`crate::store::Backend`], and no others: every etcd is a
+//!   [`Store`].
 //! - *Where is a flag added?* In the app, not here: see `app::config`'s
 //!   module doc; the engine takes it as a [`MirrorConfig`] field.
 
@@ -105,8 +108,8 @@ pub use config::{
 pub use stats::{ErrorKind, PeerStats, ResyncReason, VerifySkip};
 
 use crate::error::{Error, Result};
-use crate::etcd::Client;
 use crate::schema::{Schema, validate_segment};
+use crate::store::Store;
 
 /// A running engine. Dropping it cancels every peer task; [`Engine::shutdown`]
 /// also waits for them.
@@ -124,16 +127,19 @@ impl Engine {
     ///
     /// Refuses a peer named like this region, duplicate peers, and invalid
     /// names or limits. Unreachable etcds are not an error: the tasks retry.
-    pub fn start(
-        local: Client,
-        peers: Vec<(String, Client)>,
+    ///
+    /// Each etcd is an [`etcd::Client`](crate::etcd::Client) or any other
+    /// [`Store`].
+    pub fn start<L: Into<Store>, P: Into<Store>>(
+        local: L,
+        peers: Vec<(String, P)>,
         config: MirrorConfig,
     ) -> Result<Engine> {
         let peers = peers
             .into_iter()
             .map(|(region, client)| {
                 let stats = Arc::new(PeerStats::new(region.clone()));
-                (region, client, stats)
+                (region, client.into(), stats)
             })
             .collect();
         Engine::start_with_stats(local, peers, config)
@@ -142,11 +148,12 @@ impl Engine {
     /// Like [`Engine::start`], reporting into stats the caller keeps, so
     /// counters carry on across engines (for example across leadership
     /// changes in one process).
-    pub fn start_with_stats(
-        local: Client,
-        peers: Vec<(String, Client, Arc<PeerStats>)>,
+    pub fn start_with_stats<P: Into<Store>>(
+        local: impl Into<Store>,
+        peers: Vec<(String, P, Arc<PeerStats>)>,
         config: MirrorConfig,
     ) -> Result<Engine> {
+        let local = local.into();
         validate(&config, peers.iter().map(|(r, _, _)| r.as_str()))?;
         let cfg = Arc::new(config);
         let holder = state::new_holder();
@@ -159,6 +166,7 @@ impl Engine {
         let mut tasks = Vec::new();
         let mut all_stats = Vec::new();
         for (region, client, stats) in peers {
+            let client = client.into();
             all_stats.push(stats.clone());
             // A peer with limits of its own gets its own copy of the config.
             let peer_cfg = match cfg.peer_limits.get(&region) {

@@ -43,7 +43,8 @@
 
 use bytes::Bytes;
 
-use crate::etcd::{Client, Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Put, Range, Txn};
+use crate::etcd::{Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Put, Range, Txn};
+use crate::store::Store;
 
 /// The parsed value of a state key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,7 +183,7 @@ impl Stored {
     }
 }
 
-pub(crate) async fn read(peer: &Client, key: &Bytes) -> crate::etcd::Result<(Stored, Header)> {
+pub(crate) async fn read(peer: &Store, key: &Bytes) -> crate::etcd::Result<(Stored, Header)> {
     let resp = peer.range(Range::key(key.clone())).await?;
     Ok((Stored::from_kv(resp.kvs().first()), resp.header))
 }
@@ -196,11 +197,7 @@ pub(crate) fn fence(key: &Bytes, create_revision: i64) -> Compare {
 /// if it is still as `seen` (compare-and-delete). From the moment this
 /// commits every txn of the key's holder fails its fence. False if the
 /// key moved meanwhile.
-pub(crate) async fn release(
-    peer: &Client,
-    key: &Bytes,
-    seen: &Stored,
-) -> crate::etcd::Result<bool> {
+pub(crate) async fn release(peer: &Store, key: &Bytes, seen: &Stored) -> crate::etcd::Result<bool> {
     let del = Txn::new()
         .when([Compare::mod_revision(
             key.clone(),
@@ -217,7 +214,7 @@ pub(crate) async fn release(
 /// Two steps, not one txn: etcd refuses a delete and a put of one key in
 /// the same txn, and the fence must be a new create revision.
 pub(crate) async fn create(
-    peer: &Client,
+    peer: &Store,
     key: &Bytes,
     state: State,
 ) -> crate::etcd::Result<Option<i64>> {
@@ -232,7 +229,7 @@ pub(crate) async fn create(
 /// (with a random value) if absent, in one txn. Whoever creates it first
 /// wins; every engine of the region then reads the same id. Also returns
 /// the source's header (cluster id, revision) as of that txn.
-pub(crate) async fn source_id(local: &Client, key: &Bytes) -> crate::etcd::Result<(u64, Header)> {
+pub(crate) async fn source_id(local: &Store, key: &Bytes) -> crate::etcd::Result<(u64, Header)> {
     let fresh = new_holder();
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])

@@ -25,7 +25,8 @@ use super::send::writer::FencedWriter;
 use super::send::{Link, Pipeline};
 use super::stats::unix_ms;
 use crate::error::Result;
-use crate::etcd::{Client, Delete, Op, Range, TxnBatcher};
+use crate::etcd::{Delete, Op, Range, TxnBatcher};
+use crate::store::Store;
 
 /// A sync made ready to run: the source pinned at a revision, the live
 /// watch from the next one open, and the scans of both sides started.
@@ -40,7 +41,7 @@ pub(crate) struct Pinned {
     started_ms: i64,
     merge: Merge,
     /// The source and its subtree, for the progress log's count.
-    local: Client,
+    local: Store,
     prefix: Bytes,
     /// The engine's sync slot this sync holds until it is dropped.
     _slot: Option<OwnedSemaphorePermit>,
@@ -57,8 +58,8 @@ pub(crate) struct Pinned {
 /// fence from then on; a rival that claims first makes this claim fail,
 /// and the scans are dropped with it.
 pub(crate) async fn pin(
-    local: Client,
-    peer: Client,
+    local: Store,
+    peer: Store,
     prefix: Bytes,
     page_size: usize,
     rtt: Option<Duration>,

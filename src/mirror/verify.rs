@@ -39,7 +39,8 @@ use super::diff::{Diff, Merge};
 use super::send::writer::FencedWriter;
 use super::stats::{ErrorKind, PeerStats, VerifySkip};
 use crate::error::Result;
-use crate::etcd::{self, Client, Delete, KeyValue, Range};
+use crate::etcd::{self, Delete, KeyValue, Range};
+use crate::store::Store;
 
 /// Passes in a row that could not finish before the copy is reported not
 /// synced.
@@ -126,7 +127,7 @@ const PAGE: usize = 1_000;
 /// One pass over the peer's copy against the source at `pinned`.
 pub(crate) async fn pass(
     writer: &FencedWriter,
-    local: &Client,
+    local: &Store,
     prefix: Bytes,
     cfg: &MirrorConfig,
     pinned: i64,
@@ -228,7 +229,7 @@ pub(crate) async fn pass(
 
 /// Whether the source's `key` is now as it was at the pinned revision
 /// (`at_pin`, `None`: absent), so the peer must equal it.
-async fn settled(local: &Client, key: &Bytes, at_pin: Option<&KeyValue>) -> Result<bool> {
+async fn settled(local: &Store, key: &Bytes, at_pin: Option<&KeyValue>) -> Result<bool> {
     let now = local.range(Range::key(key.clone())).await?;
     Ok(match (at_pin, now.kvs().first()) {
         (Some(pin), Some(cur)) => cur.mod_revision() == pin.mod_revision(),

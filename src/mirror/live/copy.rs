@@ -27,11 +27,12 @@ use super::Live;
 use super::batch::Batch;
 use crate::error::{Error, Result};
 use crate::etcd::{
-    self, Client, KeyValue, Op, OpResponse, Range, Txn, TxnResponse, WatchOptions, WatchResponse,
+    self, KeyValue, Op, OpResponse, Range, Txn, TxnResponse, WatchOptions, WatchResponse,
     WatchStream, Watcher,
 };
 use crate::mirror::send::own::{Own, Verdict};
 use crate::mirror::send::writer::FencedWriter;
+use crate::store::Store;
 
 /// The watch on one session's copy, and the events not yet judged.
 pub(crate) struct CopyWatch {
@@ -57,7 +58,7 @@ impl std::fmt::Debug for CopyWatch {
 
 impl CopyWatch {
     /// Watches `prefix` on the peer from revision `from`.
-    pub(crate) fn open(peer: &Client, prefix: &Bytes, from: i64, own: Own) -> Result<CopyWatch> {
+    pub(crate) fn open(peer: &Store, prefix: &Bytes, from: i64, own: Own) -> Result<CopyWatch> {
         let ws = peer.watch_stream();
         let watcher = ws.watch(WatchOptions::prefix(prefix.clone()).start_revision(from))?;
         own.prune(from);
@@ -124,7 +125,7 @@ pub(crate) struct Plan {
 /// see, so only that order keeps a repair from re-putting it.
 pub(crate) async fn plan(
     writer: &FencedWriter,
-    local: &Client,
+    local: &Store,
     keys: Vec<Bytes>,
     max_ops: usize,
 ) -> Result<Plan> {

@@ -38,14 +38,15 @@ use super::stats::{VerifySkip, unix_ms};
 use super::verify::{self, VerifySchedule};
 use crate::error::{Error, Result};
 use crate::etcd::{
-    self, Client, Header, LeaseHandle, LeaseStatus, Range, WatchOptions, WatchStream, Watcher,
+    self, Header, LeaseHandle, LeaseStatus, Range, WatchOptions, WatchStream, Watcher,
 };
+use crate::store::Store;
 
 /// What a live phase borrows from its peer's task for its length.
 pub(crate) struct Parts<'a> {
     pub(crate) writer: &'a FencedWriter,
     pub(crate) cfg: &'a MirrorConfig,
-    pub(crate) local: &'a Client,
+    pub(crate) local: &'a Store,
     pub(crate) prefix: &'a Bytes,
     pub(crate) source_id_key: &'a Bytes,
     /// What is learnt about the link: it outlives the phase.
@@ -167,7 +168,7 @@ impl Opened {
         Opened { from, watch: None }
     }
 
-    pub(crate) fn now(local: &Client, prefix: &Bytes, from: i64) -> Result<Opened> {
+    pub(crate) fn now(local: &Store, prefix: &Bytes, from: i64) -> Result<Opened> {
         Ok(Opened {
             from,
             watch: Some(open_watch(local, prefix, from)?),
@@ -179,7 +180,7 @@ impl Opened {
 /// own watch), watching the subtree from `from`. progress_notify: an idle
 /// subtree still advances the state revision when the local etcd sends
 /// per-watcher notices.
-fn open_watch(local: &Client, prefix: &Bytes, from: i64) -> Result<(WatchStream, Watcher)> {
+fn open_watch(local: &Store, prefix: &Bytes, from: i64) -> Result<(WatchStream, Watcher)> {
     let ws = local.watch_stream();
     let watcher = ws.watch(
         WatchOptions::prefix(prefix.clone())
@@ -219,7 +220,7 @@ struct ProbeRead {
 struct Live<'a> {
     writer: &'a FencedWriter,
     cfg: &'a MirrorConfig,
-    local: &'a Client,
+    local: &'a Store,
     prefix: &'a Bytes,
     source_id_key: &'a Bytes,
     /// The watch's stream, for whether it is connected.
@@ -747,10 +748,7 @@ impl<'a> Live<'a> {
     /// watermark so a successor resumes without replay; all within the
     /// shutdown grace (or the request timeout, if shorter).
     async fn drain(&mut self) {
-        let grace = self
-            .cfg
-            .shutdown_grace
-            .min(self.writer.client.config().request_timeout);
+        let grace = self.cfg.shutdown_grace.min(self.writer.client.timeout());
         let deadline = tokio::time::sleep(grace);
         tokio::pin!(deadline);
         let mut clean = true;

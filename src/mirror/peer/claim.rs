@@ -17,10 +17,11 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::Peer;
 use crate::error::{Error, Result};
-use crate::etcd::{self, Client, Header, LeaseGrant, LeaseHandle, LeaseId};
+use crate::etcd::{self, Header, LeaseGrant, LeaseHandle, LeaseId};
 use crate::mirror::state::{self, State};
 use crate::mirror::stats::{ErrorKind, ResyncReason};
 use crate::mirror::sync::Pinned;
+use crate::store::Store;
 
 /// Where a session starts from.
 pub(crate) enum Start {
@@ -115,12 +116,7 @@ impl Peer {
         let (lease, adopted) = match candidate_ttl {
             Some(granted) if granted == want_ttl => {
                 if w.lease_id() != candidate || !own_lease_alive {
-                    new_handle = Some(
-                        w.client
-                            .lease_keeper()
-                            .keep_alive(candidate, granted)
-                            .await?,
-                    );
+                    new_handle = Some(w.client.keep_alive(candidate, granted).await?);
                 }
                 // Not needed: revoked now rather than at the claim's end.
                 drop(speculative.take());
@@ -133,12 +129,7 @@ impl Peer {
                     // every key is under the new one.
                     ttl_changed = true;
                     tracing::info!(peer = %self.region(), lease = %candidate, granted, want_ttl, "the live lease has another TTL; re-putting the subtree under a new lease");
-                    self.prev_lease = Some(
-                        w.client
-                            .lease_keeper()
-                            .keep_alive(candidate, granted)
-                            .await?,
-                    );
+                    self.prev_lease = Some(w.client.keep_alive(candidate, granted).await?);
                 }
                 let unclaimed = match speculative.take() {
                     Some(early) => early.wait().await?,
@@ -146,12 +137,7 @@ impl Peer {
                 };
                 let grant = unclaimed.grant;
                 tracing::info!(peer = %self.region(), lease = %grant.id, ttl = grant.ttl, "granted mirror lease");
-                new_handle = Some(
-                    w.client
-                        .lease_keeper()
-                        .keep_alive(grant.id, grant.ttl)
-                        .await?,
-                );
+                new_handle = Some(w.client.keep_alive(grant.id, grant.ttl).await?);
                 lease_ttl = grant.ttl;
                 granted = Some(unclaimed);
                 (grant.id, false)
@@ -337,7 +323,7 @@ fn source_mismatch(st: &State, now: &Header, source_id: u64) -> Option<String> {
 /// answer was lost, which the next session finds gone and claims again.
 /// Left alone it would hold its id on the peer for a whole TTL.
 struct Unclaimed {
-    client: Client,
+    client: Store,
     grant: LeaseGrant,
     armed: bool,
 }
@@ -349,7 +335,7 @@ struct Unclaimed {
 struct Speculative(tokio::sync::oneshot::Receiver<etcd::Result<Unclaimed>>);
 
 impl Unclaimed {
-    fn new(client: &Client, grant: LeaseGrant) -> Unclaimed {
+    fn new(client: &Store, grant: LeaseGrant) -> Unclaimed {
         Unclaimed {
             client: client.clone(),
             grant,
@@ -358,7 +344,7 @@ impl Unclaimed {
     }
 
     /// Grants a lease of `ttl` seconds now, in the background.
-    fn grant(client: &Client, ttl: i64) -> Speculative {
+    fn grant(client: &Store, ttl: i64) -> Speculative {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let client = client.clone();
         tokio::spawn(async move {

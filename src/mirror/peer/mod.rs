@@ -26,7 +26,8 @@ use super::stats::{PeerStats, ResyncReason};
 use super::sync::Pinned;
 use super::verify::VerifySchedule;
 use crate::error::Result;
-use crate::etcd::{Client, LeaseHandle};
+use crate::etcd::LeaseHandle;
+use crate::store::Store;
 
 /// The engine's handles that every peer's task shares.
 pub(crate) struct Shared {
@@ -41,7 +42,7 @@ pub(crate) struct Shared {
 /// One peer's replication task (see the module doc).
 pub(crate) struct Peer {
     pub(crate) writer: FencedWriter,
-    pub(crate) local: Client,
+    pub(crate) local: Store,
     pub(crate) cfg: Arc<MirrorConfig>,
     pub(crate) prefix: Bytes,
     pub(crate) cancel: CancellationToken,
@@ -89,8 +90,8 @@ pub(crate) struct Peer {
 impl Peer {
     pub(crate) fn new(
         region: String,
-        local: Client,
-        peer: Client,
+        local: Store,
+        peer: Store,
         cfg: Arc<MirrorConfig>,
         stats: Arc<PeerStats>,
         holder: u64,

@@ -180,13 +180,7 @@ impl Peer {
         // copy's first round trip carries twice as much. Later sessions
         // find the connections warm.
         let warm = self.fresh;
-        opening.spawn(async move {
-            if warm {
-                peer.warm_connections().await
-            } else {
-                peer.open_connections().await
-            }
-        });
+        opening.spawn(async move { peer.open_connections(warm).await });
         let start = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             r = self.claim() => r?,

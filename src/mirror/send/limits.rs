@@ -47,8 +47,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::etcd::{self, Client, Compare, CompareOp, Put, Txn, TxnLimits};
+use crate::etcd::{self, Compare, CompareOp, Put, Txn, TxnLimits};
 use crate::mirror::stats::PeerStats;
+use crate::store::Store;
 
 /// How close to the peer's byte limit the search gets.
 pub(crate) const BYTES_PRECISION: usize = 64;
@@ -206,12 +207,12 @@ where
 /// Sends the probe txns of a search, on the state key.
 #[derive(Clone)]
 pub(crate) struct Prober {
-    client: Client,
+    client: Store,
     key: Bytes,
 }
 
 impl Prober {
-    pub(crate) fn new(client: Client, key: Bytes) -> Prober {
+    pub(crate) fn new(client: Store, key: Bytes) -> Prober {
         Prober { client, key }
     }
 
@@ -301,7 +302,9 @@ mod tests {
         // The client points nowhere: were a probe sent, the call would
         // fail. A txn packed before the limit came down changes nothing.
         let probe = Prober::new(
-            Client::connect(etcd::ClientConfig::new(["http://127.0.0.1:9"])).unwrap(),
+            etcd::Client::connect(etcd::ClientConfig::new(["http://127.0.0.1:9"]))
+                .unwrap()
+                .into(),
             Bytes::from_static(b"/s"),
         );
         assert!(!l.refused(Refusal::Ops(128), &probe).await.unwrap());

@@ -19,7 +19,8 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::etcd::{self, Client, Txn, TxnResponse};
+use crate::etcd::{self, Txn, TxnResponse};
+use crate::store::Store;
 
 /// The ledger of one peer's own txns (see the module doc). Cheap to clone:
 /// clones share it.
@@ -83,7 +84,7 @@ impl Own {
     }
 
     /// Sends a write txn to the peer, booking it.
-    pub(crate) async fn send(&self, client: &Client, txn: Txn) -> etcd::Result<TxnResponse> {
+    pub(crate) async fn send(&self, client: &Store, txn: Txn) -> etcd::Result<TxnResponse> {
         let ticket = self.begin();
         let result = client.txn(txn).await;
         let committed = match &result {

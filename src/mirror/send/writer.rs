@@ -17,18 +17,17 @@ use bytes::Bytes;
 use super::own::Own;
 use crate::error::{Error, Result};
 use crate::etcd::LeaseId;
-use crate::etcd::{
-    self, Client, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse,
-};
+use crate::etcd::{self, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse};
 use crate::mirror::state::{self, State, Stored};
 use crate::mirror::stats::{PeerStats, mono_us, unix_ms};
+use crate::store::Store;
 
 /// Writes to one peer under this engine's claim.
 pub(crate) struct FencedWriter {
     /// The peer's region name, for errors and logs.
     pub(crate) region: String,
     /// The peer's etcd.
-    pub(crate) client: Client,
+    pub(crate) client: Store,
     /// `<state_root><origin>/state` on the peer.
     pub(crate) state_key: Bytes,
     /// The engine incarnation.
@@ -107,7 +106,7 @@ impl Marks {
 impl FencedWriter {
     pub(crate) fn new(
         region: String,
-        client: Client,
+        client: Store,
         state_key: Bytes,
         holder: u64,
         stats: Arc<PeerStats>,
