@@ -5,7 +5,7 @@
 //! watches from a revision, and leases (grant, keep-alive, time-to-live,
 //! revoke). [`Backend`] is exactly that list and nothing more, and
 //! [`Store`] is the cheap, cloneable handle the engine holds. An
-//! [`etcd::Client`](crate::etcd::Client) is a backend; so is anything else
+//! [`etcd::Client`] is a backend; so is anything else
 //! that answers these calls the way etcd does, such as an in-memory model
 //! on a simulated clock, so the engine's logic can be driven, and its
 //! faults chosen, without a process.
