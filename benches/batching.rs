@@ -3,7 +3,7 @@
 
 use aether_replicator::etcd::LeaseId;
 use std::hint::black_box;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use aether_replicator::etcd::{Event, EventKind, Put, Txn, TxnBatcher, TxnLimits};
 use aether_replicator::mirror::batch::Batcher;

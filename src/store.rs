@@ -28,9 +28,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
+use tokio::sync::watch;
+
 use crate::etcd::{
-    self, Client, LeaseGrant, LeaseHandle, LeaseId, LeaseTtl, Range, RangeResponse, Scan, Txn,
-    TxnResponse, WatchStream,
+    self, Client, LeaseGrant, LeaseHandle, LeaseId, LeaseStatus, LeaseTtl, Range, RangeResponse,
+    Scan, Txn, TxnResponse, WatchOptions, WatchResponse, WatchStream, Watcher,
 };
 
 /// The calls the engine makes on an etcd; see the module doc.
@@ -42,8 +44,12 @@ pub trait Backend: Send + Sync + 'static {
     /// `[from, end)` in pages of `page_size` keys at `revision` (0: the
     /// revision of the first page), as [`Client::scan`].
     fn scan(&self, from: Bytes, end: Bytes, page_size: usize, revision: i64) -> Scan;
-    /// A new watch stream of its own, as [`Client::watch_stream`].
-    fn watch_stream(&self) -> WatchStream;
+    /// A watch on a stream of its own, as [`Client::watch`]: the stream's
+    /// health, and the watcher's responses.
+    fn watch(
+        &self,
+        opts: WatchOptions,
+    ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>;
     /// Grants a lease of `ttl` seconds; the server picks its id.
     fn lease_grant(&self, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
     /// Revokes a lease, deleting its keys.
@@ -52,7 +58,7 @@ pub trait Backend: Send + Sync + 'static {
     fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> BoxFuture<'_, etcd::Result<LeaseTtl>>;
     /// Keeps a granted lease alive until the handle is dropped (never
     /// revoking it), as [`etcd::LeaseKeeper::keep_alive`].
-    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseHandle>>;
+    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>>;
     /// Opens the connections calls will use, before there are calls to
     /// make; with `warm`, also starts their flow-control windows growing
     /// (see [`Client::warm_connections`]). Nothing by default: a backend
@@ -124,9 +130,12 @@ impl Store {
         self.0.scan(prefix, end, page_size, revision)
     }
 
-    /// See [`Backend::watch_stream`].
-    pub fn watch_stream(&self) -> WatchStream {
-        self.0.watch_stream()
+    /// See [`Backend::watch`].
+    pub fn watch(
+        &self,
+        opts: WatchOptions,
+    ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
+        self.0.watch(opts)
     }
 
     /// See [`Backend::lease_grant`].
@@ -145,7 +154,7 @@ impl Store {
     }
 
     /// See [`Backend::keep_alive`].
-    pub async fn keep_alive(&self, id: LeaseId, ttl: i64) -> etcd::Result<LeaseHandle> {
+    pub async fn keep_alive(&self, id: LeaseId, ttl: i64) -> etcd::Result<Box<dyn Lease>> {
         self.0.keep_alive(id, ttl).await
     }
 
@@ -178,8 +187,12 @@ impl Backend for Client {
         Client::scan(self, from, end, page_size, revision)
     }
 
-    fn watch_stream(&self) -> WatchStream {
-        Client::watch_stream(self)
+    fn watch(
+        &self,
+        opts: WatchOptions,
+    ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
+        let (stream, watcher) = Client::watch(self, opts)?;
+        Ok((Box::new(stream), Box::new(watcher)))
     }
 
     fn lease_grant(&self, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
@@ -194,8 +207,11 @@ impl Backend for Client {
         Box::pin(Client::lease_time_to_live(self, id, keys))
     }
 
-    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseHandle>> {
-        Box::pin(async move { self.lease_keeper().keep_alive(id, ttl).await })
+    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
+        Box::pin(async move {
+            let handle = self.lease_keeper().keep_alive(id, ttl).await?;
+            Ok(Box::new(handle) as Box<dyn Lease>)
+        })
     }
 
     fn open_connections(&self, warm: bool) -> BoxFuture<'_, ()> {
@@ -212,5 +228,72 @@ impl Backend for Client {
 
     fn timeout(&self) -> Duration {
         Client::timeout(self)
+    }
+}
+
+/// A watch stream's health: whether it is open, which member feeds it, how
+/// often it reopened. Shared by the stream's watchers.
+pub trait WatchHealth: Send + Sync {
+    /// The member feeding the stream (`None` while it is not open).
+    fn member_id(&self) -> Option<u64>;
+    /// How many times the stream reopened after it broke.
+    fn reconnects(&self) -> u64;
+    /// Whether the stream is open right now.
+    fn is_connected(&self) -> bool;
+}
+
+/// One watcher's responses, in revision order, resumed across reconnects
+/// without loss or duplicates.
+pub trait WatchEvents: Send {
+    /// The next response; `None` once the watch has ended.
+    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>>;
+    /// A response that has already arrived, without waiting.
+    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>>;
+}
+
+/// A lease kept alive until this value is dropped; dropping it never
+/// revokes the lease.
+pub trait Lease: Send + Sync {
+    /// The lease's id.
+    fn id(&self) -> LeaseId;
+    /// The keep-alive's health, as it changes.
+    fn subscribe(&self) -> watch::Receiver<LeaseStatus>;
+    /// The keep-alive's health now.
+    fn status(&self) -> LeaseStatus {
+        *self.subscribe().borrow()
+    }
+}
+
+impl WatchHealth for WatchStream {
+    fn member_id(&self) -> Option<u64> {
+        WatchStream::member_id(self)
+    }
+
+    fn reconnects(&self) -> u64 {
+        WatchStream::reconnects(self)
+    }
+
+    fn is_connected(&self) -> bool {
+        WatchStream::is_connected(self)
+    }
+}
+
+impl WatchEvents for Watcher {
+    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
+        Box::pin(futures_util::StreamExt::next(self))
+    }
+
+    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        Watcher::try_next(self)
+    }
+}
+
+impl Lease for LeaseHandle {
+    fn id(&self) -> LeaseId {
+        LeaseHandle::id(self)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<LeaseStatus> {
+        LeaseHandle::subscribe(self)
     }
 }

@@ -1188,7 +1188,7 @@ async fn calls_are_spread_over_the_configured_connections() {
 /// Waits until the handle's keep-alive has been answered at least `after`
 /// past `from`: a lease kept that long past its TTL is alive because of
 /// this keep-alive, not because it was young.
-async fn kept_alive_until(h: &aether_replicator::etcd::LeaseHandle, until: std::time::Instant) {
+async fn kept_alive_until(h: &aether_replicator::etcd::LeaseHandle, until: tokio::time::Instant) {
     let mut rx = h.subscribe();
     let reached = tokio::time::timeout(
         T,
@@ -1224,7 +1224,7 @@ async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
     assert_eq!(g.id, id);
     let new = keeper.keep_alive(id, g.ttl).await.unwrap();
     drop(old);
-    let granted = std::time::Instant::now();
+    let granted = tokio::time::Instant::now();
     // Answers keep coming for three TTLs after the grant ...
     kept_alive_until(&new, granted + Duration::from_secs(3 * ttl as u64)).await;
     // ... and the server agrees: the lease outlived its TTL three times.
@@ -1258,7 +1258,7 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
     assert!(s.lost, "{s:?}");
     let deadline = s.last_ok.unwrap() + Duration::from_secs(ttl as u64);
     assert!(
-        std::time::Instant::now() >= deadline,
+        tokio::time::Instant::now() >= deadline,
         "declared lost before its deadline: {s:?}"
     );
     assert_eq!(s.ttl_left(), Duration::ZERO);

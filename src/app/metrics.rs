@@ -26,7 +26,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::Full;

@@ -260,7 +260,7 @@ async fn read_peer(
     let mut scan = peer
         .scan(prefix, end.clone(), page_size, 0)
         .ramp_up(FIRST_PAGE);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let first = scan.next_page().await;
     let long = rtt.unwrap_or_else(|| started.elapsed()) >= LONG_LINK;
     // Whether the first page was the whole range only the scan can tell: a

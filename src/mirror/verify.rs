@@ -29,7 +29,8 @@
 //! completes: a copy nobody has been able to check is not vouched for.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 

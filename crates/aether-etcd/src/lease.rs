@@ -72,7 +72,8 @@
 //! expired. The interval stays TTL/3 whatever the round trip.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -221,7 +222,9 @@ impl LeaseClient {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStatus {
-    /// When the last keep-alive was answered with TTL > 0.
+    /// When the last keep-alive was answered with TTL > 0, on tokio's
+    /// clock ([`tokio::time::Instant`]), like the keeper's timers: a test
+    /// on a paused clock sees its leases age with that clock.
     pub last_ok: Option<Instant>,
     /// The TTL the server reported then, in seconds.
     pub ttl: i64,
@@ -457,21 +460,21 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
             let next_due = leases.values().map(|k| k.due).min();
             let sleep = async {
                 match next_due {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
             };
             let deadline = next_deadline(&leases);
             let expiry = async {
                 match deadline {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
             };
             let stalled_at = waiting.since.map(|t| t + stall_bound(&leases));
             let stall = async {
                 match stalled_at {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
             };
@@ -674,7 +677,7 @@ async fn stream_failed(
     match next_deadline(leases) {
         Some(d) => tokio::select! {
             more = backoff.wait_unless(cancel.cancelled()) => more,
-            _ = tokio::time::sleep_until(d.into()) => !cancel.is_cancelled(),
+            _ = tokio::time::sleep_until(d) => !cancel.is_cancelled(),
         },
         None => backoff.wait_unless(cancel.cancelled()).await,
     }

@@ -7,7 +7,7 @@
 //! engine adds when it sends it.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 

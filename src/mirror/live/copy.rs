@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 
@@ -28,17 +28,16 @@ use super::batch::Batch;
 use crate::error::{Error, Result};
 use crate::etcd::{
     self, KeyValue, Op, OpResponse, Range, Txn, TxnResponse, WatchOptions, WatchResponse,
-    WatchStream, Watcher,
 };
 use crate::mirror::send::own::{Own, Verdict};
 use crate::mirror::send::writer::FencedWriter;
-use crate::store::Store;
+use crate::store::{Store, WatchEvents, WatchHealth};
 
 /// The watch on one session's copy, and the events not yet judged.
 pub(crate) struct CopyWatch {
     /// Kept so the stream lives as long as its watcher.
-    _ws: WatchStream,
-    watcher: Watcher,
+    _health: Box<dyn WatchHealth>,
+    watcher: Box<dyn WatchEvents>,
     own: Own,
     /// Events not yet judged: revision, key, and our txns sent when it
     /// arrived.
@@ -59,11 +58,11 @@ impl std::fmt::Debug for CopyWatch {
 impl CopyWatch {
     /// Watches `prefix` on the peer from revision `from`.
     pub(crate) fn open(peer: &Store, prefix: &Bytes, from: i64, own: Own) -> Result<CopyWatch> {
-        let ws = peer.watch_stream();
-        let watcher = ws.watch(WatchOptions::prefix(prefix.clone()).start_revision(from))?;
+        let (health, watcher) =
+            peer.watch(WatchOptions::prefix(prefix.clone()).start_revision(from))?;
         own.prune(from);
         Ok(CopyWatch {
-            _ws: ws,
+            _health: health,
             watcher,
             own,
             held: VecDeque::new(),

@@ -53,7 +53,8 @@
 //! replace it. **Lapsed** is not decided here: a lease the peer reports
 //! gone ends the session (`Error::LeaseLost`), and the copy expires there.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::mirror::count::Cadence;
 #[cfg(doc)]

@@ -17,7 +17,8 @@ mod inflight;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -37,10 +38,8 @@ use super::state::{self, Stored};
 use super::stats::{VerifySkip, unix_ms};
 use super::verify::{self, VerifySchedule};
 use crate::error::{Error, Result};
-use crate::etcd::{
-    self, Header, LeaseHandle, LeaseStatus, Range, WatchOptions, WatchStream, Watcher,
-};
-use crate::store::Store;
+use crate::etcd::{self, Header, LeaseStatus, Range, WatchOptions};
+use crate::store::{Store, WatchEvents, WatchHealth};
 
 /// What a live phase borrows from its peer's task for its length.
 pub(crate) struct Parts<'a> {
@@ -76,13 +75,13 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         copy_from,
         cancel,
     } = parts;
-    let Some(lease_status) = writer.lease.as_ref().map(LeaseHandle::subscribe) else {
+    let Some(lease_status) = writer.lease.as_ref().map(|l| l.subscribe()) else {
         return Err(Error::LeaseLost {
             peer: writer.region.clone(),
         });
     };
     let from = opened.from;
-    let (ws, watcher) = match opened.watch {
+    let (health, watcher) = match opened.watch {
         Some(opened) => opened,
         None => open_watch(local, prefix, from)?,
     };
@@ -122,7 +121,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         local,
         prefix,
         source_id_key,
-        ws,
+        health,
         batcher: Batcher::new(link.limits.current(), writer.lease_id()),
         inflight: Sequencer::new(from - 1),
         pipeline: Pipeline::new(writer, link),
@@ -160,7 +159,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
 /// already (before a sync), or to be opened when the phase starts.
 pub(crate) struct Opened {
     pub(crate) from: i64,
-    watch: Option<(WatchStream, Watcher)>,
+    watch: Option<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>,
 }
 
 impl Opened {
@@ -180,14 +179,16 @@ impl Opened {
 /// own watch), watching the subtree from `from`. progress_notify: an idle
 /// subtree still advances the state revision when the local etcd sends
 /// per-watcher notices.
-fn open_watch(local: &Store, prefix: &Bytes, from: i64) -> Result<(WatchStream, Watcher)> {
-    let ws = local.watch_stream();
-    let watcher = ws.watch(
+fn open_watch(
+    local: &Store,
+    prefix: &Bytes,
+    from: i64,
+) -> Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
+    Ok(local.watch(
         WatchOptions::prefix(prefix.clone())
             .start_revision(from)
             .progress_notify(),
-    )?;
-    Ok((ws, watcher))
+    )?)
 }
 
 /// What a probe read: the source's header, the peer's state key and header,
@@ -224,7 +225,7 @@ struct Live<'a> {
     prefix: &'a Bytes,
     source_id_key: &'a Bytes,
     /// The watch's stream, for whether it is connected.
-    ws: WatchStream,
+    health: Box<dyn WatchHealth>,
     batcher: Batcher,
     inflight: Sequencer,
     /// The txns in flight, each tagged with its sequence number in the
@@ -272,7 +273,11 @@ impl<'a> Live<'a> {
         self.pipeline.window_txns() * 2
     }
 
-    async fn run(&mut self, mut watcher: Watcher, cancel: &CancellationToken) -> Result<()> {
+    async fn run(
+        &mut self,
+        mut watcher: Box<dyn WatchEvents>,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
         let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
@@ -332,7 +337,7 @@ impl<'a> Live<'a> {
                 }
                 _ = async {
                     match verify_at {
-                        Some(t) => tokio::time::sleep_until(t.into()).await,
+                        Some(t) => tokio::time::sleep_until(t).await,
                         None => std::future::pending().await,
                     }
                 }, if verify_at.is_some() => {
@@ -360,7 +365,7 @@ impl<'a> Live<'a> {
                 }
                 _ = async {
                     match quiet_at {
-                        Some(t) => tokio::time::sleep_until(t.into()).await,
+                        Some(t) => tokio::time::sleep_until(t).await,
                         None => std::future::pending().await,
                     }
                 }, if quiet_at.is_some() => {
@@ -376,7 +381,7 @@ impl<'a> Live<'a> {
     fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
         let sent = self.fresh.send(
             Instant::now(),
-            self.ws.reconnects(),
+            self.health.reconnects(),
             self.ops_before
                 .front()
                 .map_or(self.launched_ops, |l| l.before),
@@ -538,9 +543,9 @@ impl<'a> Live<'a> {
             at: now,
             watermark: self.inflight.watermark(),
             nothing_pending: self.batcher.is_idle() && self.inflight.is_empty(),
-            connected: self.ws.is_connected(),
-            watch_member: self.ws.member_id(),
-            reconnects: self.ws.reconnects(),
+            connected: self.health.is_connected(),
+            watch_member: self.health.member_id(),
+            reconnects: self.health.reconnects(),
             lease_left: self.lease_status.borrow().ttl_left(),
         });
         if let Some(through) = decision.idle_through {
@@ -669,7 +674,7 @@ impl<'a> Live<'a> {
     fn take_watch(
         &mut self,
         mut msg: Option<etcd::Result<etcd::WatchResponse>>,
-        watcher: &mut Watcher,
+        watcher: &mut Box<dyn WatchEvents>,
         max_ready: usize,
     ) -> Result<()> {
         loop {

@@ -17,11 +17,11 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use super::Peer;
 use crate::error::{Error, Result};
-use crate::etcd::{self, Header, LeaseGrant, LeaseHandle, LeaseId};
+use crate::etcd::{self, Header, LeaseGrant, LeaseId};
 use crate::mirror::state::{self, State};
 use crate::mirror::stats::{ErrorKind, ResyncReason};
 use crate::mirror::sync::Pinned;
-use crate::store::Store;
+use crate::store::{Lease, Store};
 
 /// Where a session starts from.
 pub(crate) enum Start {
@@ -36,7 +36,7 @@ pub(crate) enum Start {
 impl Peer {
     /// Decides how the session starts and claims the peer: it returns a
     /// new lease handle when the lease changed.
-    pub(crate) async fn claim(&mut self) -> Result<(Option<LeaseHandle>, Start)> {
+    pub(crate) async fn claim(&mut self) -> Result<(Option<Box<dyn Lease>>, Start)> {
         // The source as it is now: the copy may only be resumed if it came
         // from this store and nothing it holds is past the store's revision.
         // The two reads are independent: one round trip to the peer, not

@@ -10,7 +10,7 @@ mod claim;
 mod session;
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
@@ -26,8 +26,7 @@ use super::stats::{PeerStats, ResyncReason};
 use super::sync::Pinned;
 use super::verify::VerifySchedule;
 use crate::error::Result;
-use crate::etcd::LeaseHandle;
-use crate::store::Store;
+use crate::store::{Lease, Store};
 
 /// The engine's handles that every peer's task shares.
 pub(crate) struct Shared {
@@ -56,7 +55,7 @@ pub(crate) struct Peer {
     pub(crate) force_sync: Option<ResyncReason>,
     /// A predecessor's lease whose TTL differs from ours, kept alive until
     /// the subtree is re-put under our own lease.
-    pub(crate) prev_lease: Option<LeaseHandle>,
+    pub(crate) prev_lease: Option<Box<dyn Lease>>,
     /// When the last range-diff sync started, Unix ms.
     pub(crate) sync_started_ms: i64,
     /// A sync of this engine's started and has not completed: the next

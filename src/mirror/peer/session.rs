@@ -15,7 +15,8 @@
 //! fence held by another engine of this region ends the loop for good.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::Peer;
 use super::claim::Start;

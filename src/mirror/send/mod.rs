@@ -20,7 +20,7 @@ pub(crate) mod writer;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;

@@ -57,7 +57,8 @@
 //! standing queue would otherwise pass for the path.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::mirror::stats::PeerStats;
 

@@ -10,17 +10,17 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use bytes::Bytes;
 
 use super::own::Own;
 use crate::error::{Error, Result};
 use crate::etcd::LeaseId;
-use crate::etcd::{self, Header, LeaseHandle, Op, OpResponse, Put, Range, Txn, TxnResponse};
+use crate::etcd::{self, Header, Op, OpResponse, Put, Range, Txn, TxnResponse};
 use crate::mirror::state::{self, State, Stored};
 use crate::mirror::stats::{PeerStats, mono_us, unix_ms};
-use crate::store::Store;
+use crate::store::{Lease, Store};
 
 /// Writes to one peer under this engine's claim.
 pub(crate) struct FencedWriter {
@@ -36,7 +36,7 @@ pub(crate) struct FencedWriter {
     /// The state key's create revision at this engine's claim; 0 unclaimed.
     pub(crate) fence: i64,
     /// The mirror lease, kept alive while this value holds it.
-    pub(crate) lease: Option<LeaseHandle>,
+    pub(crate) lease: Option<Box<dyn Lease>>,
     /// What goes into the state key besides the revision.
     pub(crate) marks: Marks,
     /// The revisions our write txns committed at: every write to the peer
@@ -169,7 +169,7 @@ impl FencedWriter {
 
     /// The mirror lease id, [`LeaseId::NONE`] when none is held.
     pub(crate) fn lease_id(&self) -> LeaseId {
-        self.lease.as_ref().map_or(LeaseId::NONE, LeaseHandle::id)
+        self.lease.as_ref().map_or(LeaseId::NONE, |l| l.id())
     }
 
     /// Whether the lease is held and not reported lost.

@@ -1,7 +1,8 @@
 //! A lease kept alive for as long as its holder lives.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -193,7 +194,7 @@ async fn monitor(
         tokio::select! {
             _ = cancel.cancelled() => return,
             changed = status.changed() => if changed.is_err() { break },
-            _ = tokio::time::sleep_until(deadline.into()) => break,
+            _ = tokio::time::sleep_until(deadline) => break,
         }
     }
     lost.send_replace(true);
