@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::clock::Clock;
 use crate::etcd::{ClientConfig, TxnLimits};
 
 /// Default TTL of the lease each peer holds for this region's copy.
@@ -141,6 +142,10 @@ pub struct MirrorConfig {
     /// and the verification pass see them: for tests of those backstops.
     #[doc(hidden)]
     pub copy_watch: bool,
+    /// The wall clock and the source of fresh ids ([`Clock::system`]
+    /// unless a simulation supplies its own).
+    #[doc(hidden)]
+    pub clock: Clock,
 }
 
 impl MirrorConfig {
@@ -167,6 +172,7 @@ impl MirrorConfig {
             limit_reprobe: DEFAULT_LIMIT_REPROBE,
             recount_interval: DEFAULT_RECOUNT_INTERVAL,
             copy_watch: true,
+            clock: Clock::system(),
         }
     }
 
@@ -219,6 +225,16 @@ impl MirrorConfig {
     #[must_use]
     pub fn without_copy_watch(mut self) -> Self {
         self.copy_watch = false;
+        self
+    }
+
+    /// With a wall clock and an id source of the caller's: for a
+    /// simulation that steps each engine's wall clock on its own and
+    /// replays a run from its seed.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
         self
     }
 

@@ -79,6 +79,7 @@
 //!   module doc; the engine takes it as a [`MirrorConfig`] field.
 
 pub mod check;
+pub mod clock;
 mod config;
 mod count;
 mod diff;
@@ -156,7 +157,7 @@ impl Engine {
         let local = local.into();
         validate(&config, peers.iter().map(|(r, _, _)| r.as_str()))?;
         let cfg = Arc::new(config);
-        let holder = state::new_holder();
+        let holder = cfg.clock.fresh_id();
         let cancel = CancellationToken::new();
         let pause = CancellationToken::new();
         let (fenced_tx, fenced) = mpsc::unbounded_channel();

@@ -229,8 +229,11 @@ pub(crate) async fn create(
 /// (with a random value) if absent, in one txn. Whoever creates it first
 /// wins; every engine of the region then reads the same id. Also returns
 /// the source's header (cluster id, revision) as of that txn.
-pub(crate) async fn source_id(local: &Store, key: &Bytes) -> crate::etcd::Result<(u64, Header)> {
-    let fresh = new_holder();
+pub(crate) async fn source_id(
+    local: &Store,
+    key: &Bytes,
+    fresh: u64,
+) -> crate::etcd::Result<(u64, Header)> {
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([Put::new(key.clone(), format!("{fresh:016x}"))])

@@ -67,6 +67,15 @@ impl Backoff {
         Backoff::new(self.base, cap)
     }
 
+    /// The same policy with its jitter drawn from `seed` instead of a
+    /// random seed: a test or a simulation that replays a run needs the
+    /// same waits each time.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Backoff {
+        self.rng = seed | 1;
+        self
+    }
+
     /// The un-jittered step of the next attempt: `base * 2^attempt`, capped.
     pub fn step(&self) -> Duration {
         let factor = 1u32.checked_shl(self.attempt.min(20)).unwrap_or(u32::MAX);
@@ -151,6 +160,17 @@ fn seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seeded_backoff_waits_the_same_each_time() {
+        let waits = |seed| {
+            let mut b =
+                Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_seed(seed);
+            (0..8).map(|_| b.next_delay()).collect::<Vec<_>>()
+        };
+        assert_eq!(waits(42), waits(42));
+        assert_ne!(waits(42), waits(100));
+    }
 
     #[test]
     fn grows_doubling_to_the_cap_within_the_upper_half() {

@@ -35,7 +35,7 @@ use super::send::limits::ProbeResult;
 use super::send::writer::FencedWriter;
 use super::send::{Done, Link, Pipeline};
 use super::state::{self, Stored};
-use super::stats::{VerifySkip, unix_ms};
+use super::stats::VerifySkip;
 use super::verify::{self, VerifySchedule};
 use crate::error::{Error, Result};
 use crate::etcd::{self, Header, LeaseStatus, Range, WatchOptions};
@@ -557,7 +557,8 @@ impl<'a> Live<'a> {
         if let Some(at) = decision.current_at {
             let w = self.writer;
             // Its Unix time by this clock now, never ahead of it.
-            let at_unix_ms = unix_ms() - now.saturating_duration_since(at).as_millis() as i64;
+            let at_unix_ms =
+                self.cfg.clock.unix_ms() - now.saturating_duration_since(at).as_millis() as i64;
             w.stats.mark_current(at, at_unix_ms);
             w.marks.mark_current(at);
             self.heartbeat_dirty = true;
@@ -759,6 +760,7 @@ impl<'a> Live<'a> {
         let mut clean = true;
         while !self.pipeline.is_empty() {
             tokio::select! {
+                biased;
                 _ = &mut deadline => { clean = false; break; }
                 Some(done) = self.pipeline.next() => {
                     if self.complete(done).await.is_err() {
@@ -770,6 +772,7 @@ impl<'a> Live<'a> {
         if clean && self.inflight.state_behind() {
             let txn = self.writer.txn(Vec::new(), Some(self.inflight.watermark()));
             tokio::select! {
+                biased;
                 _ = &mut deadline => {}
                 _ = self.writer.own.send(&self.writer.client, txn) => {}
             }

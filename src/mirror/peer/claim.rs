@@ -53,7 +53,7 @@ impl Peer {
         let mut speculative =
             (!self.writer.lease_alive()).then(|| Unclaimed::grant(&self.writer.client, want_ttl));
         let (source, peer) = tokio::join!(
-            state::source_id(&self.local, &self.source_id_key),
+            state::source_id(&self.local, &self.source_id_key, self.cfg.clock.fresh_id()),
             state::read(&self.writer.client, &self.writer.state_key),
         );
         let (source_id, source) = source?;

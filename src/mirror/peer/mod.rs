@@ -116,7 +116,14 @@ impl Peer {
         link.limits.publish(&stats);
         Peer {
             link,
-            writer: FencedWriter::new(region, peer, Bytes::from(cfg.state_key()), holder, stats),
+            writer: FencedWriter::new(
+                region,
+                peer,
+                Bytes::from(cfg.state_key()),
+                holder,
+                stats,
+                cfg.clock.clone(),
+            ),
             prefix: Bytes::from(cfg.prefix()),
             local,
             cfg,

@@ -23,7 +23,7 @@ use super::claim::Start;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Backoff};
 use crate::mirror::live::{self, Opened};
-use crate::mirror::stats::{ErrorKind, ResyncReason, unix_ms};
+use crate::mirror::stats::{ErrorKind, ResyncReason};
 use crate::mirror::sync::Pinned;
 
 impl Peer {
@@ -44,7 +44,9 @@ impl Peer {
     }
 
     async fn replicate(&mut self) -> Result<()> {
-        let mut backoff = Backoff::new(Duration::from_millis(100), self.cfg.max_backoff);
+        // Seeded from the engine's id source: a simulation replays it.
+        let mut backoff = Backoff::new(Duration::from_millis(100), self.cfg.max_backoff)
+            .with_seed(self.cfg.clock.fresh_id());
         loop {
             let started = Instant::now();
             let pause = self.pause.clone();
@@ -123,6 +125,7 @@ impl Peer {
             );
             let stop = async {
                 tokio::select! {
+                    biased;
                     _ = self.cancel.cancelled() => {}
                     _ = self.pause.cancelled() => {}
                 }
@@ -183,6 +186,7 @@ impl Peer {
         let warm = self.fresh;
         opening.spawn(async move { peer.open_connections(warm).await });
         let start = tokio::select! {
+            biased;
             _ = cancel.cancelled() => return Ok(()),
             r = self.claim() => r?,
         };
@@ -238,7 +242,7 @@ impl Peer {
     ) -> Result<Option<Opened>> {
         self.stats().resync(reason);
         self.stats().set_synced(false);
-        self.sync_started_ms = unix_ms();
+        self.sync_started_ms = self.cfg.clock.unix_ms();
         self.sync_pending = true;
         self.replay_horizon = 0;
         // The sync finds every value too large for the peer again.
@@ -249,6 +253,7 @@ impl Peer {
             None => {
                 let pin = self.pin_sync();
                 tokio::select! {
+                    biased;
                     _ = self.cancel.cancelled() => return Ok(None),
                     r = pin => Box::new(r?),
                 }
@@ -257,6 +262,7 @@ impl Peer {
         let fut =
             crate::mirror::sync::run(&self.writer, &mut self.link, &mut pinned, &mut self.splits);
         tokio::select! {
+            biased;
             _ = self.cancel.cancelled() => return Ok(None),
             r = fut => r?,
         }

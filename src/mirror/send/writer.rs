@@ -18,8 +18,9 @@ use super::own::Own;
 use crate::error::{Error, Result};
 use crate::etcd::LeaseId;
 use crate::etcd::{self, Header, Op, OpResponse, Put, Range, Txn, TxnResponse};
+use crate::mirror::clock::Clock;
 use crate::mirror::state::{self, State, Stored};
-use crate::mirror::stats::{PeerStats, mono_us, unix_ms};
+use crate::mirror::stats::{PeerStats, mono_us};
 use crate::store::{Lease, Store};
 
 /// Writes to one peer under this engine's claim.
@@ -69,6 +70,8 @@ pub(crate) struct Marks {
     /// The TTL the lease was granted with, seconds (0: none held): written
     /// into the state key so that a successor need not ask it.
     pub(crate) lease_ttl: AtomicI64,
+    /// The wall clock the heartbeat is read from.
+    pub(crate) clock: Clock,
 }
 
 impl Marks {
@@ -82,7 +85,11 @@ impl Marks {
     /// than now (a heartbeat from a clock ahead counts as now).
     pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64) {
         let at = (heartbeat_unix_ms > 0).then(|| {
-            let age = unix_ms().saturating_sub(heartbeat_unix_ms).max(0) as u64;
+            let age = self
+                .clock
+                .unix_ms()
+                .saturating_sub(heartbeat_unix_ms)
+                .max(0) as u64;
             mono_us(Instant::now()).saturating_sub(age * 1000)
         });
         self.current_mono_us.store(at.unwrap_or(0), Relaxed);
@@ -97,7 +104,7 @@ impl Marks {
             0 => 0,
             at => {
                 let age_us = mono_us(Instant::now()).saturating_sub(at);
-                unix_ms() - (age_us / 1000) as i64
+                self.clock.unix_ms() - (age_us / 1000) as i64
             }
         }
     }
@@ -110,6 +117,7 @@ impl FencedWriter {
         state_key: Bytes,
         holder: u64,
         stats: Arc<PeerStats>,
+        clock: Clock,
     ) -> FencedWriter {
         FencedWriter {
             region,
@@ -119,7 +127,10 @@ impl FencedWriter {
             stats,
             fence: 0,
             lease: None,
-            marks: Marks::default(),
+            marks: Marks {
+                clock,
+                ..Marks::default()
+            },
             own: Own::default(),
             peer_cluster: AtomicU64::new(0),
             peer_revision: AtomicI64::new(0),
