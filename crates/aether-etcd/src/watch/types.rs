@@ -28,7 +28,7 @@ pub struct Event {
 }
 
 impl Event {
-    pub(super) fn from_pb(e: PbEvent) -> Event {
+    pub(crate) fn from_pb(e: PbEvent) -> Event {
         Event {
             kind: if e.r#type == PbEventType::Delete as i32 {
                 EventKind::Delete
