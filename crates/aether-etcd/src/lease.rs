@@ -219,7 +219,7 @@ impl LeaseClient {
 }
 
 /// The health of one kept-alive lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStatus {
     /// When the last keep-alive was answered with TTL > 0, on tokio's

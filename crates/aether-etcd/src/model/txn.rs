@@ -137,11 +137,14 @@ fn intervals(ops: &[PbRequestOp]) -> Result<Writes> {
 /// Whether a txn (both branches, nested ones too) only reads: etcd serves
 /// it as a read, without raft, and so without the request size check.
 pub(super) fn is_read_only(t: &PbTxnRequest) -> bool {
-    t.success.iter().chain(&t.failure).all(|op| match &op.request {
-        Some(PbOp::RequestRange(_)) | None => true,
-        Some(PbOp::RequestTxn(n)) => is_read_only(n),
-        _ => false,
-    })
+    t.success
+        .iter()
+        .chain(&t.failure)
+        .all(|op| match &op.request {
+            Some(PbOp::RequestRange(_)) | None => true,
+            Some(PbOp::RequestTxn(n)) => is_read_only(n),
+            _ => false,
+        })
 }
 
 /// Which branch runs at each level: the compares of every level are
@@ -186,9 +189,9 @@ fn compare(store: &Store, c: &PbCompare) -> bool {
             (None, T::Value) => kv.value[..].cmp(&[][..]),
             (u, t) => {
                 let want = match u {
-                    Some(U::Version(n) | U::CreateRevision(n) | U::ModRevision(n) | U::Lease(n)) => {
-                        *n
-                    }
+                    Some(
+                        U::Version(n) | U::CreateRevision(n) | U::ModRevision(n) | U::Lease(n),
+                    ) => *n,
                     _ => 0,
                 };
                 let have = match t {
@@ -233,7 +236,9 @@ pub(super) fn check_path(
         })?;
     }
     walk(t, path, &mut |op| match op {
-        PbOp::RequestRange(r) if r.revision != 0 => store.read_rev(r.revision, store.rev).map(|_| ()),
+        PbOp::RequestRange(r) if r.revision != 0 => {
+            store.read_rev(r.revision, store.rev).map(|_| ())
+        }
         _ => Ok(()),
     })
 }
