@@ -1,11 +1,13 @@
-//! Comparing a peer's copy with the source: the `check` command and the
-//! tests' convergence oracle.
+//! Comparing a peer's copy with the source: the `check` command.
 //!
 //! Both sides are scanned in pages and merge-joined by the same code as the
 //! sync (`mirror/diff.rs`), so a check of a large subtree holds a few
 //! pages. The source is read at its latest revision; while it changes, a check can report differences
 //! that the engine is about to apply, so callers poll until it comes back
-//! clean.
+//! clean. The tests' convergence oracle is not this: sharing the sync's
+//! merge, a bug there would hide itself, so the tests read both sides
+//! whole and compare them as maps (`tests/common/mirror.rs`), and test the
+//! merge itself against such an oracle through [`join`] (`tests/merge.rs`).
 
 use bytes::Bytes;
 

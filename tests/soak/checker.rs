@@ -30,6 +30,34 @@ const PAGE_SERVICES: u64 = 8;
 /// copy reads (the latest).
 const TOUCHED_READ: usize = 64;
 
+/// How the keys a copy lacks are judged, of the `held` keys the source
+/// held throughout the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Missing {
+    /// None lacking.
+    None,
+    /// Each lacking key is a problem of its own (*missing*).
+    Each,
+    /// More than [`MISSING_LISTED`]: one problem (*missing-keys*).
+    Many,
+    /// Fewer than half the keys left: one problem (*emptied*).
+    Emptied,
+}
+
+/// Every lacking key is judged: a copy claimed fresh must hold every key
+/// the source held throughout the window, whatever share is missing.
+fn judge_missing(held: usize, missing: usize) -> Missing {
+    if missing == 0 {
+        Missing::None
+    } else if held >= EMPTIED_MIN && (held - missing) * 2 < held {
+        Missing::Emptied
+    } else if missing > MISSING_LISTED {
+        Missing::Many
+    } else {
+        Missing::Each
+    }
+}
+
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -865,7 +893,8 @@ impl Checker {
                 }
             }
         }
-        if held >= EMPTIED_MIN && (held - missing.len()) * 2 < held {
+        let verdict = judge_missing(held, missing.len());
+        if verdict == Missing::Emptied {
             problems.push((
                 prefix(REGIONS[o]),
                 "emptied".into(),
@@ -873,7 +902,7 @@ impl Checker {
                 vec![format!("{held} keys held throughout the window")],
                 0,
             ));
-        } else if missing.len() > MISSING_LISTED {
+        } else if verdict == Missing::Many {
             problems.push((
                 prefix(REGIONS[o]),
                 "missing-keys".into(),
@@ -1007,5 +1036,29 @@ impl Checker {
             });
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Any key missing is a problem, from one key to all of them: no share
+    /// of a copy (under half, say) goes unjudged.
+    #[test]
+    fn every_missing_key_is_judged() {
+        for held in 0..200 {
+            for missing in 0..=held {
+                let v = judge_missing(held, missing);
+                assert_eq!(
+                    v == Missing::None,
+                    missing == 0,
+                    "{missing} of {held} keys missing judged {v:?}"
+                );
+            }
+        }
+        assert_eq!(judge_missing(100, 1), Missing::Each);
+        assert_eq!(judge_missing(100, 49), Missing::Many);
+        assert_eq!(judge_missing(100, 51), Missing::Emptied);
     }
 }
