@@ -157,8 +157,9 @@ const ORACLE_PAGE: i64 = 1000;
 const ORACLE_LISTED: usize = 8;
 
 /// Everything under `prefix` as key -> (value, lease), read at one
-/// revision (`at`, 0: the store's current one) in pages of
-/// [`ORACLE_PAGE`] keys, paged here with plain ranges: nothing of the
+/// revision (`at`, 0: the store's current one) in pages of at most
+/// [`ORACLE_PAGE`] keys (fewer when a page is larger than the client
+/// takes), paged here with plain ranges: nothing of the
 /// engine's scanning or merging is involved.
 async fn read_whole(
     c: &Client,
@@ -171,12 +172,22 @@ async fn read_whole(
     let mut from = prefix.as_bytes().to_vec();
     let mut rev = at;
     let mut out = BTreeMap::new();
+    let mut limit = ORACLE_PAGE;
     loop {
-        let mut req = Range::between(from.clone(), end.clone()).limit(ORACLE_PAGE);
+        let mut req = Range::between(from.clone(), end.clone()).limit(limit);
         if rev > 0 {
             req = req.revision(rev);
         }
-        let resp = c.range(req).await.map_err(|e| format!("range: {e}"))?;
+        let resp = match c.range(req).await {
+            Ok(r) => r,
+            // A page larger than the client takes (large values, a small
+            // decode limit): fewer keys a page.
+            Err(_) if limit > 1 => {
+                limit = (limit / 4).max(1);
+                continue;
+            }
+            Err(e) => return Err(format!("range of one key: {e}")),
+        };
         rev = resp.header.revision;
         let Some(last) = resp.kvs().last().map(|kv| kv.key().to_vec()) else {
             return Ok(out);
