@@ -264,8 +264,15 @@ impl Nemesis {
                 if self.active.len() < MAX_ACTIVE {
                     self.inject().await;
                 }
-                next_fault = tokio::time::Instant::now()
-                    + Duration::from_millis(2000 + self.rng.below(3000));
+                // Faster while some kind is still owed (see `pick_kind`),
+                // so that a short run covers every kind.
+                let owed = self.log.by_kind().len() < KINDS.len();
+                let gap = if owed {
+                    1000 + self.rng.below(1000)
+                } else {
+                    2000 + self.rng.below(3000)
+                };
+                next_fault = tokio::time::Instant::now() + Duration::from_millis(gap);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
