@@ -19,22 +19,28 @@ use common::mirror::{
 };
 use common::{Etcd, FaultProxy};
 
-/// Polls `prefix` on `c` until `stop`, tracking the smallest count seen.
+/// Polls the count of `prefix` on `c` until `stop`: the smallest count
+/// seen. A count that fails, or no count at all, fails the test: a poll
+/// that saw nothing proves nothing.
 fn min_count(
     c: Client,
     prefix: &'static str,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<i64> {
     tokio::spawn(async move {
-        let mut min = i64::MAX;
+        let mut min: Option<i64> = None;
+        let mut polls = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let n = count(&c, prefix).await;
-            if n >= 0 {
-                min = min.min(n);
-            }
+            let n = c
+                .range(Range::prefix(prefix).count_only())
+                .await
+                .unwrap_or_else(|e| panic!("count of {prefix} failed after {polls} counts: {e}"))
+                .count;
+            min = Some(min.map_or(n, |m| m.min(n)));
+            polls += 1;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        min
+        min.unwrap_or_else(|| panic!("no count of {prefix} was taken"))
     })
 }
 

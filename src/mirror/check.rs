@@ -1,11 +1,13 @@
-//! Comparing a peer's copy with the source: the `check` command and the
-//! tests' convergence oracle.
+//! Comparing a peer's copy with the source: the `check` command.
 //!
 //! Both sides are scanned in pages and merge-joined by the same code as the
 //! sync (`mirror/diff.rs`), so a check of a large subtree holds a few
 //! pages. The source is read at its latest revision; while it changes, a check can report differences
 //! that the engine is about to apply, so callers poll until it comes back
-//! clean.
+//! clean. The tests' convergence oracle is not this: sharing the sync's
+//! merge, a bug there would hide itself, so the tests read both sides
+//! whole and compare them as maps (`tests/common/mirror.rs`), and test the
+//! merge itself against such an oracle through [`join`] (`tests/merge.rs`).
 
 use bytes::Bytes;
 
@@ -13,7 +15,7 @@ use super::config::MirrorConfig;
 use super::diff::{Diff, Merge};
 use super::state::{self, State};
 use crate::error::Result;
-use crate::etcd::LeaseId;
+use crate::etcd::{KeyValue, LeaseId};
 use crate::store::Store;
 
 /// Most keys listed per category in a [`Report`]; the counts are exact.
@@ -105,4 +107,37 @@ pub async fn compare(
         }
     }
     Ok(report)
+}
+
+/// The round trip from which [`join`] reads the peer by several scans at
+/// once.
+#[doc(hidden)]
+pub const JOIN_LONG_LINK: std::time::Duration = super::diff::LONG_LINK;
+
+/// The merge-join under [`compare`], the sync and the verification pass,
+/// run to its end: each key of `prefix` in order, as (source, peer), one
+/// of them `None` where that side lacks it. `page_size` and `rtt` are the
+/// join's (a round trip from [`JOIN_LONG_LINK`] on reads the peer by
+/// several scans at once, over intervals a second scan of the source marks
+/// out). For the tests' property test of the join against a plain-map
+/// oracle; not part of the API.
+#[doc(hidden)]
+pub async fn join(
+    local: impl Into<Store>,
+    peer: impl Into<Store>,
+    prefix: Bytes,
+    page_size: usize,
+    rtt: Option<std::time::Duration>,
+) -> Result<Vec<(Option<KeyValue>, Option<KeyValue>)>> {
+    let (local, peer) = (&local.into(), &peer.into());
+    let mut merge = Merge::start_over(local, peer, prefix, page_size, 0, rtt);
+    let mut out = Vec::new();
+    while let Some(diff) = merge.next().await? {
+        out.push(match diff {
+            Diff::Missing(s) => (Some(s), None),
+            Diff::Extra(d) => (None, Some(d)),
+            Diff::Both(s, d) => (Some(s), Some(d)),
+        });
+    }
+    Ok(out)
 }

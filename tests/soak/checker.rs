@@ -14,8 +14,6 @@ use crate::load::{BIG, BIG_SERVICES, big_prefix, big_service};
 use crate::mesh::{Mesh, REGIONS, prefix, state_key};
 use crate::nemesis::{Log, Oob};
 
-/// Grace: a copy claiming to be fresh may lag the source by this much.
-pub(crate) const S_MS: i64 = 5000;
 /// The checker's own slack (its watch's delay, scheduling); also how long
 /// after an out-of-band change finished a claim of currency may still
 /// predate the engine's noticing it.
@@ -31,6 +29,34 @@ const PAGE_SERVICES: u64 = 8;
 /// Keys of the large cluster changed out of band that every sample of its
 /// copy reads (the latest).
 const TOUCHED_READ: usize = 64;
+
+/// How the keys a copy lacks are judged, of the `held` keys the source
+/// held throughout the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Missing {
+    /// None lacking.
+    None,
+    /// Each lacking key is a problem of its own (*missing*).
+    Each,
+    /// More than [`MISSING_LISTED`]: one problem (*missing-keys*).
+    Many,
+    /// Fewer than half the keys left: one problem (*emptied*).
+    Emptied,
+}
+
+/// Every lacking key is judged: a copy claimed fresh must hold every key
+/// the source held throughout the window, whatever share is missing.
+fn judge_missing(held: usize, missing: usize) -> Missing {
+    if missing == 0 {
+        Missing::None
+    } else if held >= EMPTIED_MIN && (held - missing) * 2 < held {
+        Missing::Emptied
+    } else if missing > MISSING_LISTED {
+        Missing::Many
+    } else {
+        Missing::Each
+    }
+}
 
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
@@ -253,36 +279,132 @@ impl std::fmt::Display for Signal {
     }
 }
 
-fn scrape(addr: Option<std::net::SocketAddr>, origin: &str, peer: &str) -> Signal {
+/// The series of a replicator's metrics page the checker reads, for the
+/// copy of `origin` on `peer`: (name, selector). A renamed metric would
+/// read as "no claim" and turn every violation into a signalled
+/// discrepancy, so each must be seen on the page ([`verify_series`], and
+/// [`Figures::series_seen`] for every scrape of a leader).
+pub(crate) fn series(origin: &str, peer: &str) -> [(&'static str, String); 4] {
+    let sel =
+        |name: &str| format!("aether_replicator_{name}{{origin=\"{origin}\",peer=\"{peer}\"}}");
+    [
+        (
+            "is_leader",
+            format!("aether_replicator_is_leader{{region=\"{origin}\"}}"),
+        ),
+        ("peer_synced", sel("peer_synced")),
+        ("peer_staleness_seconds", sel("peer_staleness_seconds")),
+        ("peer_lapsed", sel("peer_lapsed")),
+    ]
+}
+
+/// What one page says about the copy of `origin` on `peer`, and the
+/// series it lacks.
+fn read_page(page: &str, origin: &str, peer: &str) -> (Signal, Vec<&'static str>) {
+    let [leader, synced, staleness, lapsed] = series(origin, peer);
+    let mut absent = Vec::new();
+    let mut get = |(name, sel): &(&'static str, String)| {
+        let v = metric(page, sel);
+        if v.is_none() {
+            absent.push(*name);
+        }
+        v
+    };
+    let signal = Signal {
+        answered: true,
+        leader: get(&leader) == Some(1.0),
+        synced: get(&synced) == Some(1.0),
+        staleness: get(&staleness).unwrap_or(f64::INFINITY),
+        lapsed: get(&lapsed) == Some(1.0),
+        ready: None,
+    };
+    (signal, absent)
+}
+
+/// Fails unless, within 30 s, every region has a leader whose metrics
+/// page carries every series the checker reads for each of its peers.
+pub(crate) async fn verify_series(mesh: &Mesh) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    'origin: for o in 0..3 {
+        loop {
+            for rep in &mesh.regions[o].replicas {
+                let addr = rep.lock().unwrap_or_else(PoisonError::into_inner).metrics();
+                let Some(addr) = addr else { continue };
+                let page = tokio::task::spawn_blocking(move || http_get(addr, "/metrics"))
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|(_, p)| p)
+                    .unwrap_or_default();
+                let mut absent = Vec::new();
+                let mut leads = false;
+                for p in (0..3).filter(|&p| p != o) {
+                    let (sig, missing) = read_page(&page, REGIONS[o], REGIONS[p]);
+                    leads = sig.leader;
+                    absent.extend(
+                        missing
+                            .into_iter()
+                            .map(|m| format!("{m} ({}->{})", REGIONS[o], REGIONS[p])),
+                    );
+                }
+                if leads && absent.is_empty() {
+                    continue 'origin;
+                }
+                let names: std::collections::BTreeSet<&str> = page
+                    .lines()
+                    .filter(|l| l.starts_with("aether_replicator_"))
+                    .filter_map(|l| l.split(['{', ' ']).next())
+                    .collect();
+                last = format!(
+                    "{}'s replica at {addr}: leads={leads}, absent {absent:?}; its series: {names:?}",
+                    REGIONS[o]
+                );
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "no leader of {} showed every series the checker reads within 30 s: {last}",
+                    REGIONS[o]
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
+fn scrape(addr: Option<std::net::SocketAddr>, origin: &str, peer: &str, f: &Figures) -> Signal {
     let Some(addr) = addr else {
         return Signal::default();
     };
     let Some((_, page)) = http_get(addr, "/metrics") else {
         return Signal::default();
     };
-    let sel =
-        |name: &str| format!("aether_replicator_{name}{{origin=\"{origin}\",peer=\"{peer}\"}}");
-    Signal {
-        answered: true,
-        leader: metric(
-            &page,
-            &format!("aether_replicator_is_leader{{region=\"{origin}\"}}"),
-        ) == Some(1.0),
-        synced: metric(&page, &sel("peer_synced")) == Some(1.0),
-        staleness: metric(&page, &sel("peer_staleness_seconds")).unwrap_or(f64::INFINITY),
-        lapsed: metric(&page, &sel("peer_lapsed")) == Some(1.0),
-        ready: None,
+    let (signal, absent) = read_page(&page, origin, peer);
+    // A standby has no per-peer series; a leader must have them all.
+    if signal.leader || absent.contains(&"is_leader") {
+        let mut seen = f.series_seen.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, _) in series(origin, peer) {
+            let e = seen.entry(name).or_default();
+            if absent.contains(&name) {
+                e.1 += 1;
+            } else {
+                e.0 += 1;
+            }
+        }
     }
+    signal
 }
 
 /// Both replicas of `origin`, scraped in parallel. (t before, signals)
-async fn scrape_all(mesh: &Mesh, o: usize, p: usize) -> (i64, Vec<Signal>) {
+async fn scrape_all(mesh: &Mesh, f: &Arc<Figures>, o: usize, p: usize) -> (i64, Vec<Signal>) {
     let t = now_ms();
     let mut hs = Vec::new();
     for rep in &mesh.regions[o].replicas {
         let addr = rep.lock().unwrap_or_else(PoisonError::into_inner).metrics();
+        let f = f.clone();
         hs.push(tokio::task::spawn_blocking(move || {
-            let mut s = scrape(addr, REGIONS[o], REGIONS[p]);
+            let mut s = scrape(addr, REGIONS[o], REGIONS[p], &f);
             if let Some(a) = addr.filter(|_| s.answered) {
                 s.ready = http_get(a, "/readyz").map(|(st, _)| st == 200);
             }
@@ -297,9 +419,9 @@ async fn scrape_all(mesh: &Mesh, o: usize, p: usize) -> (i64, Vec<Signal>) {
 }
 
 /// The sender's claim in one signal read: Some(lower bound of currency).
-fn sender_claim(t: i64, sigs: &[Signal]) -> Option<i64> {
+fn sender_claim(t: i64, sigs: &[Signal], s_ms: i64) -> Option<i64> {
     sigs.iter()
-        .filter(|s| s.answered && s.leader && s.synced && s.staleness * 1000.0 < S_MS as f64)
+        .filter(|s| s.answered && s.leader && s.synced && s.staleness * 1000.0 < s_ms as f64)
         .map(|s| t - (s.staleness * 1000.0).ceil() as i64)
         .min()
 }
@@ -329,6 +451,10 @@ pub(crate) struct Violation {
     pub last_signals: String,
 }
 
+/// Judged samples of one copy under (any claim, the sender's in both
+/// reads, the receiver's state key).
+pub(crate) type Claims = (u64, u64, u64);
+
 #[derive(Default)]
 pub(crate) struct Figures {
     pub samples: AtomicU64,
@@ -346,6 +472,11 @@ pub(crate) struct Figures {
     /// Samples evaluated per pair, and the time they took in all (ms): the
     /// large copy's are slower, and must not be too few.
     pub per_pair: Mutex<HashMap<(usize, usize), (u64, i64)>>,
+    /// Evaluated samples per pair under a claim of freshness.
+    pub claims: Mutex<HashMap<(usize, usize), Claims>>,
+    /// Scrapes of a leader (or of a page without `is_leader`), by metric
+    /// name the checker reads: (the series there, absent).
+    pub series_seen: Mutex<std::collections::BTreeMap<&'static str, (u64, u64)>>,
     /// Longest signalled-stale period per pair (ms).
     pub longest_signalled: Mutex<HashMap<(usize, usize), i64>>,
     pub list: Mutex<Vec<Violation>>,
@@ -367,7 +498,7 @@ struct PairState {
 
 pub(crate) struct Checker {
     pub regions: Vec<Region>,
-    pub figures: Figures,
+    pub figures: Arc<Figures>,
     pub stop: AtomicBool,
 }
 
@@ -379,7 +510,7 @@ impl Checker {
                     history: Mutex::new(History::default()),
                 })
                 .collect(),
-            figures: Figures::default(),
+            figures: Arc::default(),
             stop: AtomicBool::new(false),
         }
     }
@@ -553,6 +684,7 @@ impl Checker {
             samples: n,
         } = pair;
         let f = &self.figures;
+        let s_ms = mesh.profile.grace_ms();
         let src = &mesh.regions[o];
         let peer = &mesh.regions[p];
         f.samples.fetch_add(1, Ordering::Relaxed);
@@ -576,7 +708,7 @@ impl Checker {
         };
         let scope = Scope::of(o, p, *n, log);
         *n += 1;
-        let (ts1, sig1) = scrape_all(mesh, o, p).await;
+        let (ts1, sig1) = scrape_all(mesh, &self.figures, o, p).await;
         let t_r0 = now_ms();
         let txn = Txn::new()
             .and_then(scope.reads())
@@ -585,7 +717,7 @@ impl Checker {
             return skip();
         };
         let t_r1 = now_ms();
-        let (ts2, sig2) = scrape_all(mesh, o, p).await;
+        let (ts2, sig2) = scrape_all(mesh, &self.figures, o, p).await;
         let Ok(up) = src
             .client
             .range(Range::key(state_key(REGIONS[o])).count_only())
@@ -629,19 +761,22 @@ impl Checker {
         }
         // Each fresh claim: the time the copy is claimed current as of.
         let mut claims = Vec::new();
-        if let (Some(c1), Some(c2)) = (sender_claim(ts1, &sig1), sender_claim(ts2, &sig2)) {
+        if let (Some(c1), Some(c2)) = (
+            sender_claim(ts1, &sig1, s_ms),
+            sender_claim(ts2, &sig2, s_ms),
+        ) {
             claims.push(c1);
             claims.push(c2);
         }
         let fields = state.as_deref().map(parse_state).unwrap_or_default();
         let hb: Option<i64> = fields.get("heartbeat").and_then(|v| v.parse().ok());
         let receiver_fresh = fields.get("synced").map(String::as_str) == Some("1")
-            && hb.is_some_and(|hb| t_r1 - hb < S_MS);
+            && hb.is_some_and(|hb| t_r1 - hb < s_ms);
         if receiver_fresh {
             claims.push(hb.unwrap());
         }
         let signalling = claims.is_empty();
-        let lower = claims.iter().copied().fold(t_r0 - S_MS, i64::min) - SLACK_MS;
+        let lower = claims.iter().copied().fold(t_r0 - s_ms, i64::min) - SLACK_MS;
 
         // Wait until the history has caught up to U.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -671,6 +806,13 @@ impl Checker {
             return skip();
         }
         f.evaluated.fetch_add(1, Ordering::Relaxed);
+        if !signalling {
+            let mut c = f.claims.lock().unwrap_or_else(PoisonError::into_inner);
+            let e = c.entry((o, p)).or_default();
+            e.0 += 1;
+            e.1 += u64::from(claims.len() > usize::from(receiver_fresh));
+            e.2 += u64::from(receiver_fresh);
+        }
 
         // Judge the copy.
         let mut problems: Vec<(String, String, String, Vec<String>, u64)> = Vec::new();
@@ -751,7 +893,8 @@ impl Checker {
                 }
             }
         }
-        if held >= EMPTIED_MIN && (held - missing.len()) * 2 < held {
+        let verdict = judge_missing(held, missing.len());
+        if verdict == Missing::Emptied {
             problems.push((
                 prefix(REGIONS[o]),
                 "emptied".into(),
@@ -759,7 +902,7 @@ impl Checker {
                 vec![format!("{held} keys held throughout the window")],
                 0,
             ));
-        } else if missing.len() > MISSING_LISTED {
+        } else if verdict == Missing::Many {
             problems.push((
                 prefix(REGIONS[o]),
                 "missing-keys".into(),
@@ -893,5 +1036,29 @@ impl Checker {
             });
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Any key missing is a problem, from one key to all of them: no share
+    /// of a copy (under half, say) goes unjudged.
+    #[test]
+    fn every_missing_key_is_judged() {
+        for held in 0..200 {
+            for missing in 0..=held {
+                let v = judge_missing(held, missing);
+                assert_eq!(
+                    v == Missing::None,
+                    missing == 0,
+                    "{missing} of {held} keys missing judged {v:?}"
+                );
+            }
+        }
+        assert_eq!(judge_missing(100, 1), Missing::Each);
+        assert_eq!(judge_missing(100, 49), Missing::Many);
+        assert_eq!(judge_missing(100, 51), Missing::Emptied);
     }
 }

@@ -3,6 +3,18 @@
 //! churn, a nemesis injecting faults, and a checker that judges every
 //! sample of every copy against the source's recorded history and the
 //! freshness the replicators claim. `SEED=<n> DURATION=<d>` replays a run.
+//!
+//! `PROFILE` picks how the replicators run: `ci` (unset: the default) with
+//! short timers (lease 6 s, heartbeat 1 s, lapse after 30 s), or `default`
+//! with no tuning flag at all, the engine's defaults (lease 30 s,
+//! heartbeat 5 s, verification every 10 min, recount every 3 min). Both
+//! carry the 25,000-key copy of region b.
+//!
+//! A run passes only if it proved something: every kind of fault injected,
+//! samples judged and claims of freshness seen on every copy, each above a
+//! minimum that scales with `DURATION` ([`Minimums`]); the metric series
+//! the checker reads present on the replicators' pages; and the nemesis,
+//! the checker and the load finished without an error or a panic.
 
 // Regions, links and replicas are named by index throughout (REGIONS[o],
 // links[o][p]): index loops read better here than zipped iterators.
@@ -26,7 +38,7 @@ use std::time::{Duration, Instant};
 use aether_replicator::etcd::{LeaseId, OpResponse, Range, Txn};
 
 use checker::{Checker, parse_state};
-use mesh::{Mesh, REGIONS, prefix, state_key};
+use mesh::{Mesh, Profile, REGIONS, prefix, state_key};
 
 /// Bound on the wait for exact copies after the heal.
 const EXACT_WITHIN: Duration = Duration::from_secs(90);
@@ -138,6 +150,112 @@ async fn exact(mesh: &Mesh) -> Result<(), String> {
     Ok(())
 }
 
+/// What a run must have done to count, scaled to its `DURATION` `d`.
+#[derive(Debug)]
+pub(crate) struct Minimums {
+    /// Faults injected in all.
+    pub faults: usize,
+    /// Faults of each kind (every kind, from 60 s on).
+    pub per_kind: usize,
+    /// Samples judged per (origin, peer) copy.
+    pub judged_per_pair: u64,
+    /// Judged samples under a claim of freshness per copy.
+    pub claimed_per_pair: u64,
+    /// Of those, under the sender's claim, and under the receiver's.
+    pub sender_per_pair: u64,
+    pub receiver_per_pair: u64,
+}
+
+impl Minimums {
+    /// About a fault every 8 s (a run injects one every 3.5 s on
+    /// average, fewer while three are active); every kind once from 60 s
+    /// on (the nemesis owes each kind until it has injected it), and one
+    /// more per 10 min; a judged sample per copy every 4 s (each copy is
+    /// sampled every 300 ms, the large copy's about every 0.8 s), half of
+    /// them under a claim, a quarter under each kind of claim.
+    pub(crate) fn for_duration(d: Duration) -> Minimums {
+        let s = d.as_secs();
+        Minimums {
+            faults: (s / 8).max(1) as usize,
+            per_kind: if s >= 60 { 1 + (s / 600) as usize } else { 0 },
+            judged_per_pair: s / 4,
+            claimed_per_pair: s / 8,
+            sender_per_pair: s / 16,
+            receiver_per_pair: s / 16,
+        }
+    }
+
+    /// What the run fell short of, one line each.
+    pub(crate) fn shortfalls(&self, checker: &Checker, log: &nemesis::Log) -> Vec<String> {
+        let mut out = Vec::new();
+        let kinds = log.by_kind();
+        let total: usize = kinds.values().sum();
+        if total < self.faults {
+            out.push(format!(
+                "{total} faults injected, fewer than {}",
+                self.faults
+            ));
+        }
+        for k in nemesis::kinds() {
+            let n = kinds.get(&format!("{k:?}")).copied().unwrap_or(0);
+            if n < self.per_kind {
+                out.push(format!(
+                    "{n} faults of kind {k:?}, fewer than {}",
+                    self.per_kind
+                ));
+            }
+        }
+        let f = &checker.figures;
+        let judged = f
+            .per_pair
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let claims = f
+            .claims
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for o in 0..3 {
+            for p in (0..3).filter(|&p| p != o) {
+                let pair = format!("{}->{}", REGIONS[o], REGIONS[p]);
+                let n = judged.get(&(o, p)).map_or(0, |e| e.0);
+                if n < self.judged_per_pair {
+                    out.push(format!(
+                        "{pair}: {n} samples judged, fewer than {}",
+                        self.judged_per_pair
+                    ));
+                }
+                let (any, sender, receiver) = claims.get(&(o, p)).copied().unwrap_or_default();
+                for (what, n, min) in [
+                    ("a claim of freshness", any, self.claimed_per_pair),
+                    ("the sender's claim", sender, self.sender_per_pair),
+                    ("the receiver's claim", receiver, self.receiver_per_pair),
+                ] {
+                    if n < min {
+                        out.push(format!(
+                            "{pair}: {n} judged samples under {what}, fewer than {min}"
+                        ));
+                    }
+                }
+            }
+        }
+        for (name, (seen, absent)) in f
+            .series_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            if *seen == 0 {
+                out.push(format!(
+                    "metric {name} absent from all {absent} scrapes of a leader"
+                ));
+            }
+        }
+        out
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a seeded fault soak of DURATION (default 120s); e2e/test-all.sh runs it on each etcd version"]
 async fn soak() {
@@ -158,8 +276,15 @@ async fn soak() {
         .map(|s| parse_duration(&s))
         .unwrap_or(Duration::from_secs(120));
     let etcd = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd (PATH)".into());
-    println!("SEED={seed} DURATION={}s", duration.as_secs());
-    eprintln!("SEED={seed} DURATION={}s", duration.as_secs());
+    let profile = Profile::from_env();
+    println!(
+        "SEED={seed} DURATION={}s PROFILE={profile:?}",
+        duration.as_secs()
+    );
+    eprintln!(
+        "SEED={seed} DURATION={}s PROFILE={profile:?}",
+        duration.as_secs()
+    );
 
     let report_dir = std::env::var_os("SOAK_REPORT_DIR")
         .map(std::path::PathBuf::from)
@@ -173,7 +298,7 @@ async fn soak() {
         .tempdir()
         .unwrap();
 
-    let mesh = Arc::new(Mesh::start(tmp.path().to_path_buf(), run_dir.clone()).await);
+    let mesh = Arc::new(Mesh::start(profile, tmp.path().to_path_buf(), run_dir.clone()).await);
     // The large cluster goes in before any replicator runs: the first sync
     // carries it to both peers.
     let preload = load::preload(&mesh.regions[load::BIG].client, REGIONS[load::BIG], seed).await;
@@ -219,6 +344,11 @@ async fn soak() {
     }
     let first_sync = t0.elapsed();
     eprintln!("mesh synced after {first_sync:?}");
+    // The series the checker reads are on the leaders' pages: a renamed
+    // metric must fail the run, not read as "no claim" throughout.
+    if let Err(e) = checker::verify_series(&mesh).await {
+        panic!("{e}");
+    }
 
     let checker = Arc::new(Checker::new());
     let mut tasks = Vec::new();
@@ -277,16 +407,27 @@ async fn soak() {
     eprintln!("DURATION over: stopping the load and the nemesis, healing");
     stop_load.store(true, Ordering::SeqCst);
     stop_nemesis.store(true, Ordering::SeqCst);
-    for t in load_tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    // A task that panicked stopped doing its part (judging, loading)
+    // early: the run proved less than it reports.
+    let mut task_errors = Vec::new();
+    for (i, t) in load_tasks.into_iter().enumerate() {
+        match tokio::time::timeout(Duration::from_secs(10), t).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => task_errors.push(format!("load task {i}: {e}")),
+            Err(_) => eprintln!("load task {i} did not stop within 10 s"),
+        }
     }
     let nem_ok = tokio::time::timeout(Duration::from_secs(120), nem).await;
     // Again, in case the nemesis did not get there.
     nemesis::heal_all(&mesh).await;
     let healed = Instant::now();
     checker.stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
+    for (i, t) in tasks.into_iter().enumerate() {
+        match tokio::time::timeout(Duration::from_secs(15), t).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => task_errors.push(format!("checker task {i}: {e}")),
+            Err(_) => eprintln!("checker task {i} did not stop within 15 s"),
+        }
     }
 
     let mut last = String::new();
@@ -315,14 +456,34 @@ async fn soak() {
         first_sync,
         report_path: report_path.clone(),
     };
-    let summary = report::summary(&outcome, &checker, &log, &loads);
+    let minimums = Minimums::for_duration(duration);
+    let shortfalls = minimums.shortfalls(&checker, &log);
+    let mut summary = report::summary(&outcome, &checker, &log, &loads);
+    summary.push_str(&format!(
+        "minimums for {}s: {minimums:?}\n",
+        duration.as_secs()
+    ));
+    for s in &shortfalls {
+        summary.push_str(&format!("SHORT: {s}\n"));
+    }
     report::write(&outcome, &summary, &checker, &log);
     println!("{summary}");
     drop(mesh);
     let violations = checker.figures.violations.load(Ordering::Relaxed);
+    match nem_ok {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("the nemesis failed: {e}\n{summary}"),
+        Err(_) => panic!("the nemesis did not finish healing in time\n{summary}"),
+    }
+    let nemesis_errors = nemesis::errors();
     assert!(
-        nem_ok.is_ok(),
-        "the nemesis did not finish healing in time\n{summary}"
+        nemesis_errors.is_empty() && task_errors.is_empty(),
+        "the nemesis or a task failed: {nemesis_errors:?} {task_errors:?}\n{summary}"
+    );
+    assert!(
+        shortfalls.is_empty(),
+        "the run fell short of what it must prove (replay with SEED={seed} DURATION={}s):\n{summary}",
+        duration.as_secs()
     );
     assert!(
         violations == 0 && time_to_exact.is_some(),

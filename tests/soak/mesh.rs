@@ -21,6 +21,72 @@ pub(crate) const C_MAX_REQUEST: usize = 524288;
 /// writes ~600 KiB; churn values are at most 64 KiB).
 pub(crate) const TOO_LARGE_FOR_C: usize = 256 * 1024;
 
+/// How the replicators are run (`PROFILE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Profile {
+    /// CI's (`PROFILE` unset or `ci`): `--lease-ttl 6s`,
+    /// `--heartbeat-interval 1s`, `--lapse-after 30s`; the verification
+    /// and recount intervals at their defaults. Short timers: many lease
+    /// turns and claims in a 90 s run.
+    Ci,
+    /// `PROFILE=default`: no tuning flag at all, the engine's defaults
+    /// (lease TTL 30 s, heartbeat 5 s, lapse after 5 min, verification
+    /// every 10 min, recount every 3 min), as a deployment runs.
+    Default,
+}
+
+impl Profile {
+    pub(crate) fn from_env() -> Profile {
+        match std::env::var("PROFILE").unwrap_or_default().as_str() {
+            "" | "ci" => Profile::Ci,
+            "default" => Profile::Default,
+            other => panic!("PROFILE={other:?}: ci (the default) or default"),
+        }
+    }
+
+    /// The lease TTL (s) the replicators start with.
+    pub(crate) fn lease_ttl_secs(self) -> u64 {
+        match self {
+            Profile::Ci => 6,
+            Profile::Default => aether_replicator::mirror::DEFAULT_LEASE_TTL.as_secs(),
+        }
+    }
+
+    /// The freshness probe's interval.
+    pub(crate) fn heartbeat(self) -> Duration {
+        match self {
+            Profile::Ci => Duration::from_secs(1),
+            Profile::Default => aether_replicator::mirror::DEFAULT_HEARTBEAT_INTERVAL,
+        }
+    }
+
+    /// S: how stale a copy may read and still be claimed fresh, in ms. 5 s
+    /// in CI (five heartbeats); twice the heartbeat at the defaults, where
+    /// a current copy's staleness reads up to a heartbeat.
+    pub(crate) fn grace_ms(self) -> i64 {
+        match self {
+            Profile::Ci => 5000,
+            Profile::Default => 2 * self.heartbeat().as_millis() as i64,
+        }
+    }
+
+    /// The replicators' flags beyond the region, endpoints and id, with
+    /// `ttl` the region's lease TTL now (`TtlRestart` changes it).
+    fn flags(self, ttl: u64) -> Vec<String> {
+        match self {
+            // The verification pass keeps its default interval (10 min):
+            // nothing here may lean on a pass coming round soon.
+            Profile::Ci => vec![
+                format!("--lease-ttl={ttl}s"),
+                "--heartbeat-interval=1s".into(),
+                "--lapse-after=30s".into(),
+            ],
+            Profile::Default if ttl == self.lease_ttl_secs() => Vec::new(),
+            Profile::Default => vec![format!("--lease-ttl={ttl}s")],
+        }
+    }
+}
+
 pub(crate) fn prefix(region: &str) -> String {
     format!("/aether/v1/regions/{region}/")
 }
@@ -87,6 +153,7 @@ impl Region {
 }
 
 pub(crate) struct Mesh {
+    pub profile: Profile,
     pub regions: Vec<Region>,
     /// links[origin][peer]: one proxy per member of the peer.
     pub links: Vec<Vec<Vec<FaultProxy>>>,
@@ -100,7 +167,7 @@ pub(crate) struct Mesh {
 }
 
 impl Mesh {
-    pub(crate) async fn start(dir: PathBuf, log_dir: PathBuf) -> Mesh {
+    pub(crate) async fn start(profile: Profile, dir: PathBuf, log_dir: PathBuf) -> Mesh {
         // a's members reach each other through proxies that can cut one
         // of them from the quorum.
         let mut peer_proxies = Vec::new();
@@ -147,7 +214,7 @@ impl Mesh {
                         }))
                     })
                     .collect(),
-                ttl: AtomicU64::new(6),
+                ttl: AtomicU64::new(profile.lease_ttl_secs()),
                 max_value: if name == "c" {
                     TOO_LARGE_FOR_C
                 } else {
@@ -194,6 +261,7 @@ impl Mesh {
             })
             .collect();
         Mesh {
+            profile,
             regions,
             links,
             peer_proxies,
@@ -225,14 +293,8 @@ impl Mesh {
             let urls: Vec<String> = self.links[r][p].iter().map(|x| x.endpoint()).collect();
             args.push(format!("--peer-etcd={}={}", REGIONS[p], urls.join(",")));
         }
-        args.extend([
-            format!("--lease-ttl={}s", reg.ttl.load(Ordering::SeqCst)),
-            "--heartbeat-interval=1s".into(),
-            // The verification pass keeps its default interval (10 min):
-            // nothing here may lean on a pass coming round soon.
-            "--lapse-after=30s".into(),
-            format!("--replica-id={id}"),
-        ]);
+        args.extend(self.profile.flags(reg.ttl.load(Ordering::SeqCst)));
+        args.push(format!("--replica-id={id}"));
         args
     }
 

@@ -94,6 +94,24 @@ pub(crate) fn summary(
         })
         .collect::<std::collections::BTreeMap<_, _>>();
     let _ = writeln!(s, "evaluated per pair (mean time): {per_pair:?}");
+    let claims = f
+        .claims
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .map(|(&(a, b), &(any, sender, receiver))| {
+            (
+                format!("{}->{}", REGIONS[a], REGIONS[b]),
+                format!("{any} (sender {sender}, receiver {receiver})"),
+            )
+        })
+        .collect::<std::collections::BTreeMap<_, _>>();
+    let _ = writeln!(s, "judged under a claim per pair: {claims:?}");
+    let _ = writeln!(
+        s,
+        "metric series in leader scrapes (present, absent): {:?}",
+        f.series_seen.lock().unwrap_or_else(PoisonError::into_inner)
+    );
     let longest = f
         .longest_signalled
         .lock()
