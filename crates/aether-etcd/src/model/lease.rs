@@ -155,10 +155,7 @@ mod tests {
         let (a, _) = l.grant(0, 5, 2, 6, now).unwrap();
         let (b, _) = l.grant(0, 5, 2, 6, now).unwrap();
         assert!(a != b && a != 7 && b != 7, "{a} {b}");
-        assert!(matches!(
-            l.keep_alive(99, now),
-            Err(Error::LeaseNotFound)
-        ));
+        assert!(matches!(l.keep_alive(99, now), Err(Error::LeaseNotFound)));
         assert_eq!(l.remaining(a, now + Duration::from_millis(1500)), Some(3));
         assert_eq!(l.due(now + Duration::from_secs(2)), [7]);
     }

@@ -35,7 +35,12 @@ pub(super) struct Change {
 
 impl Change {
     pub(super) fn key(&self) -> &Bytes {
-        &self.event.kv.as_ref().expect("events carry a key-value").key
+        &self
+            .event
+            .kv
+            .as_ref()
+            .expect("events carry a key-value")
+            .key
     }
     pub(super) fn is_put(&self) -> bool {
         self.event.r#type == PbEventType::Put as i32
@@ -247,7 +252,10 @@ mod tests {
         s.put(5, b("a"), b("3"), 0);
         s.rev = 5;
         let now = &s.range(b"a", b"", 5)[0];
-        assert_eq!((now.create_revision, now.version, now.mod_revision), (5, 1, 5));
+        assert_eq!(
+            (now.create_revision, now.version, now.mod_revision),
+            (5, 1, 5)
+        );
         let old = &s.range(b"a", b"", 3)[0];
         assert_eq!((old.create_revision, old.version), (2, 2));
         assert!(s.range(b"a", b"", 4).is_empty());
