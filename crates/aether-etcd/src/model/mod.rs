@@ -295,6 +295,7 @@ impl State {
             store: &mut self.store,
             leases: &mut self.leases,
             begin,
+            version: self.config.version,
         });
         if self.store.changed_at(begin + 1) {
             self.store.rev = begin + 1;
@@ -605,7 +606,7 @@ impl Client {
         }
         let st = self.shared.lock();
         let current = st.applied(self.member);
-        let mut resp = txn::range(&st.store, &req.0, current)?;
+        let mut resp = txn::range(&st.store, &req.0, current, st.config.version)?;
         resp.header = Some(st.pb_header(self.member, current));
         Ok(resp.into())
     }

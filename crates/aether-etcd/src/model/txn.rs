@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 use bytes::Bytes;
 
+use super::EtcdVersion;
 use super::lease::Leases;
 use super::mvcc::Store;
 use crate::error::{Code, Error, Result};
@@ -268,7 +269,12 @@ pub(super) fn check_put_applies(store: &Store, leases: &Leases, p: &PbPutRequest
 
 /// A range at `current` (the store's revision, or a lagging member's).
 /// Its header carries only the revision; the caller completes it.
-pub(super) fn range(store: &Store, r: &PbRangeRequest, current: i64) -> Result<PbRangeResponse> {
+pub(super) fn range(
+    store: &Store,
+    r: &PbRangeRequest,
+    current: i64,
+    version: EtcdVersion,
+) -> Result<PbRangeResponse> {
     let rev = store.read_rev(r.revision, current)?;
     let mut kvs = store.range(&r.key, &r.range_end, rev);
     let count = kvs.len() as i64;
@@ -282,7 +288,7 @@ pub(super) fn range(store: &Store, r: &PbRangeRequest, current: i64) -> Result<P
                 && (r.max_create_revision == 0 || kv.create_revision <= r.max_create_revision)
                 && (r.min_create_revision == 0 || kv.create_revision >= r.min_create_revision)
         });
-        sort(&mut kvs, r);
+        sort(&mut kvs, r, version);
         if r.limit > 0 && kvs.len() > r.limit as usize {
             kvs.truncate(r.limit as usize);
             more = true;
@@ -302,8 +308,14 @@ pub(super) fn range(store: &Store, r: &PbRangeRequest, current: i64) -> Result<P
 }
 
 /// etcd sorts ascending by default when the target is not the key (the
-/// store already returns key order). A stable sort: ties keep key order.
-fn sort(kvs: &mut [crate::pb::PbKeyValue], r: &PbRangeRequest) {
+/// store already returns key order), descending with a reversed
+/// comparison. Go's `sort.Sort` is not stable, so ties come out in the
+/// order its algorithm leaves them, which depends on the Go release etcd
+/// was built with: up to 12 elements, Go 1.19 (etcd 3.4.23) sorts by
+/// insertion alone, and Go 1.16 (etcd 3.5.1) first swaps elements 6 apart
+/// once. Both are followed here; over 12 elements ties keep key order,
+/// which Go's quicksorts need not do.
+fn sort(kvs: &mut [crate::pb::PbKeyValue], r: &PbRangeRequest, version: EtcdVersion) {
     let target = PbSortTarget::try_from(r.sort_target).unwrap_or(PbSortTarget::Key);
     let mut order = PbSortOrder::try_from(r.sort_order).unwrap_or(PbSortOrder::None);
     if target != PbSortTarget::Key && order == PbSortOrder::None {
@@ -312,15 +324,50 @@ fn sort(kvs: &mut [crate::pb::PbKeyValue], r: &PbRangeRequest) {
     if order == PbSortOrder::None {
         return;
     }
-    kvs.sort_by(|a, b| match target {
-        PbSortTarget::Key => a.key.cmp(&b.key),
-        PbSortTarget::Version => a.version.cmp(&b.version),
-        PbSortTarget::Create => a.create_revision.cmp(&b.create_revision),
-        PbSortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
-        PbSortTarget::Value => a.value.cmp(&b.value),
-    });
-    if order == PbSortOrder::Descend {
-        kvs.reverse();
+    let desc = order == PbSortOrder::Descend;
+    let less = |a: &crate::pb::PbKeyValue, b: &crate::pb::PbKeyValue| {
+        let (a, b) = if desc { (b, a) } else { (a, b) };
+        let o = match target {
+            PbSortTarget::Key => a.key.cmp(&b.key),
+            PbSortTarget::Version => a.version.cmp(&b.version),
+            PbSortTarget::Create => a.create_revision.cmp(&b.create_revision),
+            PbSortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+            PbSortTarget::Value => a.value.cmp(&b.value),
+        };
+        o.is_lt()
+    };
+    go_small_sort(kvs, less, version == EtcdVersion::V3_5);
+}
+
+/// Go's `sort.Sort` on up to 12 elements (`shell`: Go 1.16's gap-6 pass
+/// first); a stable sort beyond.
+fn go_small_sort<T>(v: &mut [T], less: impl Fn(&T, &T) -> bool, shell: bool) {
+    let n = v.len();
+    if n > 12 {
+        v.sort_by(|a, b| {
+            if less(a, b) {
+                std::cmp::Ordering::Less
+            } else if less(b, a) {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        });
+        return;
+    }
+    if shell {
+        for i in 6..n {
+            if less(&v[i], &v[i - 6]) {
+                v.swap(i, i - 6);
+            }
+        }
+    }
+    for i in 1..n {
+        let mut j = i;
+        while j > 0 && less(&v[j], &v[j - 1]) {
+            v.swap(j, j - 1);
+            j -= 1;
+        }
     }
 }
 
@@ -338,6 +385,7 @@ pub(super) struct Apply<'a> {
     pub(super) store: &'a mut Store,
     pub(super) leases: &'a mut Leases,
     pub(super) begin: i64,
+    pub(super) version: EtcdVersion,
 }
 
 impl Apply<'_> {
@@ -390,15 +438,18 @@ impl Apply<'_> {
         for op in branch(t, path.succeeded) {
             let r = match &op.request {
                 Some(PbOp::RequestRange(r)) => response_op::Response::ResponseRange(
-                    range(self.store, r, self.now()).expect("checked before the txn"),
+                    range(self.store, r, self.now(), self.version).expect("checked before the txn"),
                 ),
                 Some(PbOp::RequestPut(p)) => response_op::Response::ResponsePut(self.put(p)),
                 Some(PbOp::RequestDeleteRange(d)) => {
                     response_op::Response::ResponseDeleteRange(self.delete(d))
                 }
-                Some(PbOp::RequestTxn(n)) => response_op::Response::ResponseTxn(
-                    self.txn(n, nested.next().expect("a path per nested txn")),
-                ),
+                Some(PbOp::RequestTxn(n)) => {
+                    let mut r = self.txn(n, nested.next().expect("a path per nested txn"));
+                    // etcd leaves a nested txn's header empty, revision too.
+                    r.header = Some(PbResponseHeader::default());
+                    response_op::Response::ResponseTxn(r)
+                }
                 None => continue,
             };
             responses.push(ResponseOp { response: Some(r) });
