@@ -91,7 +91,7 @@ soak() {
 echo "== fault soak (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
 SEED=${SOAK_SEED_34:-5} DURATION=${SOAK_DURATION:-90s} soak
 echo "== fault soak (real etcd 3.5.1)"
-SEED=${SOAK_SEED_35:-6} DURATION=${SOAK_DURATION:-90s} \
+SEED=${SOAK_SEED_35:-8} DURATION=${SOAK_DURATION:-90s} \
   ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" soak
 echo "== doc tests"
 cargo test --workspace --doc
