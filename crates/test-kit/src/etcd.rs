@@ -401,6 +401,33 @@ impl Etcd {
         http_get(self.ports.metrics, "/metrics").map(|(_, body)| body)
     }
 
+    /// The value of a series on its `/metrics` page, if the page answers
+    /// and has it: `selector` is a metric name
+    /// (`etcd_debugging_mvcc_watcher_total`), or a name with some of the
+    /// series' labels (`grpc_server_started_total{grpc_method="Range"}`),
+    /// which picks the first series that has them all.
+    pub fn metric(&self, selector: &str) -> Option<f64> {
+        let (name, want) = match selector.split_once('{') {
+            Some((name, labels)) => (name, labels.trim_end_matches('}')),
+            None => (selector, ""),
+        };
+        let want: Vec<&str> = want.split(',').filter(|l| !l.is_empty()).collect();
+        self.metrics()?.lines().find_map(|l| {
+            if l.starts_with('#') {
+                return None;
+            }
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = match series.split_once('{') {
+                Some((n, labels)) => (n, labels.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let has = |w: &&str| labels.split(',').any(|l| l == *w);
+            (n == name && want.iter().all(has))
+                .then(|| value.parse().ok())
+                .flatten()
+        })
+    }
+
     /// Kills etcd, replaces its data dir with the snapshot at `path` and
     /// starts it again: what an operator's restore from a backup does. With
     /// the same name, peer URL and cluster token, the store keeps its

@@ -1,18 +1,16 @@
 //! The client's higher-level APIs against real etcd: sessions, election,
 //! locks, cluster, maintenance and namespaces.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use aether_replicator::etcd::concurrency::{Election, Mutex, Session, SessionOptions};
-use aether_replicator::etcd::{
+use aether_etcd::concurrency::{Election, Mutex, Session, SessionOptions};
+use aether_etcd::{
     Alarm, AlarmKind, Client, ClientConfig, Compare, CompareOp, Delete, Error, Op, OpResponse, Put,
     Range, Txn, WatchOptions,
 };
-use common::Etcd;
+use aether_test_kit::{Etcd, FaultProxy, etcdctl_command, wait_until_async};
 use futures_util::StreamExt;
 
 fn client(etcd: &Etcd) -> Client {
@@ -437,7 +435,7 @@ async fn namespace_prefixes_and_strips_keys() {
     let raw = c.range(Range::key("/ns/a")).await.unwrap();
     assert_eq!(raw.kvs()[0].value(), "1");
 
-    let keys = |r: &aether_replicator::etcd::RangeResponse| -> Vec<Vec<u8>> {
+    let keys = |r: &aether_etcd::RangeResponse| -> Vec<Vec<u8>> {
         r.kvs().iter().map(|kv| kv.key().to_vec()).collect()
     };
     let all = ns.range(Range::prefix("")).await.unwrap();
@@ -502,7 +500,7 @@ async fn namespace_prefixes_and_strips_keys() {
             seen.push((ev.kind, String::from_utf8_lossy(ev.kv.key()).into_owned()));
         }
     }
-    use aether_replicator::etcd::EventKind::{Delete as D, Put as P};
+    use aether_etcd::EventKind::{Delete as D, Put as P};
     let ffff = String::from_utf8_lossy(&[0xff, 0xff]).into_owned();
     assert_eq!(
         seen,
@@ -532,7 +530,7 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
     let etcd = Etcd::builder()
         .extra_args(&[&format!("--advertise-client-urls={advertised}")])
         .start();
-    let proxy = common::FaultProxy::with_listener(listener, etcd.client_addr());
+    let proxy = FaultProxy::with_listener(listener, etcd.client_addr());
     assert_eq!(proxy.endpoint(), advertised);
     // Configured: the member directly, and a port nothing listens on.
     let config = {
@@ -542,7 +540,7 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
     };
     let c = Client::connect(config).unwrap();
     assert!(
-        common::wait_until_async(T, || c.endpoints() == [advertised.clone()]).await,
+        wait_until_async(T, || c.endpoints() == [advertised.clone()]).await,
         "endpoints never synced: {:?}",
         c.endpoints()
     );
@@ -551,7 +549,7 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
 
     drop(c);
     assert!(
-        common::wait_until_async(T, || proxy.active_connections() == 0).await,
+        wait_until_async(T, || proxy.active_connections() == 0).await,
         "{} connections still open: the auto-sync task outlived its client",
         proxy.active_connections()
     );
@@ -572,7 +570,7 @@ async fn election_interoperates_with_etcdctl_elect() {
         }
     }
     let go = Reap(
-        common::etcdctl_command()
+        etcdctl_command()
             .arg(format!("--endpoints={}", etcd.endpoint()))
             .args(["elect", "/interop", "from-go"])
             .stdout(std::process::Stdio::piped())
