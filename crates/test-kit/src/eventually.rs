@@ -24,8 +24,8 @@
 //!
 //! A probe may also answer a `bool` (then the failure says only that it
 //! stayed false: prefer a `Result` that says what it saw), an `Option`, or
-//! a `Result` whose error is `Debug` (the client's errors, say): see
-//! [`Outcome`]. Blocking code (no runtime, or a test that must not yield)
+//! a `Result` whose error is a `String` or the client's error: see
+//! [`Outcome`] and [`Seen`]. Blocking code (no runtime, or a test that must not yield)
 //! uses [`Eventually::blocking`], which sleeps the thread between probes.
 //! [`Eventually::try_until`] and [`Eventually::try_blocking`] hand the
 //! timeout back instead of panicking, for a test that asserts on it with
@@ -114,10 +114,42 @@ impl<T> Outcome for Option<T> {
     }
 }
 
-impl<T, E: Debug> Outcome for Result<T, E> {
+impl<T, E: Seen> Outcome for Result<T, E> {
     type Output = T;
     fn into_outcome(self) -> Result<T, String> {
-        self.map_err(|e| format!("{e:?}"))
+        self.map_err(|e| e.seen())
+    }
+}
+
+/// What a probe saw instead of what it wanted, as a failed wait prints it:
+/// a `String` or `&str` as it is, an error by its `Debug` (which names the
+/// variant). For another type, `map_err` it to a `String`.
+pub trait Seen {
+    /// The text the failure message shows.
+    fn seen(&self) -> String;
+}
+
+impl Seen for String {
+    fn seen(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Seen for &str {
+    fn seen(&self) -> String {
+        (*self).to_string()
+    }
+}
+
+impl Seen for aether_etcd::Error {
+    fn seen(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Seen for std::io::Error {
+    fn seen(&self) -> String {
+        format!("{self:?}")
     }
 }
 
@@ -267,4 +299,71 @@ pub async fn wait_until_async(timeout: Duration, mut cond: impl FnMut() -> bool)
         .try_until(async || cond())
         .await
         .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_that_gives_up_says_what_it_last_saw() {
+        let mut n = 0;
+        let err = eventually("n reaches 100")
+            .within(Duration::from_millis(50))
+            .every(Duration::from_millis(5))
+            .try_blocking(|| {
+                n += 1;
+                if n >= 100 {
+                    Ok(())
+                } else {
+                    Err(format!("n = {n}"))
+                }
+            })
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("n reaches 100: not within "), "{msg}");
+        assert!(
+            msg.ends_with(&format!("probes); last saw: n = {n}")),
+            "{msg}"
+        );
+        assert_eq!(err.probes, n);
+    }
+
+    #[test]
+    fn a_wait_hands_back_what_satisfied_it() {
+        let mut n = 0;
+        let got = eventually("n reaches 3")
+            .every(Duration::from_millis(1))
+            .blocking(|| {
+                n += 1;
+                (n >= 3).then_some(n)
+            });
+        assert_eq!(got, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "stays false: not within")]
+    fn a_blocking_wait_panics_with_its_message() {
+        eventually("stays false")
+            .within(Duration::from_millis(10))
+            .blocking(|| false);
+    }
+
+    #[tokio::test]
+    async fn the_async_wait_probes_until_and_at_the_deadline() {
+        let mut n = 0;
+        let err = eventually("never")
+            .within(Duration::from_millis(30))
+            .every(Duration::from_millis(10))
+            .try_until(async || {
+                n += 1;
+                Err::<(), _>("not yet")
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.last_saw, "not yet");
+        assert!(n >= 2, "probed {n} times");
+        assert!(wait_until_async(Duration::from_secs(1), || true).await);
+        assert!(!wait_until(Duration::from_millis(10), || false));
+    }
 }
