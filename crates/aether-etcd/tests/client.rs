@@ -910,7 +910,19 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     };
     assert_eq!(second.unwrap().unwrap().events[0].kv.key(), "/owner/b");
     // So does the lease: its handle keeps the keep-alive task running.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Refreshed every TTL/3, four more answers span more than its TTL.
+    let refreshed = lease.status().successes;
+    eventually("the lease refreshed 4 more times with the client dropped")
+        .within(T)
+        .until(async || {
+            let s = lease.status();
+            if s.successes >= refreshed + 4 {
+                Ok(())
+            } else {
+                Err(format!("{refreshed} refreshes before, now {s:?}"))
+            }
+        })
+        .await;
     assert!(observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0);
 
     // The last handles go: both tasks stop and the connection closes.
@@ -922,19 +934,20 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
         proxy.active_connections()
     );
     // Not revoked, only no longer kept alive: the lease runs out by itself.
-    let mut expired = false;
-    for _ in 0..100 {
-        if observer.lease_time_to_live(g.id, false).await.unwrap().ttl == -1 {
-            expired = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        expired,
-        "lease {} still alive 10 s after its handle was dropped",
+    eventually(format!(
+        "lease {} expired after its handle was dropped",
         g.id
-    );
+    ))
+    .within(Duration::from_secs(10))
+    .every(Duration::from_millis(100))
+    .until(
+        async || match observer.lease_time_to_live(g.id, false).await {
+            Ok(r) if r.ttl == -1 => Ok(()),
+            Ok(r) => Err(format!("TTL {} left", r.ttl)),
+            Err(e) => Err(format!("{e:?}")),
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1291,13 +1304,17 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
     assert_eq!(s.ttl_left(), Duration::ZERO);
     assert!(s.failures >= 1, "{s:?}");
     // The server let it expire too.
-    let expired = tokio::time::timeout(T, async {
-        while observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(expired.is_ok(), "the server still has the lease");
+    eventually("the server let the lease expire")
+        .within(T)
+        .every(Duration::from_millis(100))
+        .until(
+            async || match observer.lease_time_to_live(g.id, false).await {
+                Ok(r) if r.ttl <= 0 => Ok(()),
+                Ok(r) => Err(format!("TTL {} left", r.ttl)),
+                Err(e) => Err(format!("{e:?}")),
+            },
+        )
+        .await;
     proxy.heal();
 }
 

@@ -10,7 +10,7 @@ use aether_etcd::{
     Alarm, AlarmKind, Client, ClientConfig, Compare, CompareOp, Delete, Error, Op, OpResponse, Put,
     Range, Txn, WatchOptions,
 };
-use aether_test_kit::{Etcd, FaultProxy, etcdctl_command, wait_until_async};
+use aether_test_kit::{Etcd, FaultProxy, etcdctl_command, eventually, wait_until_async};
 use futures_util::StreamExt;
 
 fn client(etcd: &Etcd) -> Client {
@@ -103,12 +103,14 @@ async fn election_handoff_on_resign_revoke_and_expiry() {
     // The second candidate queues behind the first.
     let mut e2 = Election::new(&s2, "/el");
     let second = tokio::spawn(async move { e2.campaign("two").await.map(|_| e2) });
-    let queued = || async { c.range(Range::prefix("/el/")).await.unwrap().kvs().len() == 2 };
-    let deadline = tokio::time::Instant::now() + T;
-    while !queued().await {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let candidates = async || c.range(Range::prefix("/el/")).await.unwrap().kvs().len();
+    let queued = || {
+        eventually("the second candidate queued")
+            .within(T)
+            .every(Duration::from_millis(20))
+            .until_eq(2, candidates)
+    };
+    queued().await;
     assert!(
         !second.is_finished(),
         "the second won while the first leads"
@@ -127,11 +129,7 @@ async fn election_handoff_on_resign_revoke_and_expiry() {
 
     // 2. The leader's lease is revoked: the waiting first candidate leads.
     let first = tokio::spawn(async move { e1.campaign("one again").await.map(|_| e1) });
-    let deadline = tokio::time::Instant::now() + T;
-    while !queued().await {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    queued().await;
     s2.close().await.unwrap();
     let e1 = within("the first wins after a revoke", first)
         .await
@@ -304,11 +302,13 @@ async fn try_lock_on_a_held_lock_and_waiting_lock_session_loss() {
     // A waiter whose session is revoked stops waiting with SessionExpired.
     m1.lock().await.unwrap();
     let waiter = tokio::spawn(async move { m2.lock().await });
-    let deadline = tokio::time::Instant::now() + T;
-    while c.range(Range::prefix("/tl/")).await.unwrap().kvs().len() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the waiter queued")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until_eq(2, async || {
+            c.range(Range::prefix("/tl/")).await.unwrap().kvs().len()
+        })
+        .await;
     c.lease_revoke(s2.lease()).await.unwrap();
     let r = within("the waiter gives up", waiter).await.unwrap();
     assert!(matches!(r, Err(Error::SessionExpired)), "{r:?}");
@@ -580,17 +580,22 @@ async fn election_interoperates_with_etcdctl_elect() {
     );
     let s = session(&c, 30).await;
     let mut e = Election::new(&s, "/interop");
-    let deadline = tokio::time::Instant::now() + T;
-    while leader_value(&e).await.as_deref() != Some("from-go") {
-        assert!(tokio::time::Instant::now() < deadline, "etcdctl never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("etcdctl leads")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until_eq(Some("from-go".to_string()), async || leader_value(&e).await)
+        .await;
     let ours = tokio::spawn(async move { e.campaign("from-rust").await.map(|_| e) });
-    let deadline = tokio::time::Instant::now() + T;
-    while c.range(Range::prefix("/interop/")).await.unwrap().count < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("our candidate queued behind etcdctl")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until(
+            async || match c.range(Range::prefix("/interop/")).await.unwrap().count {
+                n if n >= 2 => Ok(()),
+                n => Err(format!("{n} candidates")),
+            },
+        )
+        .await;
     assert!(!ours.is_finished(), "led while etcdctl leads");
     // etcdctl resigns on SIGINT.
     let pid = go.0.id().to_string();
