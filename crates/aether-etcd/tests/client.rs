@@ -409,7 +409,13 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
         .await;
     for h in handles.iter().step_by(97) {
         let ttl = c.lease_time_to_live(h.id(), false).await.unwrap();
-        assert!(ttl.ttl > 0, "lease {} expired; {:?}", h.id(), h.status());
+        assert!(
+            ttl.ttl > 0,
+            "lease {} has TTL {} on the server; {:?}",
+            h.id(),
+            ttl.ttl,
+            h.status()
+        );
         assert!(h.status().successes >= 2, "{:?}", h.status());
     }
     assert_eq!(
