@@ -1,18 +1,16 @@
 //! The client's higher-level APIs against real etcd: sessions, election,
 //! locks, cluster, maintenance and namespaces.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use aether_replicator::etcd::concurrency::{Election, Mutex, Session, SessionOptions};
-use aether_replicator::etcd::{
+use aether_etcd::concurrency::{Election, Mutex, Session, SessionOptions};
+use aether_etcd::{
     Alarm, AlarmKind, Client, ClientConfig, Compare, CompareOp, Delete, Error, Op, OpResponse, Put,
     Range, Txn, WatchOptions,
 };
-use common::Etcd;
+use aether_test_kit::{Etcd, FaultProxy, etcdctl_command, eventually, wait_until_async};
 use futures_util::StreamExt;
 
 fn client(etcd: &Etcd) -> Client {
@@ -105,12 +103,14 @@ async fn election_handoff_on_resign_revoke_and_expiry() {
     // The second candidate queues behind the first.
     let mut e2 = Election::new(&s2, "/el");
     let second = tokio::spawn(async move { e2.campaign("two").await.map(|_| e2) });
-    let queued = || async { c.range(Range::prefix("/el/")).await.unwrap().kvs().len() == 2 };
-    let deadline = tokio::time::Instant::now() + T;
-    while !queued().await {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let candidates = async || c.range(Range::prefix("/el/")).await.unwrap().kvs().len();
+    let queued = || {
+        eventually("the second candidate queued")
+            .within(T)
+            .every(Duration::from_millis(20))
+            .until_eq(2, candidates)
+    };
+    queued().await;
     assert!(
         !second.is_finished(),
         "the second won while the first leads"
@@ -129,11 +129,7 @@ async fn election_handoff_on_resign_revoke_and_expiry() {
 
     // 2. The leader's lease is revoked: the waiting first candidate leads.
     let first = tokio::spawn(async move { e1.campaign("one again").await.map(|_| e1) });
-    let deadline = tokio::time::Instant::now() + T;
-    while !queued().await {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    queued().await;
     s2.close().await.unwrap();
     let e1 = within("the first wins after a revoke", first)
         .await
@@ -306,11 +302,13 @@ async fn try_lock_on_a_held_lock_and_waiting_lock_session_loss() {
     // A waiter whose session is revoked stops waiting with SessionExpired.
     m1.lock().await.unwrap();
     let waiter = tokio::spawn(async move { m2.lock().await });
-    let deadline = tokio::time::Instant::now() + T;
-    while c.range(Range::prefix("/tl/")).await.unwrap().kvs().len() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the waiter queued")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until_eq(2, async || {
+            c.range(Range::prefix("/tl/")).await.unwrap().kvs().len()
+        })
+        .await;
     c.lease_revoke(s2.lease()).await.unwrap();
     let r = within("the waiter gives up", waiter).await.unwrap();
     assert!(matches!(r, Err(Error::SessionExpired)), "{r:?}");
@@ -437,7 +435,7 @@ async fn namespace_prefixes_and_strips_keys() {
     let raw = c.range(Range::key("/ns/a")).await.unwrap();
     assert_eq!(raw.kvs()[0].value(), "1");
 
-    let keys = |r: &aether_replicator::etcd::RangeResponse| -> Vec<Vec<u8>> {
+    let keys = |r: &aether_etcd::RangeResponse| -> Vec<Vec<u8>> {
         r.kvs().iter().map(|kv| kv.key().to_vec()).collect()
     };
     let all = ns.range(Range::prefix("")).await.unwrap();
@@ -502,7 +500,7 @@ async fn namespace_prefixes_and_strips_keys() {
             seen.push((ev.kind, String::from_utf8_lossy(ev.kv.key()).into_owned()));
         }
     }
-    use aether_replicator::etcd::EventKind::{Delete as D, Put as P};
+    use aether_etcd::EventKind::{Delete as D, Put as P};
     let ffff = String::from_utf8_lossy(&[0xff, 0xff]).into_owned();
     assert_eq!(
         seen,
@@ -532,7 +530,7 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
     let etcd = Etcd::builder()
         .extra_args(&[&format!("--advertise-client-urls={advertised}")])
         .start();
-    let proxy = common::FaultProxy::with_listener(listener, etcd.client_addr());
+    let proxy = FaultProxy::with_listener(listener, etcd.client_addr());
     assert_eq!(proxy.endpoint(), advertised);
     // Configured: the member directly, and a port nothing listens on.
     let config = {
@@ -542,7 +540,7 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
     };
     let c = Client::connect(config).unwrap();
     assert!(
-        common::wait_until_async(T, || c.endpoints() == [advertised.clone()]).await,
+        wait_until_async(T, || c.endpoints() == [advertised.clone()]).await,
         "endpoints never synced: {:?}",
         c.endpoints()
     );
@@ -551,7 +549,7 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
 
     drop(c);
     assert!(
-        common::wait_until_async(T, || proxy.active_connections() == 0).await,
+        wait_until_async(T, || proxy.active_connections() == 0).await,
         "{} connections still open: the auto-sync task outlived its client",
         proxy.active_connections()
     );
@@ -572,7 +570,7 @@ async fn election_interoperates_with_etcdctl_elect() {
         }
     }
     let go = Reap(
-        common::etcdctl_command()
+        etcdctl_command()
             .arg(format!("--endpoints={}", etcd.endpoint()))
             .args(["elect", "/interop", "from-go"])
             .stdout(std::process::Stdio::piped())
@@ -582,17 +580,22 @@ async fn election_interoperates_with_etcdctl_elect() {
     );
     let s = session(&c, 30).await;
     let mut e = Election::new(&s, "/interop");
-    let deadline = tokio::time::Instant::now() + T;
-    while leader_value(&e).await.as_deref() != Some("from-go") {
-        assert!(tokio::time::Instant::now() < deadline, "etcdctl never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("etcdctl leads")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until_eq(Some("from-go".to_string()), async || leader_value(&e).await)
+        .await;
     let ours = tokio::spawn(async move { e.campaign("from-rust").await.map(|_| e) });
-    let deadline = tokio::time::Instant::now() + T;
-    while c.range(Range::prefix("/interop/")).await.unwrap().count < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("our candidate queued behind etcdctl")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until(
+            async || match c.range(Range::prefix("/interop/")).await.unwrap().count {
+                n if n >= 2 => Ok(()),
+                n => Err(format!("{n} candidates")),
+            },
+        )
+        .await;
     assert!(!ours.is_finished(), "led while etcdctl leads");
     // etcdctl resigns on SIGINT.
     let pid = go.0.id().to_string();

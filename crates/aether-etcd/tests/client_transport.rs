@@ -2,19 +2,19 @@
 //! from the system's roots, round-robin balancing, retries of unary calls
 //! and per-call timeouts.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use aether_replicator::etcd::{
-    Balance, Client, ClientConfig, Error, Put, Range, RetryPolicy, TlsConfig,
-};
-use common::{Cluster, Etcd, FaultProxy, generate_mtls, generate_tls};
+use aether_etcd::{Balance, Client, ClientConfig, Error, Put, Range, RetryPolicy, TlsConfig};
+use aether_test_kit::{Cluster, Etcd, FaultProxy, eventually, generate_mtls, generate_tls};
 
 /// One-way delay of the proxy in the in-flight tests: a call's round trip
-/// through it takes twice this, and the proxy is cut halfway through.
+/// through it takes twice this, and the proxy is cut once the call has
+/// reached etcd, while the answer is on its way back.
 const LATENCY: Duration = Duration::from_millis(300);
+
+/// How long a wait for etcd or the client lasts.
+const T: Duration = Duration::from_secs(20);
 
 fn config(endpoints: Vec<String>) -> ClientConfig {
     ClientConfig::new(endpoints).with_request_timeout(Duration::from_secs(5))
@@ -269,32 +269,51 @@ async fn a_write_that_may_have_been_applied_is_not_retried() {
         let c = c.clone();
         async move { c.put(Put::new("/maybe", "1")).await }
     });
-    // Past the request's arrival, before the answer's: the put is sent and
-    // (most likely) applied, the connection dies under it.
-    tokio::time::sleep(LATENCY * 3 / 2).await;
+    // Past the request's arrival, before the answer's: once etcd has
+    // applied the put, its answer is still on its way back through the
+    // proxy's delay line, and the connection dies under it.
+    let direct = Client::connect(config(etcd.endpoints())).unwrap();
+    let version = async || {
+        let r = direct.range(Range::key("/maybe")).await.unwrap();
+        r.kvs().first().map_or(0, |kv| kv.version())
+    };
+    eventually("the put applied")
+        .within(T)
+        .every(Duration::from_millis(10))
+        .until(async || match version().await {
+            0 => Err("no /maybe yet".to_string()),
+            v => Ok(v),
+        })
+        .await;
     proxy.cut();
     let err = put.await.unwrap().unwrap_err();
     // The second endpoint (etcd itself) was there: a retry would have
-    // succeeded.
+    // succeeded, and written it again.
     assert!(err.maybe_applied(), "{err:?}");
-    let direct = Client::connect(config(etcd.endpoints())).unwrap();
+    let version = version().await;
+    assert_eq!(version, 1, "written {version} times");
     let kvs = direct.range(Range::key("/maybe")).await.unwrap().into_kvs();
-    let version = kvs.first().map_or(0, |kv| kv.version());
-    assert!(version <= 1, "written {version} times");
-    println!(
-        "the put was {}applied",
-        if version == 1 { "" } else { "not " }
-    );
 
     // A read in the same spot is sent again, to the next endpoint.
     proxy.heal();
     proxy.set_latency(Duration::ZERO);
     let c = through_a_slow_proxy(&proxy, &etcd).await;
+    // etcd's count of the ranges it has begun to serve.
+    const RANGES: &str = r#"grpc_server_started_total{grpc_method="Range"}"#;
+    let ranges = etcd.metric(RANGES).expect(RANGES);
     let read = tokio::spawn({
         let c = c.clone();
         async move { c.range(Range::key("/maybe")).await }
     });
-    tokio::time::sleep(LATENCY * 3 / 2).await;
+    // The read has reached etcd, its answer not the client.
+    eventually("the read reached etcd")
+        .within(T)
+        .every(Duration::from_millis(10))
+        .until(async || match etcd.metric(RANGES) {
+            Some(n) if n > ranges => Ok(()),
+            n => Err(format!("{RANGES} {n:?}, {ranges} before the read")),
+        })
+        .await;
     proxy.cut();
     let got = read.await.unwrap().unwrap();
     assert_eq!(got.kvs().len(), kvs.len());

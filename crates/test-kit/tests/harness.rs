@@ -1,12 +1,12 @@
-//! Self-tests of the shared integration-test harness in `tests/common/`.
-
-mod common;
+//! Self-tests of the test kit: etcd processes, the fault proxy, TLS material.
 
 use std::net::SocketAddr;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{Etcd, FaultProxy, etcdctl_command, generate_mtls, generate_tls};
+use aether_test_kit::{
+    Etcd, FaultProxy, etcdctl_command, generate_mtls, generate_tls, wait_until, wait_until_async,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -349,11 +349,11 @@ fn etcd_dies_with_the_test_process() {
         .expect("no dir in helper output");
     assert!(!out.status.success(), "helper should have aborted");
     assert!(
-        common::wait_until(Duration::from_secs(5), || process_gone(pid)),
+        wait_until(Duration::from_secs(5), || process_gone(pid)),
         "etcd {pid} outlived the aborted test process"
     );
     assert!(
-        common::wait_until(Duration::from_secs(5), || !dir.exists()),
+        wait_until(Duration::from_secs(5), || !dir.exists()),
         "temp dir {} left behind",
         dir.display()
     );
@@ -512,19 +512,14 @@ async fn proxy_cut_semantics_current_thread() {
     hole.write_all(b"anyone?").await.unwrap();
     let r = tokio::time::timeout(Duration::from_millis(500), hole.read(&mut buf)).await;
     assert!(r.is_err(), "black-holed connection produced {r:?}");
-    assert!(
-        common::wait_until_async(Duration::from_secs(2), || proxy.accepted_connections() == 2)
-            .await
-    );
+    assert!(wait_until_async(Duration::from_secs(2), || proxy.accepted_connections() == 2).await);
 
     // heal: the black-holed connection is closed, new ones work.
     proxy.heal();
     assert_closed(&mut hole, "black-holed connection not closed by heal").await;
     let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
     assert_echoes(&mut fresh, b"again").await;
-    assert!(
-        common::wait_until_async(Duration::from_secs(2), || proxy.active_connections() == 1).await
-    );
+    assert!(wait_until_async(Duration::from_secs(2), || proxy.active_connections() == 1).await);
 
     // Dropping the proxy closes everything.
     let addr = proxy.addr();

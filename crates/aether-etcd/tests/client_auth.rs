@@ -2,12 +2,10 @@
 //! permissions, enabling, disabling and status, and what etcd then lets
 //! each user do.
 
-mod common;
-
-use aether_replicator::etcd::{
+use aether_etcd::{
     Client, ClientConfig, Error, Permission, PermissionKind, Put, Range, UserAddOptions,
 };
-use common::Etcd;
+use aether_test_kit::Etcd;
 
 fn plain(etcd: &Etcd) -> Client {
     Client::connect(ClientConfig::new(etcd.endpoints())).expect("client")

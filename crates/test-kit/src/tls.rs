@@ -10,15 +10,15 @@ use rcgen::{
 
 /// DNS name (besides `localhost` and IP 127.0.0.1) in the server certificate's
 /// SANs; use it as the TLS domain name override when dialing 127.0.0.1.
-pub(crate) const SERVER_DNS_NAME: &str = "etcd.test";
+pub const SERVER_DNS_NAME: &str = "etcd.test";
 
 /// Common name of the default client certificate. etcd maps the CN of a
 /// verified client certificate to the user name when auth is enabled.
-pub(crate) const CLIENT_CN: &str = "root";
+pub const CLIENT_CN: &str = "root";
 
 /// Paths of PEM files written by [`generate_tls`].
 #[derive(Clone, Debug)]
-pub(crate) struct TlsFiles {
+pub struct TlsFiles {
     /// Directory the files live in (owned by the caller, e.g. a `TempDir`).
     pub dir: PathBuf,
     /// `ca.pem`: the CA certificate.
@@ -39,27 +39,30 @@ pub(crate) struct TlsFiles {
 
 impl TlsFiles {
     /// Sets whether the server requires (and verifies) client certificates.
-    pub(crate) fn with_client_cert_auth(mut self, on: bool) -> Self {
+    pub fn with_client_cert_auth(mut self, on: bool) -> Self {
         self.client_cert_auth = on;
         self
     }
 
-    pub(crate) fn ca_pem(&self) -> Vec<u8> {
+    /// The CA certificate's PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
         read(&self.ca)
     }
 
-    pub(crate) fn client_cert_pem(&self) -> Vec<u8> {
+    /// The `root` client certificate's PEM.
+    pub fn client_cert_pem(&self) -> Vec<u8> {
         read(&self.client_cert)
     }
 
-    pub(crate) fn client_key_pem(&self) -> Vec<u8> {
+    /// The `root` client key's PEM.
+    pub fn client_key_pem(&self) -> Vec<u8> {
         read(&self.client_key)
     }
 
     /// Issues another client certificate signed by the same CA with common
     /// name `cn`, written to `client-<cn>.pem` / `client-<cn>-key.pem` in
     /// [`TlsFiles::dir`]. Returns `(cert_path, key_path)`.
-    pub(crate) fn issue_client_cert(&self, cn: &str) -> (PathBuf, PathBuf) {
+    pub fn issue_client_cert(&self, cn: &str) -> (PathBuf, PathBuf) {
         assert!(
             cn.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'),
@@ -76,12 +79,7 @@ impl TlsFiles {
 
     /// [`TlsFiles::issue_client_cert`], valid from `from` to `to` (Unix
     /// seconds), written to `client-<cn>.pem` / `client-<cn>-key.pem`.
-    pub(crate) fn issue_client_cert_valid(
-        &self,
-        cn: &str,
-        from: i64,
-        to: i64,
-    ) -> (PathBuf, PathBuf) {
+    pub fn issue_client_cert_valid(&self, cn: &str, from: i64, to: i64) -> (PathBuf, PathBuf) {
         let ca_key_pem = fs::read_to_string(&self.ca_key).expect("read CA key");
         let ca_key = KeyPair::from_pem(&ca_key_pem).expect("parse CA key");
         let issuer = Issuer::new(ca_params(), ca_key);
@@ -95,7 +93,7 @@ impl TlsFiles {
 /// Generates a CA, a server certificate and a `root` client certificate in
 /// `dir` (which must exist). The returned files do not require client
 /// certificates; see [`TlsFiles::with_client_cert_auth`] or [`generate_mtls`].
-pub(crate) fn generate_tls(dir: &Path) -> TlsFiles {
+pub fn generate_tls(dir: &Path) -> TlsFiles {
     fs::create_dir_all(dir).expect("create TLS dir");
 
     // CA
@@ -154,7 +152,7 @@ pub(crate) fn generate_tls(dir: &Path) -> TlsFiles {
 }
 
 /// [`generate_tls`] with client-certificate authentication required.
-pub(crate) fn generate_mtls(dir: &Path) -> TlsFiles {
+pub fn generate_mtls(dir: &Path) -> TlsFiles {
     generate_tls(dir).with_client_cert_auth(true)
 }
 

@@ -3,16 +3,14 @@
 //! txns, mod-revision bounds, puts that keep their value or lease, and the
 //! namespace variants of each.
 
-mod common;
-
 use std::pin::Pin;
 use std::time::Duration;
 
-use aether_replicator::etcd::{
+use aether_etcd::{
     Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, LeaseId, Op, OpResponse,
     Put, Range, RangeResponse, Result, Txn, TxnResponse, WatchOptions, WatchResponse,
 };
-use common::Etcd;
+use aether_test_kit::{Etcd, wait_until_async};
 use futures_util::{Stream, StreamExt};
 
 fn client(etcd: &Etcd) -> Client {
@@ -309,7 +307,7 @@ async fn each_watch_kind_resumes_exactly_once_across_etcd_restarts() {
         assert!(stream.is_connected());
         tokio::task::block_in_place(|| etcd.kill());
         assert!(
-            common::wait_until_async(T, || !stream.is_connected()).await,
+            wait_until_async(T, || !stream.is_connected()).await,
             "the stream noticed the loss"
         );
         tokio::task::block_in_place(|| etcd.restart());

@@ -1,4 +1,4 @@
-//! Counts serialized round trips through a [`super::FaultProxy`]: how many
+//! Counts serialized round trips through a [`crate::FaultProxy`]: how many
 //! request/response turnarounds a client waited for, in a row, before it
 //! sent a given request.
 //!
@@ -50,10 +50,21 @@ const INITIAL_WINDOW: u16 = 4;
 
 /// Round-trip accounting for one proxy (see the module docs). Shared by
 /// every connection the proxy accepts after
-/// [`super::FaultProxy::count_round_trips`].
+/// [`crate::FaultProxy::count_round_trips`].
 #[derive(Default)]
-pub(crate) struct RoundTrips {
+pub struct RoundTrips {
     inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for RoundTrips {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("RoundTrips")
+            .field("delivered", &inner.delivered)
+            .field("requests", &inner.requests.len())
+            .field("connections", &inner.conns.len())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
@@ -100,7 +111,7 @@ struct Mark {
 
 /// A mark's first request: its level and when the proxy read it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Seen {
+pub struct Seen {
     /// One more than the round trips the client had waited for in a row.
     pub level: u32,
     /// When the proxy read it from the client.
@@ -137,7 +148,7 @@ impl RoundTrips {
 
     /// Remember the first request (lowest level) whose DATA frame
     /// contains `needle`, under `name`.
-    pub(crate) fn mark(&self, name: &str, needle: &[u8]) {
+    pub fn mark(&self, name: &str, needle: &[u8]) {
         self.lock().marks.push(Mark {
             name: name.to_owned(),
             needle: needle.to_vec(),
@@ -146,7 +157,7 @@ impl RoundTrips {
     }
 
     /// The lowest-level request that carried the mark's bytes so far.
-    pub(crate) fn first(&self, name: &str) -> Option<Seen> {
+    pub fn first(&self, name: &str) -> Option<Seen> {
         self.lock()
             .marks
             .iter()
@@ -156,7 +167,7 @@ impl RoundTrips {
 
     /// The highest response level the client had received at `at`: the
     /// round trips through this proxy completed, in a row, by then.
-    pub(crate) fn completed_by(&self, at: Instant) -> u32 {
+    pub fn completed_by(&self, at: Instant) -> u32 {
         self.lock()
             .rises
             .iter()
@@ -167,14 +178,14 @@ impl RoundTrips {
     }
 
     /// Connections opened through the proxy since counting began.
-    pub(crate) fn connections(&self) -> usize {
+    pub fn connections(&self) -> usize {
         self.lock().conns.len()
     }
 
     /// Every request up to `max_level`, one line each: level, time since
     /// the first, connection, stream and the printable text of its first
     /// DATA frame (keys, values), so a person can tell what it was.
-    pub(crate) fn report(&self, max_level: u32) -> String {
+    pub fn report(&self, max_level: u32) -> String {
         let inner = self.lock();
         let t0 = inner.started;
         let mut out = String::new();
@@ -195,7 +206,7 @@ impl RoundTrips {
     /// BDP probes: one per sample) and any new stream window it set. A
     /// connection whose client bytes double bucket by bucket while the
     /// sender has more to send is in the window's ramp.
-    pub(crate) fn flow_report(&self, bucket: std::time::Duration) -> String {
+    pub fn flow_report(&self, bucket: std::time::Duration) -> String {
         let inner = self.lock();
         let Some(t0) = inner.started else {
             return String::new();
@@ -234,7 +245,7 @@ impl RoundTrips {
     /// Per connection, the largest stream window the server has set
     /// (SETTINGS_INITIAL_WINDOW_SIZE; grpc-go raises it with the
     /// connection's window as its BDP estimate grows), 0 if none.
-    pub(crate) fn stream_windows(&self) -> Vec<u32> {
+    pub fn stream_windows(&self) -> Vec<u32> {
         let inner = self.lock();
         let mut out = vec![0; inner.conns.len()];
         for f in &inner.flow {
@@ -247,7 +258,7 @@ impl RoundTrips {
 
     /// Client DATA bytes per connection, in `bucket`s of time since the
     /// first connection: `[conn][bucket]`.
-    pub(crate) fn client_bytes(&self, bucket: std::time::Duration) -> Vec<Vec<u64>> {
+    pub fn client_bytes(&self, bucket: std::time::Duration) -> Vec<Vec<u64>> {
         let inner = self.lock();
         let Some(t0) = inner.started else {
             return Vec::new();

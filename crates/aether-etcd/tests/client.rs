@@ -1,15 +1,16 @@
 //! The etcd client against real etcd processes.
 
-mod common;
-
-use aether_replicator::etcd::LeaseId;
+use aether_etcd::LeaseId;
 use std::time::Duration;
 
-use aether_replicator::etcd::{
+use aether_etcd::{
     Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, Put, Range, TlsConfig, Txn,
     TxnBatcher, TxnLimits, WatchOptions, WatchResponse, Watcher,
 };
-use common::{Etcd, generate_mtls, generate_tls};
+use aether_test_kit::{
+    Cluster, Etcd, FaultProxy, eventually, generate_mtls, generate_tls, wait_until,
+    wait_until_async, write_file,
+};
 
 fn client(etcd: &Etcd) -> Client {
     Client::connect(ClientConfig::new(etcd.endpoints())).expect("client")
@@ -90,7 +91,7 @@ async fn kv_range_put_delete_txn() {
         .unwrap();
     assert!(!again.succeeded);
     match &again.responses[0] {
-        aether_replicator::etcd::OpResponse::Range(r) => assert_eq!(r.kvs()[0].value(), "1"),
+        aether_etcd::OpResponse::Range(r) => assert_eq!(r.kvs()[0].value(), "1"),
         other => panic!("unexpected {other:?}"),
     }
     let status = c.status().await.unwrap();
@@ -299,7 +300,7 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
         assert!(stream.is_connected());
         etcd.kill();
         assert!(
-            common::wait_until_async(T, || !stream.is_connected()).await,
+            wait_until_async(T, || !stream.is_connected()).await,
             "the stream noticed the loss"
         );
         etcd.restart();
@@ -312,7 +313,7 @@ async fn watch_resumes_across_an_etcd_restart_exactly_once() {
     .await
     .expect("caught up after restarts");
     assert!(
-        common::wait_until_async(T, || stream.is_connected()).await,
+        wait_until_async(T, || stream.is_connected()).await,
         "reconnected"
     );
     // Event by event: each write exactly once, in order, nothing else.
@@ -385,11 +386,40 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     c.put(Put::new("/lease/last", "x").lease(handles[999].id()))
         .await
         .unwrap();
-    // Three TTLs later every lease is still alive and has been refreshed.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // A lease is refreshed every TTL/3, each refresh answered by the
+    // server with the lease alive: nine in a row is three TTLs of a lease
+    // that, unrefreshed, would have expired after one. Sampled, as checked
+    // below: granting 1000 leases one by one takes long on a loaded
+    // machine, and one granted while etcd stalls can run out before its
+    // first refresh.
+    eventually("every sampled lease refreshed 9 times")
+        .within(T)
+        .until(async || {
+            let behind: Vec<_> = handles
+                .iter()
+                .step_by(97)
+                .filter(|h| h.status().successes < 9)
+                .collect();
+            match behind.first() {
+                None => Ok(()),
+                Some(h) => Err(format!(
+                    "{} leases refreshed fewer times, e.g. {}: {:?}",
+                    behind.len(),
+                    h.id(),
+                    h.status()
+                )),
+            }
+        })
+        .await;
     for h in handles.iter().step_by(97) {
         let ttl = c.lease_time_to_live(h.id(), false).await.unwrap();
-        assert!(ttl.ttl > 0, "lease {} expired; {:?}", h.id(), h.status());
+        assert!(
+            ttl.ttl > 0,
+            "lease {} has TTL {} on the server; {:?}",
+            h.id(),
+            ttl.ttl,
+            h.status()
+        );
         assert!(h.status().successes >= 2, "{:?}", h.status());
     }
     assert_eq!(
@@ -454,7 +484,7 @@ async fn tls_and_mutual_tls() {
             c.ca_file = Some(tls.ca.display().to_string());
             c.cert_file = cert.then(|| tls.client_cert.display().to_string());
             c.key_file = cert.then(|| tls.client_key.display().to_string());
-            c.server_name = Some(common::tls::SERVER_DNS_NAME.to_string());
+            c.server_name = Some(aether_test_kit::tls::SERVER_DNS_NAME.to_string());
             c
         });
         cfg
@@ -560,10 +590,22 @@ async fn expired_token_is_renewed_once() {
     let c = Client::connect(cfg).unwrap();
     c.put(Put::new("/tok", "1")).await.unwrap();
     assert_eq!(c.authentications(), 1);
-    // The simple token expires after a second of disuse; the next call is
-    // refused with "invalid auth token", re-authenticates, and succeeds.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    c.put(Put::new("/tok", "2")).await.unwrap();
+    // The simple token expires after a second of disuse (etcd looks every
+    // second); the next call is refused with "invalid auth token",
+    // re-authenticates, and succeeds. Used every 2.5 s, the token gets the
+    // time to expire between two calls: each call must succeed, and the
+    // first after an expiry must have renewed it.
+    eventually("a put after the token expired renewed it")
+        .within(T)
+        .every(Duration::from_millis(2500))
+        .until(async || {
+            c.put(Put::new("/tok", "2")).await.unwrap();
+            match c.authentications() {
+                1 => Err("the token was still valid: 1 authentication".to_string()),
+                _ => Ok(()),
+            }
+        })
+        .await;
     assert_eq!(c.authentications(), 2, "renewed exactly once");
     assert_eq!(
         c.range(Range::key("/tok")).await.unwrap().kvs()[0].value(),
@@ -635,18 +677,13 @@ async fn progress_requests_and_cancel() {
     // Cancelling one watcher leaves the other on the same stream working,
     // and the server drops the cancelled one.
     let watchers = || {
-        let page = common::replicator::http_get(
-            std::net::SocketAddr::from(([127, 0, 0, 1], etcd.metrics_port())),
-            "/metrics",
-        )
-        .map(|(_, b)| b)
-        .unwrap_or_default();
-        common::replicator::metric(&page, "etcd_debugging_mvcc_watcher_total").unwrap_or(-1.0)
+        etcd.metric("etcd_debugging_mvcc_watcher_total")
+            .unwrap_or(-1.0)
     };
     assert_eq!(watchers(), 2.0);
     drop(dropped);
     assert!(
-        common::wait_until(T, || watchers() == 1.0),
+        wait_until(T, || watchers() == 1.0),
         "server still has {} watchers",
         watchers()
     );
@@ -841,7 +878,7 @@ async fn many_small_frames_unread_do_not_reset_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     let etcd = Etcd::start();
-    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
     let g = c.lease_grant(2).await.unwrap();
@@ -883,31 +920,44 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     };
     assert_eq!(second.unwrap().unwrap().events[0].kv.key(), "/owner/b");
     // So does the lease: its handle keeps the keep-alive task running.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Refreshed every TTL/3, four more answers span more than its TTL.
+    let refreshed = lease.status().successes;
+    eventually("the lease refreshed 4 more times with the client dropped")
+        .within(T)
+        .until(async || {
+            let s = lease.status();
+            if s.successes >= refreshed + 4 {
+                Ok(())
+            } else {
+                Err(format!("{refreshed} refreshes before, now {s:?}"))
+            }
+        })
+        .await;
     assert!(observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0);
 
     // The last handles go: both tasks stop and the connection closes.
     drop(watcher);
     drop(lease);
     assert!(
-        common::wait_until_async(T, || proxy.active_connections() == 0).await,
+        wait_until_async(T, || proxy.active_connections() == 0).await,
         "{} connections still open after every handle was dropped",
         proxy.active_connections()
     );
     // Not revoked, only no longer kept alive: the lease runs out by itself.
-    let mut expired = false;
-    for _ in 0..100 {
-        if observer.lease_time_to_live(g.id, false).await.unwrap().ttl == -1 {
-            expired = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        expired,
-        "lease {} still alive 10 s after its handle was dropped",
+    eventually(format!(
+        "lease {} expired after its handle was dropped",
         g.id
-    );
+    ))
+    .within(Duration::from_secs(10))
+    .every(Duration::from_millis(100))
+    .until(
+        async || match observer.lease_time_to_live(g.id, false).await {
+            Ok(r) if r.ttl == -1 => Ok(()),
+            Ok(r) => Err(format!("TTL {} left", r.ttl)),
+            Err(e) => Err(format!("{e:?}")),
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1026,7 +1076,7 @@ async fn a_paused_watcher_buffers_at_most_its_byte_budget() {
         want.push(p.await.unwrap().header.revision);
     }
     let mut peak = 0;
-    let filled = common::wait_until_async(T, || {
+    let filled = wait_until_async(T, || {
         let b = w.buffered_bytes();
         peak = peak.max(b);
         b + VALUE + 1024 > budget
@@ -1059,15 +1109,15 @@ async fn a_paused_watcher_buffers_at_most_its_byte_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
     let etcd = Etcd::start();
-    let first = common::FaultProxy::start(etcd.client_addr()).await;
-    let second = common::FaultProxy::start(etcd.client_addr()).await;
+    let first = FaultProxy::start(etcd.client_addr()).await;
+    let second = FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([first.endpoint(), second.endpoint()])).unwrap();
     let ttl = 3;
     let g = observer.lease_grant(ttl).await.unwrap();
     let h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(
-        common::wait_until_async(T, || h.status().successes >= 2).await,
+        wait_until_async(T, || h.status().successes >= 2).await,
         "{:?}",
         h.status()
     );
@@ -1080,7 +1130,7 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
     first.set_latency(Duration::from_secs(3600));
     let stalled = h.status();
     assert!(
-        common::wait_until_async(Duration::from_secs(ttl as u64), || h.status().failures
+        wait_until_async(Duration::from_secs(ttl as u64), || h.status().failures
             > stalled.failures)
         .await,
         "the stall was not noticed within the TTL: {:?}",
@@ -1111,7 +1161,7 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
 /// watch resumes where it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
-    let mut cluster = common::Cluster::start(3);
+    let mut cluster = Cluster::start(3);
     let first = cluster.members[0].endpoints();
     let c = Client::connect(ClientConfig::new(first.clone())).unwrap();
     let silent = Client::connect({
@@ -1138,7 +1188,7 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
         cluster.members[2].kill();
     });
     assert!(
-        common::wait_until_async(T, || !stream.is_connected()).await,
+        wait_until_async(T, || !stream.is_connected()).await,
         "the watch that requires a leader is still open"
     );
     assert!(
@@ -1147,7 +1197,7 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
     );
     let reconnects = stream.reconnects();
     assert!(
-        common::wait_until_async(T, || stream.reconnects() > reconnects).await,
+        wait_until_async(T, || stream.reconnects() > reconnects).await,
         "new streams are refused while there is no leader"
     );
     // Quorum again: the watch comes back and resumes.
@@ -1165,7 +1215,7 @@ async fn a_watch_on_a_member_without_quorum_does_not_stay_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_are_spread_over_the_configured_connections() {
     let etcd = Etcd::start();
-    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
     let c = Client::connect(ClientConfig::new([proxy.endpoint()]).with_connections(4)).unwrap();
     for i in 0..8 {
         c.put(Put::new(format!("spread/{i}"), "v")).await.unwrap();
@@ -1188,7 +1238,7 @@ async fn calls_are_spread_over_the_configured_connections() {
 /// Waits until the handle's keep-alive has been answered at least `after`
 /// past `from`: a lease kept that long past its TTL is alive because of
 /// this keep-alive, not because it was young.
-async fn kept_alive_until(h: &aether_replicator::etcd::LeaseHandle, until: tokio::time::Instant) {
+async fn kept_alive_until(h: &aether_etcd::LeaseHandle, until: tokio::time::Instant) {
     let mut rx = h.subscribe();
     let reached = tokio::time::timeout(
         T,
@@ -1239,14 +1289,14 @@ async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
     let etcd = Etcd::start();
-    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
     let ttl = 2;
     let g = observer.lease_grant(ttl).await.unwrap();
     let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(
-        common::wait_until_async(T, || h.status().successes >= 1).await,
+        wait_until_async(T, || h.status().successes >= 1).await,
         "{:?}",
         h.status()
     );
@@ -1264,13 +1314,17 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
     assert_eq!(s.ttl_left(), Duration::ZERO);
     assert!(s.failures >= 1, "{s:?}");
     // The server let it expire too.
-    let expired = tokio::time::timeout(T, async {
-        while observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    assert!(expired.is_ok(), "the server still has the lease");
+    eventually("the server let the lease expire")
+        .within(T)
+        .every(Duration::from_millis(100))
+        .until(
+            async || match observer.lease_time_to_live(g.id, false).await {
+                Ok(r) if r.ttl <= 0 => Ok(()),
+                Ok(r) => Err(format!("TTL {} left", r.ttl)),
+                Err(e) => Err(format!("{e:?}")),
+            },
+        )
+        .await;
     proxy.heal();
 }
 
@@ -1299,7 +1353,7 @@ async fn refused_credentials_are_reported_by_watchers_and_keep_alives() {
     let g = root.lease_grant(2).await.unwrap();
     let h = bad.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
     assert!(
-        common::wait_until_async(T, || h.status().failures >= 2).await,
+        wait_until_async(T, || h.status().failures >= 2).await,
         "{:?}",
         h.status()
     );
@@ -1383,7 +1437,7 @@ async fn fragments_being_reassembled_count_against_the_watcher_budget() {
     let etcd = Etcd::builder()
         .extra_args(&[&format!("--max-request-bytes={MAX_REQUEST}")])
         .start();
-    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
     let writer = client(&etcd);
     let budget = 1024 * 1024;
     let window = 256 * 1024;
@@ -1422,7 +1476,7 @@ async fn fragments_being_reassembled_count_against_the_watcher_budget() {
             .await
             .unwrap();
     }
-    assert!(common::wait_until_async(T, || w.buffered_bytes() >= 4 * VALUE).await);
+    assert!(wait_until_async(T, || w.buffered_bytes() >= 4 * VALUE).await);
     let before = proxy.bytes_to_client();
     let del = writer
         .delete(Delete::prefix("/fb/big/").prev_kv())
@@ -1564,11 +1618,11 @@ async fn an_authenticated_watch_resumes_across_an_etcd_restart() {
     assert_eq!(next_response(&mut w).await.events[0].revision(), first);
     assert_eq!(c.authentications(), 1);
     tokio::task::block_in_place(|| etcd.kill());
-    assert!(common::wait_until_async(T, || !stream.is_connected()).await);
+    assert!(wait_until_async(T, || !stream.is_connected()).await);
     tokio::task::block_in_place(|| etcd.restart());
     // The watch reconnects with its old token before anything else on `c`
     // could renew it; the write comes from another client.
-    assert!(common::wait_until_async(T, || stream.is_connected()).await);
+    assert!(wait_until_async(T, || stream.is_connected()).await);
     let writer = Client::connect(etcd.client_config_as("root", "rootpw")).unwrap();
     let second = put_rev(&writer, Put::new("/ra/2", "b")).await;
     let r = tokio::time::timeout(T, async {
@@ -1594,8 +1648,8 @@ async fn an_authenticated_watch_resumes_across_an_etcd_restart() {
 async fn a_token_older_than_the_auth_store_is_renewed_once() {
     let dir = tempfile::tempdir().unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
-    let priv_key = common::write_file(dir.path(), "jwt.key", &key.serialize_pem());
-    let pub_key = common::write_file(dir.path(), "jwt.pub", &key.public_key_pem());
+    let priv_key = write_file(dir.path(), "jwt.key", &key.serialize_pem());
+    let pub_key = write_file(dir.path(), "jwt.pub", &key.public_key_pem());
     let token = format!("--auth-token=jwt,pub-key={pub_key},priv-key={priv_key},sign-method=ES256");
     let etcd = Etcd::builder().extra_args(&[&token]).start();
     etcd.enable_root_auth("rootpw");
@@ -1622,10 +1676,10 @@ async fn open_connections_opens_every_connection_before_a_call_needs_it() {
     root.auth_enable().await.unwrap();
     let log_before = std::fs::read_to_string(etcd.log_path()).unwrap_or_default();
 
-    let proxy = common::FaultProxy::start(etcd.client_addr()).await;
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
     proxy.set_latency(Duration::from_millis(20));
     let mut cfg = ClientConfig::new([proxy.endpoint()]).with_connections(3);
-    cfg.credentials = Some(aether_replicator::etcd::Credentials {
+    cfg.credentials = Some(aether_etcd::Credentials {
         user: "root".into(),
         password: "rootpw".into(),
     });
@@ -1643,7 +1697,7 @@ async fn open_connections_opens_every_connection_before_a_call_needs_it() {
     }
     let g = c.lease_grant(10).await.unwrap();
     let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
-    common::wait_until_async(T, || lease.status().successes > 0).await;
+    wait_until_async(T, || lease.status().successes > 0).await;
     assert!(lease.status().successes > 0, "{:?}", lease.status());
     assert_eq!(proxy.accepted_connections(), 4, "no connection opened late");
 

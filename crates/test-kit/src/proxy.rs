@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::round_trips::{RoundTrips, Tap};
+use crate::round_trips::{RoundTrips, Tap};
 
 const CHUNK: usize = 16 * 1024;
 /// Chunks buffered per direction between reader and (delayed) writer. The
@@ -45,6 +45,7 @@ struct LinkState {
     heals: u64,
 }
 
+#[derive(Debug)]
 struct Shared {
     state: watch::Sender<LinkState>,
     latency_us: AtomicU64,
@@ -73,7 +74,8 @@ impl Shared {
 
 /// A TCP proxy on 127.0.0.1 in front of a loopback upstream. Stops all its
 /// tasks (and closes every connection) when dropped.
-pub(crate) struct FaultProxy {
+#[derive(Debug)]
+pub struct FaultProxy {
     addr: SocketAddr,
     upstream: SocketAddr,
     shared: Arc<Shared>,
@@ -83,7 +85,7 @@ pub(crate) struct FaultProxy {
 impl FaultProxy {
     /// Binds 127.0.0.1:0 and starts forwarding to `upstream`, which must be a
     /// loopback address.
-    pub(crate) async fn start(upstream: SocketAddr) -> FaultProxy {
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind proxy on 127.0.0.1:0");
@@ -93,7 +95,7 @@ impl FaultProxy {
     /// Like [`FaultProxy::start`] on a listener bound beforehand, so the
     /// proxy's address can be handed to the upstream (say, as etcd's
     /// advertised client URL) before the upstream exists.
-    pub(crate) fn with_listener(listener: TcpListener, upstream: SocketAddr) -> FaultProxy {
+    pub fn with_listener(listener: TcpListener, upstream: SocketAddr) -> FaultProxy {
         assert!(
             upstream.ip().is_loopback(),
             "FaultProxy only proxies to loopback upstreams, got {upstream}"
@@ -124,28 +126,30 @@ impl FaultProxy {
         }
     }
 
-    pub(crate) fn addr(&self) -> SocketAddr {
+    /// The address it listens on (127.0.0.1, a free port).
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub(crate) fn upstream(&self) -> SocketAddr {
+    /// The address it forwards to.
+    pub fn upstream(&self) -> SocketAddr {
         self.upstream
     }
 
     /// `http://127.0.0.1:<port>`.
-    pub(crate) fn endpoint(&self) -> String {
+    pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// `https://127.0.0.1:<port>` (TLS passes through the proxy untouched).
-    pub(crate) fn tls_endpoint(&self) -> String {
+    pub fn tls_endpoint(&self) -> String {
         format!("https://{}", self.addr)
     }
 
     /// Closes every live connection now and black-holes new ones: they are
     /// accepted but nothing is read or forwarded, and they stay open until
     /// [`FaultProxy::heal`] (which then closes them).
-    pub(crate) fn cut(&self) {
+    pub fn cut(&self) {
         self.shared.state.send_modify(|s| {
             s.cut = true;
             s.cuts += 1;
@@ -154,51 +158,52 @@ impl FaultProxy {
 
     /// Ends a [`FaultProxy::cut`]: black-holed connections are closed, new
     /// connections are forwarded again.
-    pub(crate) fn heal(&self) {
+    pub fn heal(&self) {
         self.shared.state.send_modify(|s| {
             s.cut = false;
             s.heals += 1;
         });
     }
 
-    pub(crate) fn is_cut(&self) -> bool {
+    /// Whether it is cut ([`FaultProxy::cut`], not yet healed).
+    pub fn is_cut(&self) -> bool {
         self.shared.state.borrow().cut
     }
 
     /// One-way delay added to every chunk in each direction (so a round trip
     /// gains 2x `latency`). Applies to live connections too. Zero disables.
-    pub(crate) fn set_latency(&self, latency: Duration) {
+    pub fn set_latency(&self, latency: Duration) {
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.shared.latency_us.store(us, Ordering::Relaxed);
     }
 
     /// Throttles each direction of each connection to `bytes_per_sec`
     /// (`None` = unlimited). Applies to live connections too.
-    pub(crate) fn set_bandwidth(&self, bytes_per_sec: Option<u64>) {
+    pub fn set_bandwidth(&self, bytes_per_sec: Option<u64>) {
         let b = bytes_per_sec.map(|b| b.max(1)).unwrap_or(0);
         self.shared.bandwidth.store(b, Ordering::Relaxed);
     }
 
     /// Connections accepted so far (including black-holed ones).
-    pub(crate) fn accepted_connections(&self) -> u64 {
+    pub fn accepted_connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
     }
 
     /// Connections currently open on the client side (forwarded or black-holed).
-    pub(crate) fn active_connections(&self) -> u64 {
+    pub fn active_connections(&self) -> u64 {
         self.shared.active.load(Ordering::Relaxed)
     }
 
     /// Bytes forwarded from the upstream to clients so far: what the client
     /// side has been sent, so a test can bound what a client took in.
-    pub(crate) fn bytes_to_client(&self) -> u64 {
+    pub fn bytes_to_client(&self) -> u64 {
         self.shared.to_client.load(Ordering::Relaxed)
     }
 
     /// Counts the serialized round trips of the (plaintext HTTP/2)
     /// connections accepted from now on: see [`RoundTrips`]. Call it before
     /// the client under test connects.
-    pub(crate) fn count_round_trips(&self) -> Arc<RoundTrips> {
+    pub fn count_round_trips(&self) -> Arc<RoundTrips> {
         let trips = Arc::new(RoundTrips::default());
         *self
             .shared

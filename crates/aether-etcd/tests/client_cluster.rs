@@ -5,8 +5,6 @@
 //! refusal etcd sends for these is provoked for real, so a message that
 //! differs between 3.4 and 3.5 shows.
 
-mod common;
-
 use std::fmt::Debug;
 use std::io::Write;
 use std::net::TcpListener;
@@ -14,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use aether_replicator::etcd::{
+use aether_etcd::{
     Client, ClientConfig, Delete, Error, LeaseId, MemberList, Put, Range, Snapshot, SnapshotChunk,
 };
-use common::{Cluster, Etcd, FaultProxy, etcdctl_command};
+use aether_test_kit::{Cluster, Etcd, FaultProxy, etcdctl_command, eventually};
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
@@ -39,35 +37,29 @@ async fn retry_while<R: Debug>(
     again: impl Fn(&Error) -> bool,
     mut f: impl AsyncFnMut() -> Result<R, Error>,
 ) -> (Result<R, Error>, u32) {
-    let deadline = Instant::now() + T;
     let mut refused = 0;
-    loop {
-        match f().await {
+    let answer = eventually(format!("{what}: no longer refused"))
+        .within(T)
+        .every(Duration::from_millis(200))
+        .until(async || match f().await {
             Err(e) if again(&e) => {
                 refused += 1;
-                if Instant::now() >= deadline {
-                    panic!("{what}: still refused after {refused} tries over {T:?}: {e:?}");
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                Err(format!("refusal {refused}: {e:?}"))
             }
-            other => return (other, refused),
-        }
-    }
+            other => Ok(other),
+        })
+        .await;
+    (answer, refused)
 }
 
-/// Polls `f` every 100 ms until it gives `Some`, for at most `T`; panics
+/// Polls `f` every 100 ms until it gives `Ok`, for at most `T`; panics
 /// with the last thing `f` saw.
-async fn wait_for<R>(what: &str, mut f: impl AsyncFnMut() -> Result<R, String>) -> R {
-    let deadline = Instant::now() + T;
-    loop {
-        match f().await {
-            Ok(r) => return r,
-            Err(saw) if Instant::now() >= deadline => {
-                panic!("{what}: not within {T:?}; last saw {saw}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+async fn wait_for<R>(what: &str, f: impl AsyncFnMut() -> Result<R, String>) -> R {
+    eventually(what)
+        .within(T)
+        .every(Duration::from_millis(100))
+        .until(f)
+        .await
 }
 
 /// Hands back `r`, the answer to a membership change, once a write made

@@ -5,12 +5,10 @@
 //! [`Error::Tls`], returned at once instead of after every retry, with the
 //! member it concerns and the TLS stack's chain under it.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use aether_replicator::etcd::{Client, ClientConfig, Error, Put, Range, RetryPolicy, TlsConfig};
-use common::{Cluster, Etcd, FaultProxy, generate_mtls, generate_tls};
+use aether_etcd::{Client, ClientConfig, Error, Put, Range, RetryPolicy, TlsConfig};
+use aether_test_kit::{Cluster, Etcd, FaultProxy, generate_mtls, generate_tls};
 
 /// Longer than etcd's own wait for a commit (5 s plus two election
 /// timeouts), so that its answer arrives before the client gives up.

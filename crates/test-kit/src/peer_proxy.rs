@@ -1,8 +1,8 @@
 //! A loopback proxy for etcd member-to-member (raft) traffic that can cut
 //! one member from its quorum.
 //!
-//! Every member of a [`super::Cluster`] started with
-//! [`super::Cluster::start_advertising`] advertises its own `PeerProxy` as
+//! Every member of a [`crate::Cluster`] started with
+//! [`crate::Cluster::start_advertising`] advertises its own `PeerProxy` as
 //! its peer URL, so every connection *to* a member goes through that
 //! member's proxy. A connection's first request names its sender in the
 //! `X-Server-From` header (etcd's rafthttp sets it on stream dials,
@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Rules {
     isolated: bool,
     blocked: HashSet<u64>,
@@ -36,6 +36,7 @@ impl Rules {
     }
 }
 
+#[derive(Debug)]
 struct Shared {
     rules: Mutex<Rules>,
     /// Bumped on every rule change: live connections re-check.
@@ -44,7 +45,8 @@ struct Shared {
 }
 
 /// See the module docs. Stops (closing every connection) on drop.
-pub(crate) struct PeerProxy {
+#[derive(Debug)]
+pub struct PeerProxy {
     addr: SocketAddr,
     shared: Arc<Shared>,
     cancel: CancellationToken,
@@ -54,7 +56,7 @@ impl PeerProxy {
     /// Binds 127.0.0.1:0; forwards to 127.0.0.1:<upstream port>, which is
     /// set later with [`PeerProxy::set_upstream_port`] (the member's peer
     /// port is only known once the cluster picks it).
-    pub(crate) async fn start() -> PeerProxy {
+    pub async fn start() -> PeerProxy {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind peer proxy on 127.0.0.1:0");
@@ -75,28 +77,29 @@ impl PeerProxy {
     }
 
     /// `http://127.0.0.1:<port>`: the URL the member advertises.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub(crate) fn set_upstream_port(&self, port: u16) {
+    /// Forwards to 127.0.0.1:`port` from now on: the member's own peer port.
+    pub fn set_upstream_port(&self, port: u16) {
         self.shared.upstream_port.store(port, Ordering::SeqCst);
     }
 
     /// Refuse (or stop refusing) every connection to the member.
-    pub(crate) fn isolate(&self, on: bool) {
+    pub fn isolate(&self, on: bool) {
         self.change(|r| r.isolated = on);
     }
 
     /// Refuse connections whose sender is member `id`.
-    pub(crate) fn block_sender(&self, id: u64) {
+    pub fn block_sender(&self, id: u64) {
         self.change(|r| {
             r.blocked.insert(id);
         });
     }
 
     /// Back to forwarding everything.
-    pub(crate) fn heal(&self) {
+    pub fn heal(&self) {
         self.change(|r| *r = Rules::default());
     }
 

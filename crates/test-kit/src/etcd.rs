@@ -3,7 +3,7 @@
 //!
 //! All calls here are blocking (std::process / std::net). Calling them from a
 //! `#[tokio::test]` is fine as long as nothing on the *same* current-thread
-//! runtime must make progress meanwhile (e.g. a [`super::FaultProxy`] that an
+//! runtime must make progress meanwhile (e.g. a [`crate::FaultProxy`] that an
 //! `etcdctl` call goes through): use a multi-thread runtime or
 //! `tokio::task::spawn_blocking` in that case.
 
@@ -16,9 +16,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aether_replicator::etcd::{ClientConfig, Credentials};
+use aether_etcd::{ClientConfig, Credentials};
 
-use super::tls::TlsFiles;
+use crate::tls::TlsFiles;
 
 const NOT_FOUND: &str = "etcd not found: install it with `apt-get update && apt-get install -y etcd-server etcd-client`, or set ETCD_BIN";
 const ETCDCTL_NOT_FOUND: &str = "etcdctl not found: install it with `apt-get update && apt-get install -y etcd-server etcd-client`, or set ETCDCTL_BIN";
@@ -39,7 +39,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Options for [`Etcd`]; see [`Etcd::builder`].
 #[derive(Default, Clone, Debug)]
-pub(crate) struct EtcdBuilder {
+pub struct EtcdBuilder {
     tls: Option<TlsFiles>,
     extra_args: Vec<String>,
     data_dir: Option<PathBuf>,
@@ -50,7 +50,7 @@ impl EtcdBuilder {
     /// The member name (`--name`), instead of a unique one: two etcds given
     /// the same name, advertised peer URL and cluster token share a member
     /// id and a cluster id, as one manifest deployed at two sites does.
-    pub(crate) fn name(mut self, name: &str) -> Self {
+    pub fn name(mut self, name: &str) -> Self {
         self.name = Some(name.to_string());
         self
     }
@@ -58,7 +58,7 @@ impl EtcdBuilder {
     /// Serve clients over TLS (`--cert-file/--key-file`), and with
     /// `tls.client_cert_auth` also require client certificates
     /// (`--client-cert-auth --trusted-ca-file`). The endpoint becomes https://.
-    pub(crate) fn tls(mut self, tls: TlsFiles) -> Self {
+    pub fn tls(mut self, tls: TlsFiles) -> Self {
         self.tls = Some(tls);
         self
     }
@@ -66,7 +66,7 @@ impl EtcdBuilder {
     /// Extra etcd flags, appended after the harness' own flags (so they win
     /// for single-valued flags), e.g. `&["--max-txn-ops=1024"]`. May be called
     /// repeatedly.
-    pub(crate) fn extra_args(mut self, args: &[&str]) -> Self {
+    pub fn extra_args(mut self, args: &[&str]) -> Self {
         self.extra_args.extend(args.iter().map(|s| s.to_string()));
         self
     }
@@ -74,14 +74,14 @@ impl EtcdBuilder {
     /// Use (and possibly reuse) this data dir instead of one inside the
     /// harness' temp dir. It is not removed on drop (but `restart_empty`
     /// wipes it).
-    pub(crate) fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(path.into());
         self
     }
 
     /// Starts etcd and waits until it is ready; panics (with the log tail) if
     /// it cannot be started.
-    pub(crate) fn start(self) -> Etcd {
+    pub fn start(self) -> Etcd {
         let mut etcd = self.unstarted();
         // Only a data dir that holds no member yet may be wiped between
         // attempts (a failed attempt may have initialised it with the wrong
@@ -108,8 +108,8 @@ impl EtcdBuilder {
     /// to a running cluster (`member add` with its [`Etcd::peer_url`]),
     /// then start with [`Etcd::join`]. Dropping it kills whatever it
     /// started.
-    pub(crate) fn unstarted(self) -> Etcd {
-        crate::common::init_logging();
+    pub fn unstarted(self) -> Etcd {
+        crate::init_logging();
         let bin = etcd_bin();
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = self
@@ -175,6 +175,7 @@ impl Ports {
     }
 }
 
+#[derive(Debug)]
 struct Proc {
     child: Child,
     /// `sh` blocked reading a pipe from this test process; when the test
@@ -196,7 +197,8 @@ impl Proc {
 
 /// A single-member etcd on 127.0.0.1 with its own temp dir (data + log).
 /// Dropping it SIGKILLs and reaps the process and removes the temp dir.
-pub(crate) struct Etcd {
+#[derive(Debug)]
+pub struct Etcd {
     bin: PathBuf,
     name: String,
     ports: Ports,
@@ -229,11 +231,12 @@ struct ClusterArgs {
 
 impl Etcd {
     /// Starts a plain-HTTP etcd with default options.
-    pub(crate) fn start() -> Etcd {
+    pub fn start() -> Etcd {
         Etcd::builder().start()
     }
 
-    pub(crate) fn builder() -> EtcdBuilder {
+    /// Options for an etcd to start: TLS, flags, data dir, name.
+    pub fn builder() -> EtcdBuilder {
         EtcdBuilder::default()
     }
 
@@ -244,65 +247,70 @@ impl Etcd {
     }
 
     /// `http://127.0.0.1:<port>` or `https://127.0.0.1:<port>` with TLS.
-    pub(crate) fn endpoint(&self) -> String {
+    pub fn endpoint(&self) -> String {
         format!("{}://127.0.0.1:{}", self.scheme(), self.ports.client)
     }
 
-    pub(crate) fn endpoints(&self) -> Vec<String> {
+    /// [`Etcd::endpoint`] alone, as a client configuration takes it.
+    pub fn endpoints(&self) -> Vec<String> {
         vec![self.endpoint()]
     }
 
-    pub(crate) fn client_port(&self) -> u16 {
+    /// The port clients connect to.
+    pub fn client_port(&self) -> u16 {
         self.ports.client
     }
 
-    /// `127.0.0.1:<client port>`, e.g. as a [`super::FaultProxy`] upstream.
-    pub(crate) fn client_addr(&self) -> SocketAddr {
+    /// `127.0.0.1:<client port>`, e.g. as a [`crate::FaultProxy`] upstream.
+    pub fn client_addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.ports.client))
     }
 
-    pub(crate) fn peer_port(&self) -> u16 {
+    /// The port it listens on for its peers (plain HTTP).
+    pub fn peer_port(&self) -> u16 {
         self.ports.peer
     }
 
     /// Plain-HTTP port serving `/health` and `/metrics` (`--listen-metrics-urls`),
     /// even when the client port uses TLS.
-    pub(crate) fn metrics_port(&self) -> u16 {
+    pub fn metrics_port(&self) -> u16 {
         self.ports.metrics
     }
 
     /// Pid of the running process, or of the last one if it is stopped.
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.last_pid
     }
 
-    pub(crate) fn data_dir(&self) -> PathBuf {
+    /// Its data dir (`--data-dir`).
+    pub fn data_dir(&self) -> PathBuf {
         self.data_dir.clone()
     }
 
     /// etcd's stdout+stderr (appended across restarts, with harness markers).
-    pub(crate) fn log_path(&self) -> PathBuf {
+    pub fn log_path(&self) -> PathBuf {
         self.log_path.clone()
     }
 
     /// The last `n` lines of the log.
-    pub(crate) fn log_tail(&self, n: usize) -> String {
+    pub fn log_tail(&self, n: usize) -> String {
         let text = fs::read_to_string(&self.log_path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// Member name (`--name`), unique per `Etcd` instance.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.name
     }
 
-    pub(crate) fn tls(&self) -> Option<&TlsFiles> {
+    /// The TLS material it serves clients with, if any.
+    pub fn tls(&self) -> Option<&TlsFiles> {
         self.tls.as_ref()
     }
 
     /// Whether the process is alive (not exited, not stopped/killed).
-    pub(crate) fn is_running(&mut self) -> bool {
+    pub fn is_running(&mut self) -> bool {
         match self.proc.as_mut() {
             Some(p) => matches!(p.child.try_wait(), Ok(None)),
             None => false,
@@ -312,7 +320,7 @@ impl Etcd {
     // ---- lifecycle -------------------------------------------------------
 
     /// SIGTERM, wait up to 5s, then SIGKILL. No-op if not running.
-    pub(crate) fn stop(&mut self) {
+    pub fn stop(&mut self) {
         let Some(mut p) = self.proc.take() else {
             return;
         };
@@ -327,7 +335,7 @@ impl Etcd {
     }
 
     /// SIGKILL and reap. No-op if not running.
-    pub(crate) fn kill(&mut self) {
+    pub fn kill(&mut self) {
         let Some(mut p) = self.proc.take() else {
             return;
         };
@@ -338,20 +346,20 @@ impl Etcd {
 
     /// Replaces the extra command-line flags for the next (re)start, e.g.
     /// a peer restarted with other limits.
-    pub(crate) fn set_extra_args(&mut self, args: &[&str]) {
+    pub fn set_extra_args(&mut self, args: &[&str]) {
         self.extra_args = args.iter().map(|s| s.to_string()).collect();
     }
 
     /// (Gracefully stops etcd if it is running, then) starts it again on the
     /// same ports with the same data dir, retrying while a port is briefly busy.
-    pub(crate) fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.stop();
         self.relaunch("restart");
     }
 
     /// Kills etcd if running, wipes the data dir and starts a brand-new
     /// member (new cluster id, revision 1) on the same ports.
-    pub(crate) fn restart_empty(&mut self) {
+    pub fn restart_empty(&mut self) {
         self.kill();
         match fs::remove_dir_all(&self.data_dir) {
             Ok(()) => {}
@@ -362,12 +370,12 @@ impl Etcd {
     }
 
     /// Saves a snapshot of the store to `path` (`etcdctl snapshot save`).
-    pub(crate) fn snapshot_save(&self, path: &Path) {
+    pub fn snapshot_save(&self, path: &Path) {
         self.etcdctl_ok(&["snapshot", "save", &path.display().to_string()]);
     }
 
     /// The peer URL it advertises (`--initial-advertise-peer-urls`).
-    pub(crate) fn peer_url(&self) -> String {
+    pub fn peer_url(&self) -> String {
         self.advertise_peer
             .clone()
             .unwrap_or_else(|| format!("http://127.0.0.1:{}", self.ports.peer))
@@ -379,7 +387,7 @@ impl Etcd {
     /// included, as `etcdctl member add` prints it), on the ports picked
     /// when it was built (its peer URL is in the membership already), and
     /// waits until it is ready.
-    pub(crate) fn join(&mut self, initial: &str) {
+    pub fn join(&mut self, initial: &str) {
         self.cluster = Some(ClusterArgs {
             initial: initial.to_string(),
             token: self.name.clone(),
@@ -389,15 +397,42 @@ impl Etcd {
     }
 
     /// Its `/metrics` text, if the metrics port answers.
-    pub(crate) fn metrics(&self) -> Option<String> {
+    pub fn metrics(&self) -> Option<String> {
         http_get(self.ports.metrics, "/metrics").map(|(_, body)| body)
+    }
+
+    /// The value of a series on its `/metrics` page, if the page answers
+    /// and has it: `selector` is a metric name
+    /// (`etcd_debugging_mvcc_watcher_total`), or a name with some of the
+    /// series' labels (`grpc_server_started_total{grpc_method="Range"}`),
+    /// which picks the first series that has them all.
+    pub fn metric(&self, selector: &str) -> Option<f64> {
+        let (name, want) = match selector.split_once('{') {
+            Some((name, labels)) => (name, labels.trim_end_matches('}')),
+            None => (selector, ""),
+        };
+        let want: Vec<&str> = want.split(',').filter(|l| !l.is_empty()).collect();
+        self.metrics()?.lines().find_map(|l| {
+            if l.starts_with('#') {
+                return None;
+            }
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = match series.split_once('{') {
+                Some((n, labels)) => (n, labels.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let has = |w: &&str| labels.split(',').any(|l| l == *w);
+            (n == name && want.iter().all(has))
+                .then(|| value.parse().ok())
+                .flatten()
+        })
     }
 
     /// Kills etcd, replaces its data dir with the snapshot at `path` and
     /// starts it again: what an operator's restore from a backup does. With
     /// the same name, peer URL and cluster token, the store keeps its
     /// cluster id and member id; its revision, keys and leases go back.
-    pub(crate) fn restore_snapshot(&mut self, path: &Path) {
+    pub fn restore_snapshot(&mut self, path: &Path) {
         self.kill();
         match fs::remove_dir_all(&self.data_dir) {
             Ok(()) => {}
@@ -657,12 +692,12 @@ impl Etcd {
     /// Runs `etcdctl --endpoints=<endpoint> [TLS flags] <args>` (API v3) and
     /// returns its output. With TLS, `--cacert` is passed, and with client
     /// cert auth also `--cert/--key` of the `root` client certificate.
-    pub(crate) fn etcdctl(&self, args: &[&str]) -> Output {
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
         self.etcdctl_at(&self.endpoint(), args)
     }
 
     /// Like [`Etcd::etcdctl`] but against other endpoints (e.g. a proxy's).
-    pub(crate) fn etcdctl_at(&self, endpoints: &str, args: &[&str]) -> Output {
+    pub fn etcdctl_at(&self, endpoints: &str, args: &[&str]) -> Output {
         let mut cmd = etcdctl_command();
         cmd.arg(format!("--endpoints={endpoints}"));
         if let Some(tls) = &self.tls {
@@ -677,7 +712,7 @@ impl Etcd {
     }
 
     /// [`Etcd::etcdctl`], asserting success; returns stdout.
-    pub(crate) fn etcdctl_ok(&self, args: &[&str]) -> String {
+    pub fn etcdctl_ok(&self, args: &[&str]) -> String {
         let out = self.etcdctl(args);
         assert!(
             out.status.success(),
@@ -690,7 +725,7 @@ impl Etcd {
     }
 
     /// A client config for this etcd, authenticating as `user`.
-    pub(crate) fn client_config_as(&self, user: &str, password: &str) -> ClientConfig {
+    pub fn client_config_as(&self, user: &str, password: &str) -> ClientConfig {
         let mut cfg = ClientConfig::new(self.endpoints());
         cfg.credentials = Some(Credentials {
             user: user.into(),
@@ -701,7 +736,7 @@ impl Etcd {
 
     /// Adds user `root` (with `password` and the `root` role) and enables
     /// auth, the set-up every auth test starts from.
-    pub(crate) fn enable_root_auth(&self, password: &str) {
+    pub fn enable_root_auth(&self, password: &str) {
         let root = format!("root:{password}");
         for args in [
             &["user", "add", root.as_str()][..],
@@ -729,7 +764,7 @@ enum Probe {
 
 /// A `Command` for etcdctl (env `ETCDCTL_BIN` or `etcdctl` on PATH) with
 /// `ETCDCTL_API=3`, no other inherited `ETCDCTL_*` variables, stdin null.
-pub(crate) fn etcdctl_command() -> Command {
+pub fn etcdctl_command() -> Command {
     let bin = find_bin("ETCDCTL_BIN", "etcdctl").unwrap_or_else(|| panic!("{ETCDCTL_NOT_FOUND}"));
     let mut cmd = Command::new(bin);
     for (k, _) in std::env::vars_os() {
@@ -892,13 +927,15 @@ fn metric_server_id(metrics: &str) -> Option<u64> {
 /// members bootstrap together, so they are started together and then
 /// waited for; a failed attempt kills every member and retries on fresh
 /// ports. Dropping the cluster kills every member.
-pub(crate) struct Cluster {
+#[derive(Debug)]
+pub struct Cluster {
+    /// The members, in the order of their names (`<token>-m0`, `-m1`, ...).
     pub members: Vec<Etcd>,
 }
 
 impl Cluster {
     /// Starts `n` plain-HTTP members and waits until each has a leader.
-    pub(crate) fn start(n: usize) -> Cluster {
+    pub fn start(n: usize) -> Cluster {
         Cluster::start_advertising(n, |_, peer_port| format!("http://127.0.0.1:{peer_port}"))
     }
 
@@ -907,8 +944,8 @@ impl Cluster {
     /// so the others reach it there: e.g. a proxy in front of its peer
     /// port that can cut it from its quorum. Called again with fresh ports
     /// when an attempt fails.
-    pub(crate) fn start_advertising(n: usize, advertise: impl Fn(usize, u16) -> String) -> Cluster {
-        crate::common::init_logging();
+    pub fn start_advertising(n: usize, advertise: impl Fn(usize, u16) -> String) -> Cluster {
+        crate::init_logging();
         let bin = etcd_bin();
         let token = format!(
             "cluster-{}-{}",
@@ -989,7 +1026,7 @@ impl Cluster {
     }
 
     /// Every member's client URL.
-    pub(crate) fn endpoints(&self) -> Vec<String> {
+    pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| m.endpoint()).collect()
     }
 }
