@@ -127,10 +127,8 @@ impl Backend for Link {
         &self,
         opts: WatchOptions,
     ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
-        if self.weather.cut.load(Relaxed) {
-            // A real client's watch opens anyway and connects later; the
-            // model's has nothing to wait for, so it opens at once.
-        }
+        // Opened even on a cut link: a real client's watch opens and
+        // connects later, and the model's has nothing to wait for.
         let w = self.client().watch(opts)?;
         let health = Health {
             member: w.member_id(),

@@ -108,13 +108,11 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     // The checker's own record of each source, from a watch that no fault
     // touches (on member 1, which the nemesis never holds).
     for r in &regions {
-        let (_, mut w) = (
-            (),
-            r.cluster
-                .client(1)
-                .watch(WatchOptions::prefix(prefix(r.name)).start_revision(1))
-                .expect("history watch"),
-        );
+        let mut w = r
+            .cluster
+            .client(1)
+            .watch(WatchOptions::prefix(prefix(r.name)).start_revision(1))
+            .expect("history watch");
         let history = r.history.clone();
         let trace = trace.clone();
         tokio::spawn(async move {
@@ -157,7 +155,7 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             let (_, h) = heals.remove(0);
             h.apply(&mut regions, &rng, &trace);
         }
-        sample(&regions, &trace, &mut out, true);
+        sample(&regions, &trace, &mut out);
         if !out.violations.is_empty() {
             // The trace's tail is the story of the first violation.
             return finish(regions, trace, out);
@@ -180,7 +178,7 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     trace.note("healed".into());
     let deadline = tokio::time::Instant::now() + HEAL_FOR;
     while tokio::time::Instant::now() < deadline {
-        sample(&regions, &trace, &mut out, true);
+        sample(&regions, &trace, &mut out);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Converged: every copy exact now, and claimed fresh.
@@ -434,14 +432,14 @@ fn inject(
 /// Judges every copy now: a copy claimed fresh must hold, for every key,
 /// a value its source held in the last `S_MS` (absent counts as a value),
 /// every key on the lease the state key names.
-fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome, judge: bool) {
+fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
     let now = trace.now_ms();
     for (p, peer) in regions.iter().enumerate() {
         for (o, origin) in regions.iter().enumerate() {
             if o == p {
                 continue;
             }
-            let state_key = format!("{}{}/state", MirrorConfig::new("x").state_root, origin.name);
+            let state_key = MirrorConfig::new(origin.name).state_key();
             let state = peer
                 .cluster
                 .dump(state_key.clone())
@@ -455,7 +453,7 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome, judge: bool) {
                 && state
                     .staleness_at(consumer_now)
                     .is_some_and(|s| (s.as_millis() as i64) < S_MS);
-            if !fresh || !judge {
+            if !fresh {
                 continue;
             }
             out.claims += 1;
