@@ -44,6 +44,31 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The static checks next: they take a minute and fail a run before the
+# suites' half hour.
+echo "== docs (broken links are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+bash e2e/check-docs.sh   # Markdown links and paths resolve in the repository; no tracker numbers
+
+echo "== the client's dependency count, as crates/aether-etcd/README.md states it"
+bash e2e/client-deps.sh --check
+
+echo "== the client's package holds only what builds and documents it"
+package_list=$(cargo package -p aether-etcd --list --allow-dirty)
+if ! grep -qx 'src/lib.rs' <<<"$package_list"; then
+  echo "FAIL: cargo package -p aether-etcd --list did not list src/lib.rs" >&2
+  exit 1
+fi
+stray=$(grep -vE '^(Cargo\.(toml|toml\.orig|lock)|LICENSE|README\.md|build\.rs|\.cargo_vcs_info\.json|proto/.*\.proto|proto/(LICENSE|README\.md)|src/.*\.rs|examples/.*\.rs)$' <<<"$package_list" || true)
+if [[ -n "$stray" ]]; then
+  echo "FAIL: stray files in the aether-etcd package:" >&2
+  echo "$stray" >&2
+  exit 1
+fi
+
+echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
+bash e2e/check-deploy.sh --no-cargo
+
 # The declared MSRV, checked with that toolchain: every target, dev-deps
 # included (all build on it). Its own artefacts sit beside the others in
 # target/ (another compiler, other hashes), so it rebuilds nothing else.
@@ -95,29 +120,6 @@ SEED=${SOAK_SEED_35:-8} DURATION=${SOAK_DURATION:-90s} \
   ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" soak
 echo "== doc tests"
 cargo test --workspace --doc
-
-echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
-bash e2e/check-deploy.sh --no-cargo
-
-echo "== docs (broken links are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-bash e2e/check-docs.sh   # Markdown links and paths resolve in the repository; no tracker numbers
-
-echo "== the client's dependency count, as crates/aether-etcd/README.md states it"
-bash e2e/client-deps.sh --check
-
-echo "== the client's package holds only what builds and documents it"
-package_list=$(cargo package -p aether-etcd --list --allow-dirty)
-if ! grep -qx 'src/lib.rs' <<<"$package_list"; then
-  echo "FAIL: cargo package -p aether-etcd --list did not list src/lib.rs" >&2
-  exit 1
-fi
-stray=$(grep -vE '^(Cargo\.(toml|toml\.orig|lock)|LICENSE|README\.md|build\.rs|\.cargo_vcs_info\.json|proto/.*\.proto|proto/(LICENSE|README\.md)|src/.*\.rs|examples/.*\.rs)$' <<<"$package_list" || true)
-if [[ -n "$stray" ]]; then
-  echo "FAIL: stray files in the aether-etcd package:" >&2
-  echo "$stray" >&2
-  exit 1
-fi
 
 echo "== the client crate alone, with each TLS provider and with none; the engine without the app"
 cargo check -p aether-etcd --no-default-features

@@ -73,11 +73,11 @@
 //! - `tls-native-roots` (default): an `https://` endpoint with no CA is
 //!   verified against the system's roots (`SSL_CERT_FILE` and
 //!   `SSL_CERT_DIR` are honoured). A configured CA is trusted alone.
-//! - `model`: [`model`], an in-memory etcd on tokio's clock that takes
+//! - `model`: the `model` module, an in-memory etcd on tokio's clock that takes
 //!   this crate's requests and returns its responses and errors, for
 //!   deterministic simulations and tests; no dependencies of its own.
 //!
-//! Apart from [`model`], no item of the API depends on a feature: without a TLS provider an
+//! Apart from `model`, no item of the API depends on a feature: without a TLS provider an
 //! `https://` endpoint is refused by [`Client::connect`] with one
 //! [`Error::InvalidConfig`] line that names the features. With
 //! `default-features = false` the crate is plain-`http://` and pulls the

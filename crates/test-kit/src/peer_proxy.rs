@@ -53,7 +53,7 @@ pub struct PeerProxy {
 }
 
 impl PeerProxy {
-    /// Binds 127.0.0.1:0; forwards to 127.0.0.1:<upstream port>, which is
+    /// Binds 127.0.0.1:0; forwards to `127.0.0.1:<upstream port>`, which is
     /// set later with [`PeerProxy::set_upstream_port`] (the member's peer
     /// port is only known once the cluster picks it).
     pub async fn start() -> PeerProxy {
