@@ -86,15 +86,17 @@ fn revision() -> String {
         return revision;
     }
     // Rebuild when HEAD moves: a commit changes the branch's ref (loose or
-    // packed), a checkout changes HEAD itself.
-    for path in ["HEAD", "packed-refs"] {
-        if let Some(p) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={p}");
-        }
-    }
-    if let Some(p) =
-        git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r]))
-    {
+    // packed), a checkout changes HEAD itself. Only files that exist: cargo
+    // counts a missing one as changed, and would rebuild this crate and
+    // relink every test on every run (a checkout without `packed-refs`).
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
+    let watched = ["HEAD", "packed-refs"]
+        .into_iter()
+        .map(String::from)
+        .chain(branch)
+        .filter_map(|path| git(&["rev-parse", "--git-path", &path]))
+        .filter(|p| std::path::Path::new(p).exists());
+    for p in watched {
         println!("cargo:rerun-if-changed={p}");
     }
     revision

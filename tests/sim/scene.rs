@@ -14,7 +14,7 @@ use aether_etcd::model::{Cluster, ModelConfig};
 use aether_replicator::etcd::{Compare, CompareOp, Delete, Put, Txn, WatchOptions};
 use aether_replicator::mirror::clock::Clock;
 use aether_replicator::mirror::state::State;
-use aether_replicator::mirror::{Engine, MirrorConfig};
+use aether_replicator::mirror::{Engine, MirrorConfig, SteppedDown};
 use aether_replicator::store::Store;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -79,6 +79,12 @@ struct Region {
     /// The engine's wall clock offset from the simulated clock, ms.
     skew: Arc<AtomicI64>,
     engine: Option<Engine>,
+    /// A leader deposed by a handover that has not noticed yet: it runs on
+    /// until its step-down, which the nemesis schedules.
+    deposed: Option<Engine>,
+    /// What a step-down leaves: the peer leases kept alive for a TTL so
+    /// that the successor can adopt them (`Engine::step_down`).
+    stepped_down: Vec<SteppedDown>,
     links: Vec<Link>,
     /// Out-of-band changes on this region's etcd: (ms, key).
     oob: Vec<(i64, Bytes)>,
@@ -101,6 +107,8 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             history: Arc::default(),
             skew: Arc::default(),
             engine: None,
+            deposed: None,
+            stepped_down: Vec::new(),
             links: Vec::new(),
             oob: Vec::new(),
         })
@@ -149,6 +157,7 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             heals.extend(heal);
             next_fault = now + Duration::from_millis(500 + rng.below(2500));
         }
+        heals.extend(fences(&mut regions, &rng, &trace));
         // Stable: heals due at one instant apply in the order scheduled.
         heals.sort_by_key(|h| h.0);
         while heals.first().is_some_and(|h| h.0 <= now) {
@@ -186,11 +195,38 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     finish(regions, trace, out)
 }
 
+/// What the replicator does when another engine fences its own (see
+/// `app::replicator`): the leader shuts its engine down and campaigns
+/// again after a back-off; a deposed engine that is fenced before its
+/// step-down just stops.
+fn fences(regions: &mut [Region], rng: &Rng, trace: &Trace) -> Vec<(tokio::time::Instant, Heal)> {
+    use futures_util::FutureExt;
+    let mut heals = Vec::new();
+    for (i, r) in regions.iter_mut().enumerate() {
+        if let Some(e) = r.deposed.as_mut()
+            && let Some(peer) = e.fenced().now_or_never()
+        {
+            trace.note(format!("{} deposed engine fenced on {peer:?}", r.name));
+            tokio::spawn(r.deposed.take().unwrap().shutdown());
+        }
+        if let Some(e) = r.engine.as_mut()
+            && let Some(peer) = e.fenced().now_or_never()
+        {
+            trace.note(format!("{} engine fenced on {peer:?}: shut down", r.name));
+            tokio::spawn(r.engine.take().unwrap().shutdown());
+            let back = tokio::time::Instant::now() + Duration::from_millis(500 + rng.below(2000));
+            heals.push((back, Heal::Restart(i)));
+        }
+    }
+    heals
+}
+
 fn finish(mut regions: Vec<Region>, trace: Trace, mut out: Outcome) -> Outcome {
     for r in &mut regions {
-        if let Some(e) = r.engine.take() {
+        for e in [r.engine.take(), r.deposed.take()].into_iter().flatten() {
             e.abort();
         }
+        r.stepped_down.clear();
     }
     let (hash, lines) = trace.hash();
     out.hash = hash;
@@ -287,6 +323,10 @@ enum Heal {
     Release(usize),
     Failback(usize),
     Skew(usize),
+    /// The deposed leader notices and steps down.
+    StepDown(usize),
+    /// Its step-down's grace (one lease TTL) is over.
+    GraceOver(usize),
 }
 
 impl Heal {
@@ -314,6 +354,17 @@ impl Heal {
             Heal::Skew(i) => {
                 trace.note(format!("{} wall clock back", regions[i].name));
                 regions[i].skew.store(0, Relaxed);
+            }
+            Heal::StepDown(i) => {
+                if let Some(e) = regions[i].deposed.take() {
+                    trace.note(format!("{} deposed engine steps down", regions[i].name));
+                    regions[i].stepped_down.push(e.step_down());
+                }
+            }
+            Heal::GraceOver(i) => {
+                if !regions[i].stepped_down.is_empty() {
+                    regions[i].stepped_down.remove(0);
+                }
             }
         }
     }
@@ -425,7 +476,28 @@ fn inject(
             trace.note(format!("fault: {name} wall clock stepped {step} ms"));
             ("clock-step", vec![(later(1000, 8000), Heal::Skew(i))])
         }
-        _ => ("none", vec![]),
+        _ => {
+            // A leadership change the leader has not noticed yet (its
+            // election session lapsed while it was cut from its etcd): the
+            // successor starts while the deposed engine writes on for up
+            // to two seconds, then steps down; its leases live a TTL more.
+            let Some(old) = regions[i].engine.take() else {
+                return ("handover", vec![]);
+            };
+            if let Some(e) = regions[i].deposed.replace(old) {
+                e.abort();
+            }
+            trace.note(format!("fault: {name} leadership handed over"));
+            start_engine(regions, i, rng, trace);
+            let step_down = later(0, 2000);
+            (
+                "handover",
+                vec![
+                    (step_down, Heal::StepDown(i)),
+                    (step_down + Duration::from_secs(10), Heal::GraceOver(i)),
+                ],
+            )
+        }
     }
 }
 
@@ -434,6 +506,12 @@ fn inject(
 /// every key on the lease the state key names.
 fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
     let now = trace.now_ms();
+    if let Some(ms) = trace.spun() {
+        out.violations.push(format!(
+            "t={now}ms a task spun at {ms} ms without waiting (a livelock; its panic above has the trace)"
+        ));
+        return;
+    }
     for (p, peer) in regions.iter().enumerate() {
         for (o, origin) in regions.iter().enumerate() {
             if o == p {
@@ -449,13 +527,10 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
             out.samples += 1;
             let Some(state) = state else { continue };
             let consumer_now = WALL_BASE_MS + now;
-            let fresh = state.synced
-                && state
-                    .staleness_at(consumer_now)
-                    .is_some_and(|s| (s.as_millis() as i64) < S_MS);
-            if !fresh {
-                continue;
-            }
+            let staleness_ms = match state.staleness_at(consumer_now) {
+                Some(s) if state.synced && (s.as_millis() as i64) < S_MS => s.as_millis() as i64,
+                _ => continue,
+            };
             out.claims += 1;
             let copy: BTreeMap<Bytes, (Bytes, aether_replicator::etcd::LeaseId)> = peer
                 .cluster
@@ -467,11 +542,18 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
             let lo = now - S_MS;
             let mut keys: Vec<&Bytes> = copy.keys().collect();
             keys.extend(h.keys().filter(|k| !copy.contains_key(*k)));
+            // The instant the claim vouches for: its heartbeat.
+            let as_of = now - staleness_ms;
             for key in keys {
+                // A change made out of band must be seen within the grace:
+                // a claim vouching for an instant that long after it must
+                // not hold it. One made later (an engine dead or cut from
+                // the peer sees nothing; its last heartbeat ages) is not
+                // the claim's to know.
                 let excused = peer
                     .oob
                     .iter()
-                    .any(|(t, k)| k == key && now - t <= OOB_GRACE_MS);
+                    .any(|(t, k)| k == key && *t > as_of - OOB_GRACE_MS);
                 if excused {
                     continue;
                 }

@@ -18,7 +18,16 @@ struct Inner {
     hash: u64,
     lines: u64,
     last: VecDeque<String>,
+    /// Lines noted at the current simulated millisecond.
+    at_ms: (u128, u64),
+    /// Set when one instant took `SPIN_LINES` lines: a livelock.
+    spun: Option<u128>,
 }
+
+/// Lines at one simulated instant past which the run is called a livelock:
+/// the clock only moves when every task waits, so a task that retries
+/// without waiting would spin for ever.
+const SPIN_LINES: u64 = 50_000;
 
 impl Trace {
     pub(crate) fn new() -> Trace {
@@ -27,6 +36,8 @@ impl Trace {
             hash: 0,
             lines: 0,
             last: VecDeque::new(),
+            at_ms: (0, 0),
+            spun: None,
         })))
     }
 
@@ -37,7 +48,17 @@ impl Trace {
 
     pub(crate) fn note(&self, line: String) {
         let mut t = self.0.lock().unwrap();
-        let line = format!("{:>8} {line}", t.start.elapsed().as_millis());
+        let ms = t.start.elapsed().as_millis();
+        t.at_ms = if t.at_ms.0 == ms { (ms, t.at_ms.1 + 1) } else { (ms, 1) };
+        if t.at_ms.1 == SPIN_LINES {
+            t.spun = Some(ms);
+            let tail: Vec<String> = t.last.iter().rev().take(40).rev().cloned().collect();
+            drop(t);
+            // Unwinds the spinning task (the runtime catches it), so the
+            // run goes on and reports the livelock as a violation.
+            panic!("livelock: {SPIN_LINES} store calls at {ms} ms:\n{}", tail.join("\n"));
+        }
+        let line = format!("{ms:>8} {line}");
         // FNV-style chaining: order matters, and no per-process keys.
         let mut h = std::collections::hash_map::DefaultHasher::new();
         t.hash.hash(&mut h);
@@ -48,6 +69,11 @@ impl Trace {
             t.last.pop_front();
         }
         t.last.push_back(line);
+    }
+
+    /// The instant (ms) at which a task spun, if one did.
+    pub(crate) fn spun(&self) -> Option<u128> {
+        self.0.lock().unwrap().spun
     }
 
     pub(crate) fn hash(&self) -> (u64, u64) {

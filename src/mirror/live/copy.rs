@@ -193,11 +193,15 @@ impl Live<'_> {
                 Ok(false)
             }
             Some(Err(etcd::Error::Compacted { compact_revision })) => {
-                // From the oldest revision the peer still has (or, if it
-                // did not say, its revision as of our last read of it):
-                // from our own last txn again would only be refused again.
+                // Just past the compaction (or, if the peer did not say
+                // where it is, past its revision as of our last read of
+                // it): from our own last txn again would only be refused
+                // again. Not *at* the compaction: the client asks for the
+                // revision before its start, so a start at the compaction
+                // revision is refused too, at once, and the watch would be
+                // re-armed for ever (the simulation found that loop).
                 let floor = self.writer.peer_revision() + 1;
-                let from = compact_revision.map_or(floor, |c| c.max(floor));
+                let from = compact_revision.map_or(floor, |c| (c + 1).max(floor));
                 tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
                 self.copy = Some(CopyWatch::open(
                     &self.writer.client,
