@@ -127,8 +127,16 @@ cargo check -p aether-etcd --no-default-features --features tls-aws-lc
 cargo check -p aether-etcd
 cargo check --lib --no-default-features
 
-echo "== benches compile"
-cargo bench --workspace --no-run
+# The benches are not built here: clippy --all-targets above compiles them.
+
+# The deterministic simulation (tests/sim), release build, 1,000 seeds on
+# every core: what the suites' fixed seeds cannot cover (docs/reliability.md).
+echo "== simulation: 1,000 seeds"
+if cargo nextest --version >/dev/null 2>&1; then
+  SIM_SEEDS=1000 SIM_FROM=1 cargo nextest run --release --test sim --run-ignored only --retries 0
+else
+  SIM_SEEDS=1000 SIM_FROM=1 cargo test --release --test sim -- --ignored explore
+fi
 
 # Every fuzz target built (instrumented, on stable: no cargo-fuzz needed)
 # and run for a few seconds on its corpus; fuzz/README.md has the numbers.

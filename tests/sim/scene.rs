@@ -433,14 +433,21 @@ fn inject(
             let c = regions[i].cluster.client(0);
             let t = trace.now_ms();
             regions[i].oob.push((t, key.clone()));
-            let txn = if rng.below(2) == 0 {
+            let txn = if rng.below(6) == 0 {
+                // `del --prefix` of the whole copy.
+                trace.note(format!("fault: del --prefix on {name} of {origin}'s copy"));
+                regions[i].oob.push((t, Bytes::from(prefix(origin))));
+                Txn::new().and_then([Delete::prefix(prefix(origin))])
+            } else if rng.below(2) == 0 {
                 Txn::new().and_then([Delete::key(key.clone())])
             } else {
                 Txn::new()
                     .when([Compare::version(key.clone(), CompareOp::Greater, -1)])
                     .and_then([Put::new(key.clone(), "out-of-band")])
             };
-            trace.note(format!("fault: out-of-band change on {name} of {key:?}"));
+            trace.note(format!(
+                "fault: out-of-band change on {name} ({key:?} unless del --prefix)"
+            ));
             let _ = futures_util::FutureExt::now_or_never(c.txn(txn));
             ("out-of-band", vec![])
         }
@@ -553,7 +560,7 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
                 let excused = peer
                     .oob
                     .iter()
-                    .any(|(t, k)| k == key && *t > as_of - OOB_GRACE_MS);
+                    .any(|(t, k)| key.starts_with(k) && *t > as_of - OOB_GRACE_MS);
                 if excused {
                     continue;
                 }
