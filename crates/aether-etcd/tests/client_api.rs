@@ -315,6 +315,142 @@ async fn try_lock_on_a_held_lock_and_waiting_lock_session_loss() {
     m1.unlock().await.unwrap();
 }
 
+/// How many keys are queued under `prefix`, and which, for a wait that
+/// says what it saw.
+async fn queue(c: &Client, prefix: &str) -> Vec<String> {
+    c.range(Range::prefix(prefix.to_string()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect()
+}
+
+/// Drives `pending` (a `lock()` or `campaign()` that must wait) until
+/// `prefix` holds `n` keys, then drops it, the way a timeout or a `select!`
+/// does.
+async fn drop_once_queued<F: std::future::Future>(c: &Client, prefix: &str, n: usize, pending: F)
+where
+    F::Output: std::fmt::Debug,
+{
+    let pending = std::pin::pin!(pending);
+    tokio::select! {
+        r = pending => panic!("the waiter finished while it should wait: {r:?}"),
+        _ = eventually(format!("{n} keys queued under {prefix}"))
+            .within(T)
+            .every(Duration::from_millis(20))
+            .until(async || match queue(c, prefix).await {
+                keys if keys.len() == n => Ok(()),
+                keys => Err(format!("{keys:?}")),
+            }) => {}
+    }
+}
+
+/// A `lock()` dropped while it waits withdraws its claim (Go's `Lock`
+/// deletes its key when the context is cancelled): the key is gone, and a
+/// later locker gets the lock as soon as the holder unlocks, instead of
+/// queueing behind a claim nobody will release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_pending_lock_withdraws_its_claim() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let (s1, s2, s3) = (
+        session(&c, 30).await,
+        session(&c, 30).await,
+        session(&c, 30).await,
+    );
+    let mut holder = Mutex::new(&s1, "/dl");
+    holder.lock().await.unwrap();
+    let mut waiter = Mutex::new(&s2, "/dl");
+    let waiter_key = format!("/dl/{:x}", s2.lease());
+    drop_once_queued(&c, "/dl/", 2, waiter.lock()).await;
+    eventually("the dropped waiter's key is deleted")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until(async || {
+            let r = c.range(Range::key(waiter_key.clone())).await.unwrap();
+            match r.kvs().first() {
+                None => Ok(()),
+                Some(kv) => Err(format!(
+                    "{waiter_key} still there, created at {}; queue {:?}",
+                    kv.create_revision(),
+                    queue(&c, "/dl/").await
+                )),
+            }
+        })
+        .await;
+    assert_eq!(waiter.key(), None, "the dropped wait still records a claim");
+
+    let mut third = Mutex::new(&s3, "/dl");
+    let third = tokio::spawn(async move { third.lock().await.map(|()| third) });
+    eventually("the third locker queued")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until(async || match queue(&c, "/dl/").await {
+            keys if keys.len() == 2 => Ok(()),
+            keys => Err(format!("{keys:?}")),
+        })
+        .await;
+    holder.unlock().await.unwrap();
+    let mut third = within("the third locker gets the lock after the unlock", third)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.key().unwrap(), &format!("/dl/{:x}", s3.lease()));
+    third.unlock().await.unwrap();
+    // The dropped waiter can still lock afterwards.
+    waiter.lock().await.unwrap();
+    waiter.unlock().await.unwrap();
+}
+
+/// A `campaign()` dropped while it waits withdraws its candidacy (Go's
+/// `Campaign` resigns when the context is cancelled): the next candidate
+/// leads as soon as the leader resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_pending_campaign_withdraws_its_key() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let (s1, s2, s3) = (
+        session(&c, 30).await,
+        session(&c, 30).await,
+        session(&c, 30).await,
+    );
+    let mut leader = Election::new(&s1, "/de");
+    leader.campaign("one").await.unwrap();
+    let mut dropped = Election::new(&s2, "/de");
+    drop_once_queued(&c, "/de/", 2, dropped.campaign("two")).await;
+    let dropped_key = format!("/de/{:x}", s2.lease());
+    eventually("the dropped candidate's key is deleted")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until(async || match queue(&c, "/de/").await {
+            keys if !keys.contains(&dropped_key) => Ok(()),
+            keys => Err(format!("{dropped_key} still queued: {keys:?}")),
+        })
+        .await;
+    assert_eq!(dropped.key(), None);
+    assert!(!dropped.is_leader());
+
+    let mut third = Election::new(&s3, "/de");
+    let third = tokio::spawn(async move { third.campaign("three").await.map(|()| third) });
+    eventually("the third candidate queued")
+        .within(T)
+        .every(Duration::from_millis(20))
+        .until(async || match queue(&c, "/de/").await {
+            keys if keys.len() == 2 => Ok(()),
+            keys => Err(format!("{keys:?}")),
+        })
+        .await;
+    leader.resign().await.unwrap();
+    let third = within("the third candidate leads after the resign", third)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(third.is_leader());
+    assert_eq!(leader_value(&third).await.as_deref(), Some("three"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_list_of_one_member() {
     let etcd = Etcd::start();

@@ -4,9 +4,71 @@ use bytes::Bytes;
 
 use super::Session;
 use crate::{
-    Error, EventKind, Header, OpResponse, Range, Result, SortOrder, SortTarget, Txn, TxnResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, Delete, Error, EventKind, Header, OpResponse, Range, Result,
+    SortOrder, SortTarget, Txn, TxnResponse, WatchOptions,
 };
+
+/// Withdraws a queued claim (a lock's or a candidate's key) when the wait
+/// for its turn is dropped before it ends, as Go's package deletes its key
+/// when the context of `Lock` or `Campaign` is cancelled. Without it a
+/// dropped `lock()` left its key in the queue until the session ended, and
+/// every later waiter queued behind a claim nobody would ever release.
+///
+/// A `Drop` cannot await, so the delete is a task of its own on the current
+/// runtime (best effort: without a runtime, or if the request fails, the
+/// key goes with the session's lease). The delete only matches the claim's
+/// own create revision, so it never removes a claim made again since.
+/// Dropping clears `slot`, the caller's record of the claim.
+pub(super) struct WithdrawOnDrop<'a, T> {
+    slot: &'a mut Option<T>,
+    client: Client,
+    key: Bytes,
+    rev: i64,
+    armed: bool,
+}
+
+impl<'a, T> WithdrawOnDrop<'a, T> {
+    /// Arms the guard for the claim `key` created at `rev`.
+    pub(super) fn new(slot: &'a mut Option<T>, client: &Client, key: Bytes, rev: i64) -> Self {
+        WithdrawOnDrop {
+            slot,
+            client: client.clone(),
+            key,
+            rev,
+            armed: true,
+        }
+    }
+
+    /// The wait ended (won or failed): the claim stays the caller's.
+    pub(super) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<T> Drop for WithdrawOnDrop<'_, T> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        *self.slot = None;
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, key, rev) = (self.client.clone(), self.key.clone(), self.rev);
+        rt.spawn(async move {
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    rev,
+                )])
+                .and_then([Delete::key(key.clone())]);
+            if let Err(err) = client.txn(txn).await {
+                tracing::debug!(error = %err, key = ?key, "withdrawing a dropped waiter's claim failed; it goes with its lease");
+            }
+        });
+    }
+}
 
 /// The keys returned by op `i` of a txn.
 pub(super) fn range_kvs(resp: &TxnResponse, i: usize) -> &[crate::KeyValue] {
