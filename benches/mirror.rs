@@ -418,8 +418,8 @@ async fn burst_traced(
         .await
         .expect("probe");
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-        while let Ok(r) = tokio::time::timeout_at(deadline, watcher.next()).await {
-            if !r.expect("watch open").expect("watch").events.is_empty() {
+        while let Ok(r) = tokio::time::timeout_at(deadline, watcher.message()).await {
+            if !r.expect("watch").expect("watch open").events.is_empty() {
                 break 'live;
             }
         }
@@ -461,7 +461,7 @@ async fn burst_traced(
             "burst: {remaining} of {revisions} keys never reached the peer"
         );
         tokio::select! {
-            r = watcher.next() => {
+            r = watcher.message() => {
                 let r = r.expect("watch").expect("watch");
                 let now = Instant::now();
                 let before = remaining;

@@ -245,10 +245,11 @@ pub trait WatchHealth: Send + Sync {
 /// One watcher's responses, in revision order, resumed across reconnects
 /// without loss or duplicates.
 pub trait WatchEvents: Send {
-    /// The next response; `None` once the watch has ended.
-    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>>;
+    /// The next response; `None` once the watch has ended. (Not `next`:
+    /// on a `Watcher` that would read as `StreamExt::next`.)
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>>;
     /// A response that has already arrived, without waiting.
-    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>>;
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>>;
 }
 
 /// A lease kept alive until this value is dropped; dropping it never
@@ -279,12 +280,12 @@ impl WatchHealth for WatchStream {
 }
 
 impl WatchEvents for Watcher {
-    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
         Box::pin(futures_util::StreamExt::next(self))
     }
 
-    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>> {
-        Watcher::try_next(self)
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        Watcher::next_buffered(self)
     }
 }
 

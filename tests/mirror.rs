@@ -249,7 +249,7 @@ async fn handoff_after_a_crash_never_drops_a_key() {
     let counter = {
         let deletes = deletes.clone();
         tokio::spawn(async move {
-            while let Some(Ok(r)) = peer_events.next().await {
+            while let Ok(Some(r)) = peer_events.message().await {
                 let n = r
                     .events
                     .iter()

@@ -180,7 +180,7 @@ async fn follow(
     refresh.reset();
     loop {
         tokio::select! {
-            msg = watcher.next() => {
+            msg = futures_util::StreamExt::next(&mut watcher) => {
                 let resp = match msg {
                     Some(Ok(r)) => r,
                     Some(Err(e)) => return e,

@@ -263,11 +263,11 @@ impl WatchHealth for Health {
 struct Events(model::Watcher);
 
 impl WatchEvents for Events {
-    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
         Box::pin(futures_util::StreamExt::next(&mut self.0))
     }
 
-    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>> {
-        self.0.try_next()
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        self.0.next_buffered()
     }
 }

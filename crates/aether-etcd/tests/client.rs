@@ -3,6 +3,8 @@
 use aether_etcd::LeaseId;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use aether_etcd::{
     Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, Put, Range, TlsConfig, Txn,
     TxnBatcher, TxnLimits, WatchOptions, WatchResponse, Watcher,
@@ -654,6 +656,66 @@ async fn fragmented_catch_up_is_reassembled() {
     assert_eq!(got, want);
 }
 
+/// A watch response carries the whole header (as the crate's `Header`),
+/// and says what it answers: the create (asked for with `created_notify`,
+/// delivered once), events, a progress notice (etcd's rule: no events, not
+/// created, not canceled), and the cancel `Watcher::cancel` asked for,
+/// after which the watcher ends. The standard stream traits read it with
+/// their own meaning (`TryStreamExt::try_next` is `message`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_responses_carry_the_header_and_say_what_they_answer() {
+    use futures_util::TryStreamExt;
+
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let status = c.status().await.unwrap();
+    let now = put_rev(&c, Put::new("/wr/before", "0")).await;
+    let (stream, mut w) = c
+        .watch(WatchOptions::prefix("/wr/").created_notify())
+        .unwrap();
+
+    let created = next_response(&mut w).await;
+    assert!(created.created && !created.canceled, "{created:?}");
+    assert!(created.events.is_empty());
+    assert!(!created.is_progress_notify(), "a create's answer is no progress notice");
+    let h = created.header;
+    assert_eq!(h.member_id, status.member_id);
+    assert_eq!(h.raft_term, status.raft_term);
+    assert_ne!(h.cluster_id, 0);
+    assert!(h.revision >= now, "{h:?}");
+
+    let rev = put_rev(&c, Put::new("/wr/a", "1")).await;
+    let events = tokio::time::timeout(T, w.try_next())
+        .await
+        .expect("events within T")
+        .expect("no watch error")
+        .expect("the watch is open");
+    assert_eq!(events.events.len(), 1);
+    assert_eq!(events.header.revision, rev);
+    assert_eq!(events.compact_revision, 0);
+    assert!(!events.created && !events.canceled && !events.is_progress_notify());
+
+    stream.request_progress().unwrap();
+    let progress = next_response(&mut w).await;
+    assert!(progress.is_progress_notify(), "{progress:?}");
+    assert_eq!(progress.header.revision, rev);
+    assert_eq!(progress.header.cluster_id, h.cluster_id);
+
+    w.cancel().unwrap();
+    let canceled = next_response(&mut w).await;
+    assert!(canceled.canceled && !canceled.is_progress_notify(), "{canceled:?}");
+    assert_eq!(canceled.header.member_id, status.member_id);
+    let end = tokio::time::timeout(T, w.message()).await.expect("the end within T");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    // Fused: it stays ended.
+    assert!(w.next().await.is_none());
+    // The server dropped the watch: a later put reaches nobody, and the
+    // stream serves a new watcher.
+    let mut again = stream.watch(WatchOptions::key("/wr/b").start_revision(rev + 1)).unwrap();
+    put_rev(&c, Put::new("/wr/b", "2")).await;
+    assert_eq!(next_response(&mut again).await.events.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_and_cancel() {
     let etcd = Etcd::start();
@@ -672,8 +734,8 @@ async fn progress_requests_and_cancel() {
     // A progress request answers with the current revision and no events.
     stream.request_progress().unwrap();
     let p = next_response(&mut keep).await;
-    assert!(p.events.is_empty());
-    assert!(p.revision >= rev);
+    assert!(p.is_progress_notify(), "{p:?}");
+    assert!(p.header.revision >= rev);
     // Cancelling one watcher leaves the other on the same stream working,
     // and the server drops the cancelled one.
     let watchers = || {

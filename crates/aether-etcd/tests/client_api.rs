@@ -669,11 +669,8 @@ async fn endpoint_auto_sync_follows_the_member_list_and_ends_with_the_client() {
     let proxy = FaultProxy::with_listener(listener, etcd.client_addr());
     assert_eq!(proxy.endpoint(), advertised);
     // Configured: the member directly, and a port nothing listens on.
-    let config = {
-        let mut c = ClientConfig::new([etcd.endpoint(), "http://127.0.0.1:9".to_string()]);
-        c.auto_sync_interval = Some(Duration::from_millis(100));
-        c
-    };
+    let config = ClientConfig::new([etcd.endpoint(), "http://127.0.0.1:9".to_string()])
+        .with_auto_sync_interval(Duration::from_millis(100));
     let c = Client::connect(config).unwrap();
     assert!(
         wait_until_async(T, || c.endpoints() == [advertised.clone()]).await,

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 
 use super::Session;
 use super::wait::{WithdrawOnDrop, first_created, range_kvs, wait_deletes};

@@ -1,6 +1,7 @@
 //! Waiting for one's turn in a create-revision queue.
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 
 use super::Session;
 use crate::{

@@ -95,7 +95,7 @@ use crate::lease::{LeaseGrant, LeaseList, LeaseTtl};
 use crate::lease_id::LeaseId;
 use crate::maintenance::Status;
 use crate::pb::PbResponseHeader;
-use crate::watch::WatchOptions;
+use crate::watch::{WatchOptions, WatchResponse};
 
 /// Members in a default cluster.
 pub const DEFAULT_MEMBERS: usize = 1;
@@ -278,12 +278,19 @@ impl State {
             store,
             members,
             watchers,
+            config,
             ..
         } = self;
         watchers.retain(|_, w| {
             let m = &members[w.member];
             let upto = if m.held { m.applied } else { store.rev };
-            w.pump(store, upto, m.id)
+            let header = Header::from(Some(PbResponseHeader {
+                cluster_id: config.cluster_id,
+                member_id: m.id,
+                revision: upto,
+                raft_term: RAFT_TERM,
+            }));
+            w.pump(store, header)
         });
     }
 
@@ -779,6 +786,15 @@ impl Client {
         let id = st.next_watch;
         st.next_watch += 1;
         let member_id = st.members[self.member].id;
+        let header = st.header(self.member, applied);
+        if opts.1 {
+            // The create's answer, as the real client delivers it when
+            // asked: no events, the revision the watch starts after.
+            let _ = tx.send(Ok(WatchResponse {
+                created: true,
+                ..WatchResponse::events(header, Vec::new())
+            }));
+        }
         // The real client asks for one revision before the start (its
         // watch module says why), so a start at the compaction is refused.
         if start > 0 && (start - 1).max(1) < st.store.compact_rev {
@@ -787,7 +803,7 @@ impl Client {
             }));
         } else {
             let mut reg = WatchReg::new(self.member, &opts, next, tx);
-            if reg.pump(&st.store, applied, member_id) {
+            if reg.pump(&st.store, header) {
                 st.watchers.insert(id, reg);
             }
         }

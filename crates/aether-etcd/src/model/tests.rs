@@ -240,13 +240,13 @@ async fn watches_replay_history_and_refuse_the_compacted() {
         .watch(WatchOptions::prefix("/w/").start_revision(2).prev_kv())
         .unwrap();
     let r = w.next().await.unwrap().unwrap();
-    assert_eq!((r.revision, r.member_id), (4, c.member_id(0)));
+    assert_eq!((r.header.revision, r.header.member_id), (4, c.member_id(0)));
     let revs: Vec<_> = r.events.iter().map(|e| e.revision()).collect();
     assert_eq!(revs, [2, 3, 3, 4]);
     assert!(r.events[3].prev_kv.is_some() && r.events[0].prev_kv.is_none());
     // Caught up: one response per revision.
     k.put(Put::new("/w/c", "1")).await.unwrap();
-    assert_eq!(w.next().await.unwrap().unwrap().revision, 5);
+    assert_eq!(w.next().await.unwrap().unwrap().header.revision, 5);
     k.compact(3, false).await.unwrap();
     let mut old = k
         .watch(WatchOptions::prefix("/w/").start_revision(3))
@@ -264,7 +264,7 @@ async fn watches_replay_history_and_refuse_the_compacted() {
     assert_eq!(ok.next().await.unwrap().unwrap().events.len(), 1);
     ok.request_progress().unwrap();
     let p = ok.next().await.unwrap().unwrap();
-    assert!(p.events.is_empty() && p.revision == 5);
+    assert!(p.events.is_empty() && p.header.revision == 5);
 }
 
 #[tokio::test(start_paused = true)]
@@ -281,7 +281,7 @@ async fn a_held_member_lags_and_catches_up() {
         (stale.header.revision, stale.header.member_id),
         (2, b.member_id())
     );
-    assert!(w.try_next().is_none());
+    assert!(w.next_buffered().is_none());
     // A linearizable read on the held member waits for it.
     let read = tokio::spawn({
         let b = b.clone();
@@ -291,7 +291,7 @@ async fn a_held_member_lags_and_catches_up() {
     assert!(!read.is_finished());
     c.release(1);
     assert_eq!(read.await.unwrap().unwrap().header.revision, 3);
-    assert_eq!(w.next().await.unwrap().unwrap().revision, 3);
+    assert_eq!(w.next().await.unwrap().unwrap().header.revision, 3);
 }
 
 #[tokio::test(start_paused = true)]
