@@ -168,7 +168,12 @@ fn base_sync(c: &mut Criterion) {
                 let start = Instant::now();
                 rt.block_on(async {
                     let lease = match leased {
-                        true => d.lease_grant(30).await.expect("grant").id,
+                        true => {
+                            d.lease_grant(Duration::from_secs(30))
+                                .await
+                                .expect("grant")
+                                .id
+                        }
                         false => LeaseId::NONE,
                     };
                     write_batched_under(&d, 0..n, inflight, lease).await

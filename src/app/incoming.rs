@@ -255,9 +255,9 @@ async fn lookup_ttl(local: &Client, status: &mut OriginStatus) -> crate::etcd::R
         return Ok(());
     }
     let t = local.lease_time_to_live(status.lease, false).await?;
-    status.ttl = (t.ttl >= 0).then(|| LeaseLookup {
-        left: Duration::from_secs(t.ttl as u64),
-        granted: Duration::from_secs(t.granted_ttl.max(0) as u64),
+    status.ttl = t.ttl.map(|left| LeaseLookup {
+        left,
+        granted: t.granted_ttl,
         at: Instant::now(),
     });
     Ok(())

@@ -158,7 +158,7 @@ mod transport;
 mod watch;
 
 pub use auth::{
-    AuthStatus, NameList, Permission, PermissionKind, RoleInfo, UserAddOptions, UserInfo,
+    AuthStatus, AuthToken, NameList, Permission, PermissionKind, RoleInfo, UserAddOptions, UserInfo,
 };
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 pub use batch::{
@@ -174,17 +174,22 @@ pub use kv::{
     Txn, TxnResponse, prefix_end,
 };
 pub use lease::{
-    LeaseGrant, LeaseHandle, LeaseKeeper, LeaseList, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL,
+    KeepAliveResponse, KeepAliveSender, KeepAliveStream, LeaseGrant, LeaseHandle, LeaseKeeper,
+    LeaseList, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL,
 };
 pub use lease_id::LeaseId;
-pub use maintenance::{Alarm, AlarmKind, Hash, HashKv, Snapshot, SnapshotChunk, Status};
+pub use maintenance::{
+    Alarm, AlarmKind, DowngradeAction, DowngradeResponse, Hash, HashKv, Snapshot, SnapshotChunk,
+    Status,
+};
 pub use namespace::{Namespace, NamespaceWatcher};
 pub use transport::{
-    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTION_WINDOW, DEFAULT_CONNECTIONS, DEFAULT_ENDPOINT, DEFAULT_KEEPALIVE_INTERVAL,
-    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
-    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP, DEFAULT_STREAM_WINDOW, DEFAULT_WATCH_REQUIRE_LEADER, DEFAULT_WATCHER_BUFFER_BYTES,
-    RetryPolicy, TlsConfig, UNHEALTHY_FOR,
+    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTION_WINDOW,
+    DEFAULT_CONNECTIONS, DEFAULT_ENDPOINT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_MAX_DECODING_MESSAGE_SIZE, DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP,
+    DEFAULT_STREAM_WINDOW, DEFAULT_WATCH_REQUIRE_LEADER, DEFAULT_WATCHER_BUFFER_BYTES, RetryPolicy,
+    TlsConfig, UNHEALTHY_FOR,
 };
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use aether_etcd::concurrency::{Election, Mutex, Session, SessionOptions};
 use aether_etcd::{
-    Alarm, AlarmKind, Client, ClientConfig, Compare, CompareOp, Delete, Error, Op, OpResponse, Put,
-    Range, Txn, WatchOptions,
+    Alarm, AlarmKind, Client, ClientConfig, Compare, CompareOp, Delete, DowngradeAction, Error, Op,
+    OpResponse, Put, Range, Txn, WatchOptions,
 };
 use aether_test_kit::{Etcd, FaultProxy, etcdctl_command, eventually, wait_until_async};
 use futures_util::StreamExt;
@@ -76,7 +76,7 @@ async fn session_lost_close_and_drop() {
     let id = s.lease();
     drop(s);
     let ttl = c.lease_time_to_live(id, false).await.unwrap();
-    assert!(ttl.ttl > 0, "{ttl:?}");
+    assert!(ttl.ttl.is_some_and(|t| !t.is_zero()), "{ttl:?}");
     let adopted = Session::with_options(
         &c,
         SessionOptions::default()
@@ -522,6 +522,72 @@ async fn nospace_alarm_compact_defragment_disarm() {
     assert_eq!(disarmed, alarms);
     assert!(c.alarm_list().await.unwrap().is_empty());
     c.put(Put::new("/small", "1")).await.unwrap();
+}
+
+/// The status fields beyond the basics, and an alarm raised by a client:
+/// etcd then refuses writes as it does for a real NOSPACE, says so in the
+/// status' errors, and takes writes again once the alarm is disarmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alarm_raised_by_a_client_refuses_writes_and_shows_in_the_status() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    c.put(Put::new("/al", "1")).await.unwrap();
+    let st = c.status().await.unwrap();
+    assert!(
+        st.db_size_in_use > 0 && st.db_size_in_use <= st.db_size,
+        "{st:?}"
+    );
+    assert!(!st.is_learner);
+    assert!(st.raft_applied_index > 0, "{st:?}");
+    assert!(st.errors.is_empty(), "{st:?}");
+
+    let alarm = Alarm {
+        member_id: st.member_id,
+        kind: AlarmKind::NoSpace,
+    };
+    assert_eq!(c.alarm_activate(alarm).await.unwrap(), [alarm]);
+    assert_eq!(c.alarm_list().await.unwrap(), [alarm]);
+    let r = c.put(Put::new("/al", "2")).await;
+    assert!(matches!(r, Err(Error::NoSpace)), "{r:?}");
+    let errors = c.status().await.unwrap().errors;
+    assert!(
+        errors.len() == 1 && errors[0].contains("NOSPACE"),
+        "{errors:?}"
+    );
+
+    assert_eq!(c.alarm_disarm(alarm).await.unwrap(), [alarm]);
+    c.put(Put::new("/al", "3")).await.unwrap();
+    assert!(c.status().await.unwrap().errors.is_empty());
+}
+
+/// Downgrade is etcd 3.5's: there a validate reports the cluster version,
+/// a target two minors down is refused, and an enable can be cancelled
+/// once; 3.4 has no such call, and says so as a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_on_3_5_and_unimplemented_on_3_4() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let version = c.status().await.unwrap().version;
+    if version.starts_with("3.4.") {
+        let r = c.downgrade(DowngradeAction::Validate, "3.3").await;
+        match r {
+            Err(Error::Unimplemented(m)) => assert!(m.contains("3.5"), "{m}"),
+            other => panic!("3.4 answered a downgrade: {other:?}"),
+        }
+        return;
+    }
+    let ok = c.downgrade(DowngradeAction::Validate, "3.4").await.unwrap();
+    assert_eq!(ok.cluster_version, "3.5.0");
+    let r = c.downgrade(DowngradeAction::Validate, "3.3").await;
+    assert!(matches!(r, Err(Error::InvalidDowngradeTarget(_))), "{r:?}");
+    let r = c.downgrade(DowngradeAction::Cancel, "").await;
+    assert!(matches!(r, Err(Error::NoDowngradeInProgress)), "{r:?}");
+    c.downgrade(DowngradeAction::Enable, "3.4").await.unwrap();
+    let r = c.downgrade(DowngradeAction::Validate, "3.4").await;
+    assert!(matches!(r, Err(Error::DowngradeInProgress)), "{r:?}");
+    c.downgrade(DowngradeAction::Cancel, "").await.unwrap();
+    let r = c.downgrade(DowngradeAction::Cancel, "").await;
+    assert!(matches!(r, Err(Error::NoDowngradeInProgress)), "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

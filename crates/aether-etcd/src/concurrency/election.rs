@@ -173,7 +173,8 @@ impl Election {
             self.candidacy = None;
             return Err(e);
         }
-        let guard = WithdrawOnDrop::new(&mut self.candidacy, self.session.client(), key.clone(), rev);
+        let guard =
+            WithdrawOnDrop::new(&mut self.candidacy, self.session.client(), key.clone(), rev);
         let waited = wait_deletes(&self.session, &self.prefix, &key, rev).await;
         guard.disarm();
         let header = waited?;

@@ -163,10 +163,14 @@ async fn refusals_change_nothing() {
 #[tokio::test(start_paused = true)]
 async fn leases_revoke_their_keys_in_one_revision() {
     let (c, k) = cluster();
-    let g = k.lease_grant_with_id(LeaseId::new(7), 1).await.unwrap();
+    let g = k
+        .lease_grant_with_id(LeaseId::new(7), Duration::from_secs(1))
+        .await
+        .unwrap();
     assert_eq!(g.ttl, DEFAULT_MIN_LEASE_TTL);
     assert!(matches!(
-        k.lease_grant_with_id(LeaseId::new(7), 10).await,
+        k.lease_grant_with_id(LeaseId::new(7), Duration::from_secs(10))
+            .await,
         Err(Error::LeaseExists)
     ));
     k.put(Put::new("/l/a", "1").lease(g.id)).await.unwrap();
@@ -179,13 +183,13 @@ async fn leases_revoke_their_keys_in_one_revision() {
     k.lease_revoke(g.id).await.unwrap();
     assert_eq!(c.revision(), rev + 1);
     assert_eq!(c.dump("/l/").len(), 1);
-    assert_eq!(k.lease_time_to_live(g.id, false).await.unwrap().ttl, -1);
+    assert_eq!(k.lease_time_to_live(g.id, false).await.unwrap().ttl, None);
     assert!(matches!(
         k.lease_revoke(g.id).await,
         Err(Error::LeaseNotFound)
     ));
     // An empty lease revoked makes no revision.
-    let e = k.lease_grant(10).await.unwrap();
+    let e = k.lease_grant(Duration::from_secs(10)).await.unwrap();
     k.lease_revoke(e.id).await.unwrap();
     assert_eq!(c.revision(), rev + 1);
 }
@@ -193,15 +197,21 @@ async fn leases_revoke_their_keys_in_one_revision() {
 #[tokio::test(start_paused = true)]
 async fn a_lease_expires_on_the_clock_unless_kept_alive() {
     let (c, k) = cluster();
-    let g = k.lease_grant(10).await.unwrap();
+    let g = k.lease_grant(Duration::from_secs(10)).await.unwrap();
     k.put(Put::new("/e/a", "1").lease(g.id)).await.unwrap();
     k.put(Put::new("/e/b", "1").lease(g.id)).await.unwrap();
     let mut w = k.watch(WatchOptions::prefix("/e/")).unwrap();
     tokio::time::sleep(Duration::from_secs(9)).await;
-    assert_eq!(k.lease_keep_alive_once(g.id).await.unwrap(), 10);
+    assert_eq!(
+        k.lease_keep_alive_once(g.id).await.unwrap(),
+        Duration::from_secs(10)
+    );
     tokio::time::sleep(Duration::from_secs(9)).await;
     assert_eq!(c.dump("/e/").len(), 2, "kept alive at 9 s");
-    assert_eq!(k.lease_time_to_live(g.id, false).await.unwrap().ttl, 1);
+    assert_eq!(
+        k.lease_time_to_live(g.id, false).await.unwrap().ttl,
+        Some(Duration::from_secs(1))
+    );
     // Nobody calls the model: the expiry task revokes at the deadline.
     let resp = tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
@@ -219,7 +229,7 @@ async fn a_lease_expires_on_the_clock_unless_kept_alive() {
 #[tokio::test(start_paused = true)]
 async fn the_expiry_task_ends_with_the_last_handle() {
     let (c, k) = cluster();
-    k.lease_grant(100).await.unwrap();
+    k.lease_grant(Duration::from_secs(100)).await.unwrap();
     let weak = Arc::downgrade(&c.shared);
     drop((c, k));
     tokio::task::yield_now().await;

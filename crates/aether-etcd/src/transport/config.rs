@@ -587,10 +587,18 @@ mod tests {
         assert_eq!(tls.unwrap().server_name.as_deref(), Some("a"));
         assert_eq!(credentials.unwrap().user, "u");
         assert_eq!(
-            (connect_timeout, request_timeout, keepalive_interval, keepalive_timeout),
+            (
+                connect_timeout,
+                request_timeout,
+                keepalive_interval,
+                keepalive_timeout
+            ),
             (d(1), d(2), d(3), d(4))
         );
-        assert_eq!((max_decoding_message_size, max_encoding_message_size), (5, 6));
+        assert_eq!(
+            (max_decoding_message_size, max_encoding_message_size),
+            (5, 6)
+        );
         assert_eq!((stream_window, connection_window), (7, 8));
         assert!(!watch_require_leader);
         assert_eq!(auto_sync_interval, Some(d(9)));

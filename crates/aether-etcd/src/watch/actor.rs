@@ -11,10 +11,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::types::{Event, WatchResponse};
-use crate::header::Header;
 use super::watcher::{Cmd, Fragments, Sink, events_bytes};
 use crate::backoff::Backoff;
 use crate::error::{Error, is_token_refusal};
+use crate::header::Header;
 use crate::pb::{
     PbWatchCancelRequest, PbWatchClient, PbWatchCreateRequest, PbWatchProgressRequest,
     PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
