@@ -867,3 +867,22 @@ async fn stream_failed(
         None => backoff.wait_unless(cancel.cancelled()).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ttl_rounds_up_to_whole_seconds_and_zero_is_refused() {
+        let ms = Duration::from_millis;
+        assert_eq!(ttl_secs(ms(1)).unwrap(), 1);
+        assert_eq!(ttl_secs(ms(1000)).unwrap(), 1);
+        assert_eq!(ttl_secs(ms(1001)).unwrap(), 2);
+        assert_eq!(ttl_secs(Duration::MAX).unwrap(), i64::MAX);
+        assert!(matches!(
+            ttl_secs(Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(ttl_duration(-1), Duration::ZERO);
+    }
+}

@@ -729,6 +729,46 @@ async fn watch_responses_carry_the_header_and_say_what_they_answer() {
     assert_eq!(next_response(&mut again).await.events.len(), 1);
 }
 
+/// Lease TTLs are Durations: a sub-second part rounds up to etcd's whole
+/// seconds (a lease never lives shorter than asked), and zero is refused
+/// before anything is sent, by the grant, the keeper and the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_ttls_round_up_to_whole_seconds_and_zero_is_refused() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let g = c.lease_grant(Duration::from_millis(4200)).await.unwrap();
+    assert_eq!(g.ttl, Duration::from_secs(5));
+    let ttl = c.lease_time_to_live(g.id, false).await.unwrap();
+    assert_eq!(ttl.granted_ttl, Duration::from_secs(5), "{ttl:?}");
+    assert!(ttl.ttl.is_some_and(|t| t <= g.ttl), "{ttl:?}");
+
+    let zero = c.lease_grant(Duration::ZERO).await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    let zero = c
+        .lease_keeper()
+        .keep_alive_with_ttl(g.id, Duration::ZERO)
+        .await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    let zero = aether_etcd::concurrency::Session::with_options(
+        &c,
+        aether_etcd::concurrency::SessionOptions::default().with_ttl(Duration::ZERO),
+    )
+    .await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    assert_eq!(
+        c.lease_list().await.unwrap().ids,
+        [g.id],
+        "a refused TTL granted nothing"
+    );
+
+    // Adopted by id alone, the keeper asks the server for the TTL.
+    let h = c.lease_keeper().keep_alive_id(g.id).await.unwrap();
+    assert_eq!(h.status().ttl, Duration::from_secs(5));
+    c.lease_revoke(g.id).await.unwrap();
+    let gone = c.lease_keeper().keep_alive_id(g.id).await;
+    assert!(matches!(gone, Err(Error::LeaseNotFound)), "{gone:?}");
+}
+
 /// A raw keep-alive stream: each request sent is answered with the TTL the
 /// lease has again, and with zero once the lease is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
