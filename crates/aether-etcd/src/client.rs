@@ -679,7 +679,11 @@ impl Client {
     /// otherwise); a validate or enable while a downgrade is in progress is
     /// [`Error::DowngradeInProgress`](crate::Error::DowngradeInProgress), a
     /// cancel without one [`Error::NoDowngradeInProgress`](crate::Error::NoDowngradeInProgress).
-    /// A write: never retried once it may have reached the server.
+    /// A write: never retried once it may have reached the server. etcd
+    /// 3.5.1 does not answer an enable: the call ends in
+    /// [`Error::ServerTimeout`](crate::Error::ServerTimeout) after etcd's
+    /// own request timeout (validate and cancel answer; the tests run
+    /// those).
     pub async fn downgrade(
         &self,
         action: DowngradeAction,

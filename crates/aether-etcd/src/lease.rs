@@ -107,7 +107,9 @@ pub(crate) fn ttl_secs(ttl: Duration) -> Result<i64> {
             "a lease TTL of zero: etcd's TTLs are whole seconds, at least one".into(),
         ));
     }
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     Ok(i64::try_from(secs).unwrap_or(i64::MAX))
 }
 

@@ -561,8 +561,9 @@ async fn an_alarm_raised_by_a_client_refuses_writes_and_shows_in_the_status() {
 }
 
 /// Downgrade is etcd 3.5's: there a validate reports the cluster version,
-/// a target two minors down is refused, and an enable can be cancelled
-/// once; 3.4 has no such call, and says so as a typed error.
+/// a target two minors down or not a version is refused, and a cancel
+/// without a downgrade says so; 3.4 has no such call, and says so as a
+/// typed error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downgrade_on_3_5_and_unimplemented_on_3_4() {
     let etcd = Etcd::start();
@@ -580,14 +581,13 @@ async fn downgrade_on_3_5_and_unimplemented_on_3_4() {
     assert_eq!(ok.cluster_version, "3.5.0");
     let r = c.downgrade(DowngradeAction::Validate, "3.3").await;
     assert!(matches!(r, Err(Error::InvalidDowngradeTarget(_))), "{r:?}");
+    let r = c.downgrade(DowngradeAction::Validate, "three.four").await;
+    assert!(matches!(r, Err(Error::InvalidDowngradeTarget(_))), "{r:?}");
     let r = c.downgrade(DowngradeAction::Cancel, "").await;
     assert!(matches!(r, Err(Error::NoDowngradeInProgress)), "{r:?}");
-    c.downgrade(DowngradeAction::Enable, "3.4").await.unwrap();
-    let r = c.downgrade(DowngradeAction::Validate, "3.4").await;
-    assert!(matches!(r, Err(Error::DowngradeInProgress)), "{r:?}");
-    c.downgrade(DowngradeAction::Cancel, "").await.unwrap();
-    let r = c.downgrade(DowngradeAction::Cancel, "").await;
-    assert!(matches!(r, Err(Error::NoDowngradeInProgress)), "{r:?}");
+    // Not an enable: etcd 3.5.1 never answers one (it ends in etcd's own
+    // "request timed out" after about 7 s), so there is nothing here to
+    // cancel either.
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -284,7 +284,10 @@ mod tests {
         let config = ClientConfig::new(["https://127.0.0.1:2379"]);
         let built = Endpoints::build(&config, config.endpoints.clone(), None).map(|_| ());
         let provider = cfg!(any(feature = "tls-ring", feature = "tls-aws-lc"));
-        let roots = cfg!(any(feature = "tls-native-roots", feature = "tls-webpki-roots"));
+        let roots = cfg!(any(
+            feature = "tls-native-roots",
+            feature = "tls-webpki-roots"
+        ));
         match (provider, roots, built) {
             (true, true, Ok(())) => {}
             // A machine without a system trust store, when the roots are
