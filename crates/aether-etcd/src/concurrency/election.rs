@@ -8,7 +8,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 
 use super::Session;
-use super::wait::{WithdrawOnDrop, first_created, range_kvs, wait_deletes};
+use super::wait::{WithdrawOnDrop, first_created, range_kvs, send_claim, wait_deletes};
 use crate::{
     Client, Compare, CompareOp, Delete, Error, EventKind, Header, KeyValue, LeaseId, Put, Range,
     Result, Txn, WatchOptions, Watcher,
@@ -149,7 +149,7 @@ impl Election {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([Put::new(key.clone(), value.clone()).lease(self.session.lease())])
             .or_else([Range::key(key.clone())]);
-        let resp = client.txn(txn).await?;
+        let resp = send_claim(&client, txn, key.clone()).await?;
         let rev = if resp.succeeded {
             resp.header.revision
         } else {

@@ -18,7 +18,10 @@
 //! Dropping a `campaign()` or `lock()` future while it waits withdraws its
 //! key, as Go's package does when the context is cancelled: the drop
 //! starts a task that deletes the key if it still has the create revision
-//! this wait made (a `Drop` cannot await the request itself). Without a
+//! this wait made (a `Drop` cannot await the request itself). The write
+//! that queues the key runs in a task of its own for the same reason: a
+//! future dropped while that write is on its way never learns the key's
+//! revision, so the task withdraws the key it created. Without a
 //! runtime, or if that request fails, the key goes with the session's
 //! lease. A lock already held or a campaign already won stays so:
 //! [`Mutex::unlock`] and [`Election::resign`] release them.

@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use super::Session;
 use super::election::{queue_dir, session_key};
-use super::wait::{WithdrawOnDrop, first_created, range_kvs, wait_deletes};
+use super::wait::{WithdrawOnDrop, first_created, range_kvs, send_claim, wait_deletes};
 use crate::{Compare, CompareOp, Delete, Error, Header, Op, Put, Range, Result, Txn, TxnResponse};
 
 /// A lock on a key prefix, held by at most one session at a time.
@@ -124,7 +124,7 @@ impl Mutex {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([Op::from(put), Op::from(first_created(&self.prefix))])
             .or_else([Range::key(key.clone()), first_created(&self.prefix)]);
-        let resp = self.session.client().txn(txn).await?;
+        let resp = send_claim(self.session.client(), txn, key.clone()).await?;
         let rev = if resp.succeeded {
             resp.header.revision
         } else {

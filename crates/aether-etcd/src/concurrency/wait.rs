@@ -56,18 +56,77 @@ impl<T> Drop for WithdrawOnDrop<'_, T> {
             return;
         };
         let (client, key, rev) = (self.client.clone(), self.key.clone(), self.rev);
-        rt.spawn(async move {
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    rev,
-                )])
-                .and_then([Delete::key(key.clone())]);
-            if let Err(err) = client.txn(txn).await {
-                tracing::debug!(error = %err, key = ?key, "withdrawing a dropped waiter's claim failed; it goes with its lease");
-            }
-        });
+        rt.spawn(async move { withdraw(&client, key, rev).await });
+    }
+}
+
+/// Deletes the claim `key` if it still has create revision `rev`.
+async fn withdraw(client: &Client, key: Bytes, rev: i64) {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+        .and_then([Delete::key(key.clone())]);
+    if let Err(err) = client.txn(txn).await {
+        tracing::debug!(error = %err, key = ?key, "withdrawing a dropped waiter's claim failed; it goes with its lease");
+    }
+}
+
+/// Sends `txn`, which puts the claim `key` when it succeeds, from a task
+/// of its own: a caller dropped while the txn is on its way (the claim may
+/// be in the queue already, and other clients see it) never takes the
+/// answer, and then what the txn created is withdrawn. Without it, a
+/// `lock()` dropped at that moment left its key queued, the gap
+/// [`WithdrawOnDrop`] closes for the wait that follows. Either the caller
+/// takes the answer (and arms its guard before it next yields), or the
+/// answer is withdrawn: by the task when it could not hand it over, by
+/// [`ClaimAnswer`]'s drop when it was handed over and never taken.
+pub(super) async fn send_claim(client: &Client, txn: Txn, key: Bytes) -> Result<TxnResponse> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let c = client.clone();
+    let k = key.clone();
+    tokio::spawn(async move {
+        if let Err(Ok(resp)) = tx.send(c.txn(txn).await)
+            && resp.succeeded
+        {
+            withdraw(&c, k, resp.header.revision).await;
+        }
+    });
+    let mut answer = ClaimAnswer {
+        rx,
+        client: client.clone(),
+        key,
+        taken: false,
+    };
+    let resp = (&mut answer.rx).await;
+    answer.taken = true;
+    resp.map_err(|_| Error::Closed)?
+}
+
+/// The caller's end of [`send_claim`]'s channel.
+struct ClaimAnswer {
+    rx: tokio::sync::oneshot::Receiver<Result<TxnResponse>>,
+    client: Client,
+    key: Bytes,
+    taken: bool,
+}
+
+impl Drop for ClaimAnswer {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        // After `close` the task's send fails (and it withdraws); an answer
+        // sent before it is here, and withdrawn here.
+        self.rx.close();
+        let Ok(Ok(resp)) = self.rx.try_recv() else {
+            return;
+        };
+        if !resp.succeeded {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (client, key) = (self.client.clone(), self.key.clone());
+            rt.spawn(async move { withdraw(&client, key, resp.header.revision).await });
+        }
     }
 }
 
