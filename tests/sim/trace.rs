@@ -49,14 +49,21 @@ impl Trace {
     pub(crate) fn note(&self, line: String) {
         let mut t = self.0.lock().unwrap();
         let ms = t.start.elapsed().as_millis();
-        t.at_ms = if t.at_ms.0 == ms { (ms, t.at_ms.1 + 1) } else { (ms, 1) };
+        t.at_ms = if t.at_ms.0 == ms {
+            (ms, t.at_ms.1 + 1)
+        } else {
+            (ms, 1)
+        };
         if t.at_ms.1 == SPIN_LINES {
             t.spun = Some(ms);
             let tail: Vec<String> = t.last.iter().rev().take(40).rev().cloned().collect();
             drop(t);
             // Unwinds the spinning task (the runtime catches it), so the
             // run goes on and reports the livelock as a violation.
-            panic!("livelock: {SPIN_LINES} store calls at {ms} ms:\n{}", tail.join("\n"));
+            panic!(
+                "livelock: {SPIN_LINES} store calls at {ms} ms:\n{}",
+                tail.join("\n")
+            );
         }
         let line = format!("{ms:>8} {line}");
         // FNV-style chaining: order matters, and no per-process keys.
