@@ -219,7 +219,13 @@ fn bench(c: &mut Criterion) {
                 .expect("watch");
             let mut n = 0;
             while n < WATCH_EVENTS {
-                n += w.next().await.expect("open").expect("watch").events.len();
+                n += w
+                    .message()
+                    .await
+                    .expect("watch")
+                    .expect("open")
+                    .events
+                    .len();
             }
         })
     });

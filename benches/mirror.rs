@@ -168,7 +168,12 @@ fn base_sync(c: &mut Criterion) {
                 let start = Instant::now();
                 rt.block_on(async {
                     let lease = match leased {
-                        true => d.lease_grant(30).await.expect("grant").id,
+                        true => {
+                            d.lease_grant(Duration::from_secs(30))
+                                .await
+                                .expect("grant")
+                                .id
+                        }
                         false => LeaseId::NONE,
                     };
                     write_batched_under(&d, 0..n, inflight, lease).await
@@ -418,8 +423,8 @@ async fn burst_traced(
         .await
         .expect("probe");
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-        while let Ok(r) = tokio::time::timeout_at(deadline, watcher.next()).await {
-            if !r.expect("watch open").expect("watch").events.is_empty() {
+        while let Ok(r) = tokio::time::timeout_at(deadline, watcher.message()).await {
+            if !r.expect("watch").expect("watch open").events.is_empty() {
                 break 'live;
             }
         }
@@ -461,7 +466,7 @@ async fn burst_traced(
             "burst: {remaining} of {revisions} keys never reached the peer"
         );
         tokio::select! {
-            r = watcher.next() => {
+            r = watcher.message() => {
                 let r = r.expect("watch").expect("watch");
                 let now = Instant::now();
                 let before = remaining;

@@ -124,6 +124,9 @@ cargo test --workspace --doc
 echo "== the client crate alone, with each TLS provider and with none; the engine without the app"
 cargo check -p aether-etcd --no-default-features
 cargo check -p aether-etcd --no-default-features --features tls-aws-lc
+# Mozilla's roots compiled in: an https:// endpoint without a CA builds on
+# any host (the endpoint unit test says which error each feature set gives).
+cargo test -p aether-etcd --lib --no-default-features --features tls-ring,tls-webpki-roots https_needs
 cargo check -p aether-etcd
 cargo check --lib --no-default-features
 

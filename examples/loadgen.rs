@@ -92,7 +92,7 @@ async fn spot(
                 .lease_time_to_live(kv.lease(), false)
                 .await
                 .map_err(|e| format!("lease of {k} at peer {p}: {e}"))?;
-            if ttl.ttl <= 0 {
+            if ttl.ttl.is_none_or(|t| t.is_zero()) {
                 return Err(format!("{k} at peer {p}: its lease has expired"));
             }
         }

@@ -50,15 +50,17 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         opts: WatchOptions,
     ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>;
-    /// Grants a lease of `ttl` seconds; the server picks its id.
-    fn lease_grant(&self, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
+    /// Grants a lease of `ttl`; the server picks its id.
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
     /// Revokes a lease, deleting its keys.
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>>;
-    /// A lease's remaining TTL (-1: it does not exist).
+    /// A lease's remaining TTL (`None`: it does not exist).
     fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> BoxFuture<'_, etcd::Result<LeaseTtl>>;
-    /// Keeps a granted lease alive until the handle is dropped (never
-    /// revoking it), as [`etcd::LeaseKeeper::keep_alive`].
-    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>>;
+    /// Keeps a lease granted with `ttl` alive until the handle is dropped
+    /// (never revoking it), as [`etcd::LeaseKeeper::keep_alive_with_ttl`]:
+    /// the engine knows the TTL of the lease it adopts, and asks nothing.
+    fn keep_alive(&self, id: LeaseId, ttl: Duration)
+    -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>>;
     /// Opens the connections calls will use, before there are calls to
     /// make; with `warm`, also starts their flow-control windows growing
     /// (see [`Client::warm_connections`]). Nothing by default: a backend
@@ -139,7 +141,7 @@ impl Store {
     }
 
     /// See [`Backend::lease_grant`].
-    pub async fn lease_grant(&self, ttl: i64) -> etcd::Result<LeaseGrant> {
+    pub async fn lease_grant(&self, ttl: Duration) -> etcd::Result<LeaseGrant> {
         self.0.lease_grant(ttl).await
     }
 
@@ -154,7 +156,7 @@ impl Store {
     }
 
     /// See [`Backend::keep_alive`].
-    pub async fn keep_alive(&self, id: LeaseId, ttl: i64) -> etcd::Result<Box<dyn Lease>> {
+    pub async fn keep_alive(&self, id: LeaseId, ttl: Duration) -> etcd::Result<Box<dyn Lease>> {
         self.0.keep_alive(id, ttl).await
     }
 
@@ -195,7 +197,7 @@ impl Backend for Client {
         Ok((Box::new(stream), Box::new(watcher)))
     }
 
-    fn lease_grant(&self, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
         Box::pin(Client::lease_grant(self, ttl))
     }
 
@@ -207,9 +209,13 @@ impl Backend for Client {
         Box::pin(Client::lease_time_to_live(self, id, keys))
     }
 
-    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
+    fn keep_alive(
+        &self,
+        id: LeaseId,
+        ttl: Duration,
+    ) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
         Box::pin(async move {
-            let handle = self.lease_keeper().keep_alive(id, ttl).await?;
+            let handle = self.lease_keeper().keep_alive_with_ttl(id, ttl).await?;
             Ok(Box::new(handle) as Box<dyn Lease>)
         })
     }
@@ -245,10 +251,11 @@ pub trait WatchHealth: Send + Sync {
 /// One watcher's responses, in revision order, resumed across reconnects
 /// without loss or duplicates.
 pub trait WatchEvents: Send {
-    /// The next response; `None` once the watch has ended.
-    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>>;
+    /// The next response; `None` once the watch has ended. (Not `next`:
+    /// on a `Watcher` that would read as `StreamExt::next`.)
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>>;
     /// A response that has already arrived, without waiting.
-    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>>;
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>>;
 }
 
 /// A lease kept alive until this value is dropped; dropping it never
@@ -279,12 +286,12 @@ impl WatchHealth for WatchStream {
 }
 
 impl WatchEvents for Watcher {
-    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
         Box::pin(futures_util::StreamExt::next(self))
     }
 
-    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>> {
-        Watcher::try_next(self)
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        Watcher::next_buffered(self)
     }
 }
 

@@ -173,7 +173,7 @@ async fn a_restart_with_another_lease_ttl_replaces_the_lease() {
     let st = state_on(&peer, &long).await.unwrap();
     assert_ne!(st.lease, old_lease);
     let ttl = peer.lease_time_to_live(st.lease, false).await.unwrap();
-    assert_eq!(ttl.granted_ttl, 9);
+    assert_eq!(ttl.granted_ttl, Duration::from_secs(9));
     assert!(second.stats()[0].resyncs(ResyncReason::LeaseTtl) >= 1);
     // Every key moved to the new lease (converged checks the lease).
     converged(&src, &peer, &long).await;

@@ -288,7 +288,7 @@ async fn a_cut_or_crawling_peer_does_not_stall_a_healthy_one() {
         src.put(Put::new(key(9999), value.clone())).await.unwrap();
         let seen = tokio::time::timeout(Duration::from_secs(1), async {
             loop {
-                let r = on_b.next().await.unwrap().unwrap();
+                let r = on_b.message().await.unwrap().unwrap();
                 if r.events.iter().any(|e| e.kv.value() == value.as_str()) {
                     return;
                 }

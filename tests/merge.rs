@@ -179,10 +179,23 @@ async fn the_join_matches_a_plain_map_oracle_at_every_page_size() {
     eprintln!("MERGE_SEED={seed}");
     let scene = Scene::start();
     let (src, peer) = scene.clients();
-    let src_lease = src.lease_grant(600).await.unwrap().id.get();
+    let src_lease = src
+        .lease_grant(Duration::from_secs(600))
+        .await
+        .unwrap()
+        .id
+        .get();
     let peer_leases = [
-        peer.lease_grant(600).await.unwrap().id.get(),
-        peer.lease_grant(600).await.unwrap().id.get(),
+        peer.lease_grant(Duration::from_secs(600))
+            .await
+            .unwrap()
+            .id
+            .get(),
+        peer.lease_grant(Duration::from_secs(600))
+            .await
+            .unwrap()
+            .id
+            .get(),
     ];
     let mut rng = Lcg(seed);
     let (mut joins, mut keys) = (0usize, 0usize);

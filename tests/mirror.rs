@@ -27,7 +27,7 @@ async fn initial_sync_repairs_a_stale_peer() {
         .unwrap();
     // The peer: 100 keys missing, 50 with another value, 50 value-equal on
     // a foreign lease, 50 value-equal without lease, 30 extra keys.
-    let foreign = dst.lease_grant(600).await.unwrap().id;
+    let foreign = dst.lease_grant(Duration::from_secs(600)).await.unwrap().id;
     let mut b = TxnBatcher::new(TxnLimits::default());
     for i in 100..500 {
         let (value, lease) = match i {
@@ -206,7 +206,13 @@ async fn a_stopped_engine_leaves_keys_that_expire_with_the_lease() {
     engine.shutdown().await;
     // Not revoked: the keys are still there right after a clean stop.
     assert_eq!(count(&dst, PREFIX).await, 50);
-    assert!(dst.lease_time_to_live(lease, false).await.unwrap().ttl > 0);
+    assert!(
+        dst.lease_time_to_live(lease, false)
+            .await
+            .unwrap()
+            .ttl
+            .is_some_and(|t| !t.is_zero())
+    );
     // With nobody keeping it alive the lease lapses and takes the copy.
     let gone = tokio::time::timeout(T, async {
         while count(&dst, PREFIX).await > 0 {
@@ -215,7 +221,10 @@ async fn a_stopped_engine_leaves_keys_that_expire_with_the_lease() {
     })
     .await;
     assert!(gone.is_ok(), "copy did not expire");
-    assert_eq!(dst.lease_time_to_live(lease, false).await.unwrap().ttl, -1);
+    assert_eq!(
+        dst.lease_time_to_live(lease, false).await.unwrap().ttl,
+        None
+    );
 }
 
 /// Polls the peer until `stop`, recording the smallest count seen.
@@ -249,7 +258,7 @@ async fn handoff_after_a_crash_never_drops_a_key() {
     let counter = {
         let deletes = deletes.clone();
         tokio::spawn(async move {
-            while let Some(Ok(r)) = peer_events.next().await {
+            while let Ok(Some(r)) = peer_events.message().await {
                 let n = r
                     .events
                     .iter()

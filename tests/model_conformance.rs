@@ -207,14 +207,13 @@ macro_rules! common_steps {
                     header(&h)
                 })
             }
-            Step::Grant(id, ttl) => {
-                err(c.lease_grant_with_id(LeaseId::new(*id), *ttl).await, |g| {
-                    format!("granted {} ttl{}", b.lease(g.id.get()), g.ttl)
-                })
-            }
-            Step::GrantAuto(ttl) => err(c.lease_grant(*ttl).await, |g| {
+            Step::Grant(id, ttl) => err(
+                c.lease_grant_with_id(LeaseId::new(*id), secs(*ttl)).await,
+                |g| format!("granted {} ttl{}", b.lease(g.id.get()), g.ttl.as_secs()),
+            ),
+            Step::GrantAuto(ttl) => err(c.lease_grant(secs(*ttl)).await, |g| {
                 b.auto_ids.push(g.id.get());
-                format!("granted {} ttl{}", b.lease(g.id.get()), g.ttl)
+                format!("granted {} ttl{}", b.lease(g.id.get()), g.ttl.as_secs())
             }),
             Step::Revoke(id) => err(c.lease_revoke(LeaseId::new(*id)).await, |()| {
                 "revoked".to_string()
@@ -226,12 +225,17 @@ macro_rules! common_steps {
                     .map(|k| String::from_utf8_lossy(k).into_owned())
                     .collect();
                 keys.sort();
-                let live = if t.ttl < 0 { "gone" } else { "live" };
-                format!("{live} granted{} keys{keys:?}", t.granted_ttl)
+                let live = if t.ttl.is_none() { "gone" } else { "live" };
+                format!("{live} granted{} keys{keys:?}", t.granted_ttl.as_secs())
             }),
             Step::Watch { .. } => unreachable!("watches are each side's own"),
         }
     }};
+}
+
+/// A script's TTL (whole seconds) as the clients take it.
+fn secs(ttl: i64) -> std::time::Duration {
+    std::time::Duration::from_secs(ttl as u64)
 }
 
 fn range_line(b: &Book, r: Result<aether_etcd::RangeResponse>) -> String {

@@ -700,7 +700,7 @@ async fn a_stale_own_campaign_key_is_taken_back_and_a_withdrawn_standby_leaves_n
     let ttl = Duration::from_secs(10);
     // A key left by an earlier session of this replica, whose lease (say,
     // renewed by an etcd restart) has a long while to run.
-    let old = c.lease_grant(60).await.unwrap();
+    let old = c.lease_grant(Duration::from_secs(60)).await.unwrap();
     let stale = format!("/aether/v1/replicator/a/leader/{:x}", old.id);
     c.put(Put::new(stale.clone(), "replica-1").lease(old.id))
         .await

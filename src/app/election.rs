@@ -194,7 +194,7 @@ impl Leadership {
             loop {
                 let opts = WatchOptions::key(key.clone()).start_revision(from);
                 if let Ok((_, mut w)) = self.local.watch(opts) {
-                    while let Some(Ok(r)) = w.next().await {
+                    while let Ok(Some(r)) = w.message().await {
                         if r.events.iter().any(|e| e.kind == EventKind::Delete) {
                             return;
                         }

@@ -180,7 +180,7 @@ async fn follow(
     refresh.reset();
     loop {
         tokio::select! {
-            msg = watcher.next() => {
+            msg = futures_util::StreamExt::next(&mut watcher) => {
                 let resp = match msg {
                     Some(Ok(r)) => r,
                     Some(Err(e)) => return e,
@@ -255,9 +255,9 @@ async fn lookup_ttl(local: &Client, status: &mut OriginStatus) -> crate::etcd::R
         return Ok(());
     }
     let t = local.lease_time_to_live(status.lease, false).await?;
-    status.ttl = (t.ttl >= 0).then(|| LeaseLookup {
-        left: Duration::from_secs(t.ttl as u64),
-        granted: Duration::from_secs(t.granted_ttl.max(0) as u64),
+    status.ttl = t.ttl.map(|left| LeaseLookup {
+        left,
+        granted: t.granted_ttl,
         at: Instant::now(),
     });
     Ok(())

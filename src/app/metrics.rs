@@ -399,7 +399,7 @@ impl Collector for AppCollector {
             per_peer_secs(|p| {
                 p.lease_status()
                     .filter(|s| s.last_ok.is_some() && !s.lost)
-                    .map_or(0.0, |s| s.ttl.max(0) as f64)
+                    .map_or(0.0, |s| s.ttl.as_secs_f64())
             }),
         )?;
         gauges(

@@ -299,10 +299,12 @@ pub async fn run(config: &Config, opts: &StatusOptions) -> Result<Report> {
         .min_by_key(|kv| kv.create_revision())
         .cloned();
     let leader_lease_left = match &held {
+        // Whole seconds in the report, -1 for a lease that is gone.
         Some(kv) if !kv.lease().is_none() => Some(
             bounded(opts, local.lease_time_to_live(kv.lease(), false))
                 .await??
-                .ttl,
+                .ttl
+                .map_or(-1, |d| d.as_secs() as i64),
         ),
         _ => None,
     };
@@ -332,8 +334,11 @@ pub async fn run(config: &Config, opts: &StatusOptions) -> Result<Report> {
                 row.staleness = state
                     .and_then(|s| s.staleness_at(unix_ms()))
                     .map(|d| d.as_secs_f64());
-                row.lease_left = ttl.as_ref().map(|t| t.ttl);
-                row.lease_granted = ttl.as_ref().map(|t| t.granted_ttl);
+                // Whole seconds in the report, -1 for a lease that is gone.
+                row.lease_left = ttl
+                    .as_ref()
+                    .map(|t| t.ttl.map_or(-1, |d| d.as_secs() as i64));
+                row.lease_granted = ttl.as_ref().map(|t| t.granted_ttl.as_secs() as i64);
             }
             Ok(Err(e)) => row.error = Some(e.to_string()),
             Err(e) => row.error = Some(e.to_string()),

@@ -76,7 +76,9 @@ pub async fn compare(
     let (stored, _) = state::read(peer, &Bytes::from(cfg.state_key())).await?;
     report.state = stored.state;
     if let Some(st) = stored.state {
-        report.lease_ttl = Some(peer.lease_time_to_live(st.lease, false).await?.ttl);
+        // Whole seconds in the report, -1 for a lease that is gone.
+        let ttl = peer.lease_time_to_live(st.lease, false).await?.ttl;
+        report.lease_ttl = Some(ttl.map_or(-1, |d| d.as_secs() as i64));
     }
     let lease = stored.state.map_or(LeaseId::NONE, |s| s.lease);
     let mut merge = Merge::start(local, peer, prefix, cfg.page_size);

@@ -158,8 +158,8 @@ impl Task {
                 let flow = tokio::select! {
                     biased;
                     _ = self.cancel.cancelled() => Flow::Stop,
-                    msg = registry.next() => self.on_registry(msg),
-                    msg = states.next() => self.on_state(msg, &mut registry),
+                    msg = futures_util::StreamExt::next(&mut registry) => self.on_registry(msg),
+                    msg = futures_util::StreamExt::next(&mut states) => self.on_state(msg, &mut registry),
                 };
                 match flow {
                     Flow::Continue => backoff.reset(),
@@ -223,7 +223,7 @@ impl Task {
         msg: Option<etcd::Result<WatchResponse>>,
         registry: &mut Watcher,
     ) -> Flow {
-        while let Some(earlier) = registry.try_next() {
+        while let Some(earlier) = registry.next_buffered() {
             match self.on_registry(Some(earlier)) {
                 Flow::Continue => {}
                 // The state response is not applied: the resync or the

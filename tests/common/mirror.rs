@@ -268,13 +268,13 @@ async fn exact_copy(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Result<Co
                 .map_err(|e| format!("lease {l:x} time to live: {e}"))?
                 .ttl
         }
-        None => -1,
+        None => None,
     };
     if missing.is_empty()
         && stray.is_empty()
         && differ.is_empty()
         && wrong_lease.is_empty()
-        && ttl > 0
+        && ttl.is_some_and(|t| !t.is_zero())
     {
         let state = state_value.as_deref().and_then(State::decode);
         if state.map(|s| s.lease.get()) != lease {
@@ -289,7 +289,7 @@ async fn exact_copy(src: &Client, dst: &Client, cfg: &MirrorConfig) -> Result<Co
     }
     Err(format!(
         "source {} keys, peer {} keys at revision {at}; missing {}; stray {}; \
-         value differs {}; not on the state's lease {}; state key {:?}, its lease's TTL {ttl}",
+         value differs {}; not on the state's lease {}; state key {:?}, its lease's TTL {ttl:?}",
         want.len(),
         got.len(),
         sample(&missing),

@@ -136,7 +136,7 @@ impl Backend for Link {
         Ok((Box::new(health), Box::new(Events(w))))
     }
 
-    fn lease_grant(&self, ttl: i64) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
         Box::pin(async move {
             self.before("grant").await?;
             let r = self.client().lease_grant(ttl).await;
@@ -161,7 +161,11 @@ impl Backend for Link {
         })
     }
 
-    fn keep_alive(&self, id: LeaseId, ttl: i64) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
+    fn keep_alive(
+        &self,
+        id: LeaseId,
+        ttl: Duration,
+    ) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
         Box::pin(async move {
             let mut status = LeaseStatus::default();
             status.last_ok = Some(tokio::time::Instant::now());
@@ -188,8 +192,8 @@ impl Backend for Link {
 
 /// The keep-alive of one lease: every third of its TTL, as the client's
 /// keeper does, through the link's faults.
-async fn keep(link: Link, id: LeaseId, ttl: i64, tx: watch::Sender<LeaseStatus>) {
-    let every = Duration::from_millis((ttl.max(1) as u64) * 1000 / 3);
+async fn keep(link: Link, id: LeaseId, ttl: Duration, tx: watch::Sender<LeaseStatus>) {
+    let every = Duration::from_millis(ttl.max(Duration::from_secs(1)).as_millis() as u64 / 3);
     loop {
         tokio::time::sleep(every).await;
         let answer = match link.before("keep-alive").await {
@@ -198,7 +202,7 @@ async fn keep(link: Link, id: LeaseId, ttl: i64, tx: watch::Sender<LeaseStatus>)
         };
         let mut s = *tx.borrow();
         match answer {
-            Ok(ttl) if ttl > 0 => {
+            Ok(ttl) if !ttl.is_zero() => {
                 s.last_ok = Some(tokio::time::Instant::now());
                 s.ttl = ttl;
                 s.successes += 1;
@@ -263,11 +267,11 @@ impl WatchHealth for Health {
 struct Events(model::Watcher);
 
 impl WatchEvents for Events {
-    fn next(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
         Box::pin(futures_util::StreamExt::next(&mut self.0))
     }
 
-    fn try_next(&mut self) -> Option<etcd::Result<WatchResponse>> {
-        self.0.try_next()
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        self.0.next_buffered()
     }
 }

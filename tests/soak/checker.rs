@@ -603,7 +603,12 @@ impl Checker {
                 // response carries the store's current revision, not the
                 // last one it delivers. The region's own load writes
                 // several times a second, so events keep coming.
-                match tokio::time::timeout(Duration::from_millis(300), w.next()).await {
+                match tokio::time::timeout(
+                    Duration::from_millis(300),
+                    futures_util::StreamExt::next(&mut w),
+                )
+                .await
+                {
                     Err(_) => {}
                     Ok(Some(Ok(resp))) => {
                         let t = now_ms();

@@ -139,9 +139,9 @@ async fn exact(mesh: &Mesh) -> Result<(), String> {
                 .lease_time_to_live(lease, false)
                 .await
                 .map_err(|e| format!("lease ttl on {}: {e}", REGIONS[p]))?;
-            if ttl.ttl <= 0 {
+            if ttl.ttl.is_none_or(|t| t.is_zero()) {
                 return Err(format!(
-                    "{}->{}: lease {lease:x} not alive ({})",
+                    "{}->{}: lease {lease:x} not alive ({:?})",
                     REGIONS[o], REGIONS[p], ttl.ttl
                 ));
             }

@@ -24,23 +24,20 @@ async fn main() -> aether_etcd::Result<()> {
     let client = Client::connect(ClientConfig::new([endpoint]))?;
 
     // Id 0: the server picks one.
-    let grant = client.lease_grant(3).await?;
-    let mut handle = client
-        .lease_keeper()
-        .keep_alive(grant.id, grant.ttl)
-        .await?;
+    let grant = client.lease_grant(Duration::from_secs(3)).await?;
+    let mut handle = client.lease_keeper().keep_alive(&grant).await?;
     client.put(Put::new(KEY, "yes").lease(handle.id())).await?;
     println!(
-        "granted lease {:x} for {} s and attached {KEY}",
+        "granted lease {:x} for {:?} and attached {KEY}",
         grant.id, grant.ttl
     );
 
     // Outlive the TTL twice over: the keep-alive holds the key.
-    tokio::time::sleep(Duration::from_secs(2 * grant.ttl as u64)).await;
+    tokio::time::sleep(2 * grant.ttl).await;
     let status = handle.status();
     let alive = client.range(Range::key(KEY)).await?.count;
     println!(
-        "after {} s: key present = {}, keep-alives answered = {}, lost = {}",
+        "after {:?}: key present = {}, keep-alives answered = {}, lost = {}",
         2 * grant.ttl,
         alive == 1,
         status.successes > 0,

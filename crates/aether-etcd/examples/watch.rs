@@ -57,8 +57,8 @@ async fn main() -> aether_etcd::Result<()> {
 async fn next_events(watcher: &mut Watcher, n: usize) -> aether_etcd::Result<Vec<Event>> {
     let mut events = Vec::new();
     while events.len() < n {
-        match watcher.next().await {
-            Some(resp) => events.extend(resp?.events),
+        match watcher.message().await? {
+            Some(resp) => events.extend(resp.events),
             None => break, // the watch was cancelled; a real program re-creates it
         }
     }

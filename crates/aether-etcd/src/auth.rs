@@ -38,6 +38,30 @@ use super::pb::{
 };
 use super::transport::Transport;
 
+/// An auth token etcd handed out: what every request of an authenticated
+/// client carries (as the `token` metadata). Its `Debug` does not print
+/// it: it is as good as the password until it expires.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthToken(String);
+
+impl AuthToken {
+    /// The token, as sent in the `token` metadata.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The token as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for AuthToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthToken(<{} bytes>)", self.0.len())
+    }
+}
+
 /// What a [`Permission`] allows on its keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PermissionKind {
@@ -277,8 +301,16 @@ impl AuthClient {
         AuthClient { transport }
     }
 
-    pub(crate) async fn authenticate(&self) -> Result<()> {
-        self.transport.authenticate().await
+    pub(crate) async fn authenticate(&self) -> Result<Option<AuthToken>> {
+        Ok(self.transport.authenticate().await?.map(AuthToken))
+    }
+
+    pub(crate) async fn authenticate_as(&self, user: &str, password: &str) -> Result<AuthToken> {
+        let creds = crate::transport::Credentials {
+            user: user.to_string(),
+            password: password.to_string(),
+        };
+        self.transport.fetch_token(&creds).await.map(AuthToken)
     }
 
     pub(crate) async fn auth_enable(&self) -> Result<Header> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::auth::{
-    AuthClient, AuthStatus, NameList, Permission, RoleInfo, UserAddOptions, UserInfo,
+    AuthClient, AuthStatus, AuthToken, NameList, Permission, RoleInfo, UserAddOptions, UserInfo,
 };
 use super::cluster::{ClusterClient, MemberAdded, MemberList};
 use super::endpoint_sync;
@@ -18,9 +18,13 @@ use super::kv::{
     Delete, DeleteResponse, KvClient, Put, PutResponse, Range, RangeResponse, Scan, Txn,
     TxnResponse, prefix_range,
 };
-use super::lease::{LeaseClient, LeaseGrant, LeaseKeeper, LeaseList, LeaseTtl};
+use super::lease::{
+    KeepAliveSender, KeepAliveStream, LeaseClient, LeaseGrant, LeaseKeeper, LeaseList, LeaseTtl,
+};
 use super::lease_id::LeaseId;
-use super::maintenance::{Alarm, Hash, HashKv, MaintenanceClient, Snapshot, Status};
+use super::maintenance::{
+    Alarm, DowngradeAction, DowngradeResponse, Hash, HashKv, MaintenanceClient, Snapshot, Status,
+};
 use super::transport::{ClientConfig, Credentials, Transport};
 use super::watch::{WatchClient, WatchOptions, WatchStream, Watcher};
 
@@ -189,9 +193,20 @@ impl Client {
         self.inner.transport.set_credentials(credentials);
     }
 
-    /// Fetches a fresh token with the configured credentials.
-    pub async fn authenticate(&self) -> Result<()> {
+    /// Fetches a fresh token with the configured credentials, which every
+    /// call then carries, and returns it (for a caller that hands it to
+    /// another program or a gRPC gateway); `None` without credentials.
+    /// Refused credentials are [`Error::Auth`](crate::Error::Auth).
+    pub async fn authenticate(&self) -> Result<Option<AuthToken>> {
         self.inner.auth.authenticate().await
+    }
+
+    /// A token for `user` and `password`, as etcd's `Authenticate` gives
+    /// it, without touching this client's own credentials or token: for a
+    /// caller that authenticates on behalf of someone else. Refused
+    /// credentials are [`Error::Auth`](crate::Error::Auth).
+    pub async fn authenticate_as(&self, user: &str, password: &str) -> Result<AuthToken> {
+        self.inner.auth.authenticate_as(user, password).await
     }
 
     /// Turns auth on. etcd refuses unless user `root` exists and has the
@@ -394,16 +409,23 @@ impl Client {
         self.inner.watch.watch(opts)
     }
 
-    /// Grants a lease of `ttl` seconds; the server picks its id.
-    pub async fn lease_grant(&self, ttl: i64) -> Result<LeaseGrant> {
+    /// Grants a lease of `ttl`; the server picks its id.
+    ///
+    /// etcd counts TTLs in whole seconds: a sub-second part rounds up
+    /// (1.2 s is granted as 2 s, so the lease never lives shorter than
+    /// asked), and zero is [`Error::InvalidArgument`](crate::Error::InvalidArgument),
+    /// refused before anything is sent. The server may raise a short TTL to
+    /// its minimum; [`LeaseGrant::ttl`] is what it granted.
+    pub async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         self.inner.lease.grant(LeaseId::NONE, ttl).await
     }
 
-    /// Grants a lease of `ttl` seconds with an id of the caller's choosing
-    /// ([`LeaseId::NONE`]: the server picks), as a process that re-creates
-    /// a lease under a known id does. An id that exists already is
+    /// Grants a lease of `ttl` (rounded as for [`Client::lease_grant`])
+    /// with an id of the caller's choosing ([`LeaseId::NONE`]: the server
+    /// picks), as a process that re-creates a lease under a known id does.
+    /// An id that exists already is
     /// [`Error::LeaseExists`](crate::Error::LeaseExists).
-    pub async fn lease_grant_with_id(&self, id: LeaseId, ttl: i64) -> Result<LeaseGrant> {
+    pub async fn lease_grant_with_id(&self, id: LeaseId, ttl: Duration) -> Result<LeaseGrant> {
         self.inner.lease.grant(id, ttl).await
     }
 
@@ -415,6 +437,22 @@ impl Client {
     /// Reads a lease's remaining TTL. A lease that does not exist has TTL -1.
     pub async fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> Result<LeaseTtl> {
         self.inner.lease.time_to_live(id, keys).await
+    }
+
+    /// A raw keep-alive stream for lease `id`, for a caller that runs its
+    /// own loop (etcd-client's `lease_keep_alive`): each
+    /// [`KeepAliveSender::keep_alive`] sends one request, and its answer
+    /// (the TTL the lease has again, zero once it is gone) arrives on the
+    /// [`KeepAliveStream`]. The first request is sent at once. The stream
+    /// is opened on the member in use and is not reopened when it breaks:
+    /// the caller opens another. Most callers want
+    /// [`Client::lease_keeper`] instead, which keeps any number of leases
+    /// alive on one stream, reopens it, and finds a stalled one.
+    pub async fn lease_keep_alive_stream(
+        &self,
+        id: LeaseId,
+    ) -> Result<(KeepAliveSender, KeepAliveStream)> {
+        self.inner.lease.keep_alive_stream(id).await
     }
 
     /// Lists every lease that exists (etcd `LeaseLeases`, etcdctl `lease
@@ -617,6 +655,41 @@ impl Client {
     /// write.
     pub async fn alarm_disarm(&self, alarm: Alarm) -> Result<Vec<Alarm>> {
         self.inner.maintenance.alarm_disarm(alarm).await
+    }
+
+    /// Raises `alarm` on its member, as etcd does itself when a member runs
+    /// out of space or finds corruption; returns the alarm raised. etcd
+    /// accepts it from any client with admin rights (Go's clientv3 has no
+    /// call for it; the API has the action). The cluster then behaves as
+    /// for a real one: a NOSPACE alarm refuses writes with
+    /// [`Error::NoSpace`](crate::Error::NoSpace) until
+    /// [`Client::alarm_disarm`], which makes it useful to rehearse what
+    /// a full cluster does to a program. `member_id` should be a member's
+    /// (from [`Client::status`] or [`Client::member_list`]): etcd does not
+    /// check it.
+    pub async fn alarm_activate(&self, alarm: Alarm) -> Result<Vec<Alarm>> {
+        self.inner.maintenance.alarm_activate(alarm).await
+    }
+
+    /// Validates, starts or cancels a downgrade of the cluster version to
+    /// `version` ("3.4" or "3.4.0"; ignored by a cancel). etcd 3.5 and
+    /// later: 3.4 answers [`Error::Unimplemented`](crate::Error::Unimplemented).
+    /// The target must be exactly one minor release below the cluster's
+    /// ([`Error::InvalidDowngradeTarget`](crate::Error::InvalidDowngradeTarget)
+    /// otherwise); a validate or enable while a downgrade is in progress is
+    /// [`Error::DowngradeInProgress`](crate::Error::DowngradeInProgress), a
+    /// cancel without one [`Error::NoDowngradeInProgress`](crate::Error::NoDowngradeInProgress).
+    /// A write: never retried once it may have reached the server. etcd
+    /// 3.5.1 does not answer an enable: the call ends in
+    /// [`Error::ServerTimeout`](crate::Error::ServerTimeout) after etcd's
+    /// own request timeout (validate and cancel answer; the tests run
+    /// those).
+    pub async fn downgrade(
+        &self,
+        action: DowngradeAction,
+        version: &str,
+    ) -> Result<DowngradeResponse> {
+        self.inner.maintenance.downgrade(action, version).await
     }
 
     /// Defragments the backend of the member this client talks to,

@@ -19,6 +19,10 @@ pub enum Error {
     /// The configuration was refused before anything connected.
     #[error("invalid client config: {0}")]
     InvalidConfig(String),
+    /// An argument the client refuses before sending anything (a lease
+    /// TTL of zero), saying which and why.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
     /// A TLS file could not be read.
     #[error("reading {path}: {source}")]
     Io {
@@ -202,6 +206,16 @@ pub enum Error {
     /// (3.4 has no `AuthStatus`).
     #[error("not implemented by this etcd: {0}")]
     Unimplemented(String),
+    /// A downgrade to a version that is not exactly one minor release
+    /// below the cluster's, or not a version at all.
+    #[error("invalid downgrade target version: {0}")]
+    InvalidDowngradeTarget(String),
+    /// A downgrade validate or enable while one is in progress.
+    #[error("the cluster has a downgrade in progress")]
+    DowngradeInProgress,
+    /// A downgrade cancel with none in progress.
+    #[error("no downgrade in progress")]
+    NoDowngradeInProgress,
     /// The cluster has no leader.
     #[error("etcd has no leader")]
     NoLeader,
@@ -486,6 +500,16 @@ impl Error {
             _ if has("etcdserver: unhealthy cluster") => Error::UnhealthyCluster,
             _ if has("etcdserver: not leader") => Error::NotRaftLeader,
             _ if has("etcdserver: bad leader transferee") => Error::BadLeaderTransferee,
+            // Downgrade (3.5's `rpctypes`).
+            _ if has("etcdserver: invalid downgrade target version")
+                || has("etcdserver: wrong downgrade target version format") =>
+            {
+                Error::InvalidDowngradeTarget(msg.to_string())
+            }
+            _ if has("etcdserver: cluster has a downgrade job in progress") => {
+                Error::DowngradeInProgress
+            }
+            _ if has("etcdserver: no inflight downgrade job") => Error::NoDowngradeInProgress,
             Code::Unimplemented => Error::Unimplemented(msg.to_string()),
             Code::Unauthenticated => Error::Auth(msg.to_string()),
             _ if has("authentication failed") || TOKEN_REFUSALS.iter().any(|r| has(r)) => {

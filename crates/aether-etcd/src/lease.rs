@@ -84,8 +84,8 @@ use super::error::{Error, Result};
 use super::header::Header;
 use super::lease_id::LeaseId;
 use super::pb::{
-    PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseLeasesRequest,
-    PbLeaseRevokeRequest, PbLeaseTimeToLiveRequest,
+    PbLeaseClient, PbLeaseGrantRequest, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
+    PbLeaseLeasesRequest, PbLeaseRevokeRequest, PbLeaseTimeToLiveRequest,
 };
 use super::task::spawn_until_dropped;
 use super::transport::Transport;
@@ -97,14 +97,36 @@ pub(crate) const MAX_KEEPALIVE_BACKOFF: Duration = Duration::from_secs(2);
 /// the module docs).
 pub const MIN_KEEPALIVE_STALL: Duration = Duration::from_millis(500);
 
+/// A lease TTL in etcd's unit, whole seconds: a sub-second part rounds
+/// up (a lease never lives shorter than asked), and zero is refused with
+/// [`Error::InvalidArgument`] rather than sent (etcd would grant its
+/// minimum TTL instead, which is not what the caller meant).
+pub(crate) fn ttl_secs(ttl: Duration) -> Result<i64> {
+    if ttl.is_zero() {
+        return Err(Error::InvalidArgument(
+            "a lease TTL of zero: etcd's TTLs are whole seconds, at least one".into(),
+        ));
+    }
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
+    Ok(i64::try_from(secs).unwrap_or(i64::MAX))
+}
+
+/// A TTL etcd reported, in seconds; a negative one is none left.
+pub(crate) fn ttl_duration(secs: i64) -> Duration {
+    Duration::from_secs(secs.max(0) as u64)
+}
+
 /// A granted lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseGrant {
     /// The lease id.
     pub id: LeaseId,
-    /// The TTL the server granted, in seconds.
-    pub ttl: i64,
+    /// The TTL the server granted (whole seconds; etcd raises one below
+    /// its minimum, about 1.5 election timeouts, to that minimum).
+    pub ttl: Duration,
 }
 
 /// What the server says about a lease.
@@ -113,10 +135,11 @@ pub struct LeaseGrant {
 pub struct LeaseTtl {
     /// The lease id.
     pub id: LeaseId,
-    /// Seconds left; -1 when the lease does not exist.
-    pub ttl: i64,
-    /// The TTL it was granted with.
-    pub granted_ttl: i64,
+    /// Time left, in whole seconds as etcd truncates it; `None` when the
+    /// lease does not exist (never granted, revoked or expired).
+    pub ttl: Option<Duration>,
+    /// The TTL it was granted with (zero when it does not exist).
+    pub granted_ttl: Duration,
     /// Keys attached, when asked for.
     pub keys: Vec<bytes::Bytes>,
 }
@@ -133,6 +156,92 @@ pub struct LeaseList {
     pub ids: Vec<LeaseId>,
 }
 
+/// The sending half of a raw keep-alive stream; see
+/// [`Client::lease_keep_alive_stream`](super::Client::lease_keep_alive_stream).
+/// Dropping it (and the stream) closes the gRPC stream.
+#[derive(Debug)]
+pub struct KeepAliveSender {
+    id: LeaseId,
+    tx: mpsc::UnboundedSender<PbLeaseKeepAliveRequest>,
+}
+
+impl KeepAliveSender {
+    /// The lease this stream keeps alive.
+    pub fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    /// Sends one keep-alive request; its answer arrives on the
+    /// [`KeepAliveStream`]. [`Error::Closed`] once the stream has ended.
+    /// Unbounded: a caller that sends faster than etcd answers queues the
+    /// requests in memory.
+    pub fn keep_alive(&self) -> Result<()> {
+        self.tx
+            .send(PbLeaseKeepAliveRequest { id: self.id.get() })
+            .map_err(|_| Error::Closed)
+    }
+}
+
+/// One answer on a raw keep-alive stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeepAliveResponse {
+    /// The response header.
+    pub header: Header,
+    /// The lease.
+    pub id: LeaseId,
+    /// The TTL the lease has again from now, in whole seconds as etcd
+    /// counts them; zero when the lease is gone (expired or revoked).
+    pub ttl: Duration,
+}
+
+/// The answers of a raw keep-alive stream, a
+/// [`Stream`](futures_util::Stream) of [`KeepAliveResponse`]s; see
+/// [`Client::lease_keep_alive_stream`](super::Client::lease_keep_alive_stream).
+/// It ends (or yields an error) when the gRPC stream does; nothing reopens
+/// it.
+pub struct KeepAliveStream {
+    inner: tonic::codec::Streaming<PbLeaseKeepAliveResponse>,
+}
+
+impl std::fmt::Debug for KeepAliveStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeepAliveStream").finish_non_exhaustive()
+    }
+}
+
+impl KeepAliveStream {
+    /// The next answer, waiting for it: `Ok(None)` once the stream has
+    /// ended.
+    pub async fn message(&mut self) -> Result<Option<KeepAliveResponse>> {
+        match self.inner.message().await {
+            Ok(m) => Ok(m.map(keep_alive_response)),
+            Err(s) => Err(Error::from_status(s)),
+        }
+    }
+}
+
+impl futures_util::Stream for KeepAliveStream {
+    type Item = Result<KeepAliveResponse>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.inner)
+            .poll_next(cx)
+            .map(|m| m.map(|r| r.map(keep_alive_response).map_err(Error::from_status)))
+    }
+}
+
+fn keep_alive_response(r: PbLeaseKeepAliveResponse) -> KeepAliveResponse {
+    KeepAliveResponse {
+        header: r.header.into(),
+        id: LeaseId::new(r.id),
+        ttl: Duration::from_secs(r.ttl.max(0) as u64),
+    }
+}
+
 /// The lease service on a transport.
 #[derive(Clone)]
 pub(crate) struct LeaseClient {
@@ -144,8 +253,11 @@ impl LeaseClient {
         LeaseClient { transport }
     }
 
-    pub(crate) async fn grant(&self, id: LeaseId, ttl: i64) -> Result<LeaseGrant> {
-        let req = PbLeaseGrantRequest { ttl, id: id.get() };
+    pub(crate) async fn grant(&self, id: LeaseId, ttl: Duration) -> Result<LeaseGrant> {
+        let req = PbLeaseGrantRequest {
+            ttl: ttl_secs(ttl)?,
+            id: id.get(),
+        };
         let resp = self
             .transport
             .unary(req, |svc, r| async move {
@@ -157,7 +269,7 @@ impl LeaseClient {
         }
         Ok(LeaseGrant {
             id: LeaseId::new(resp.id),
-            ttl: resp.ttl,
+            ttl: ttl_duration(resp.ttl),
         })
     }
 
@@ -179,16 +291,17 @@ impl LeaseClient {
             )
             .await;
         match resp {
+            // etcd 3.4 and 3.5 answer -1 for a lease they do not have.
             Ok(r) => Ok(LeaseTtl {
                 id: LeaseId::new(r.id),
-                ttl: r.ttl,
-                granted_ttl: r.granted_ttl,
+                ttl: (r.ttl >= 0).then(|| ttl_duration(r.ttl)),
+                granted_ttl: ttl_duration(r.granted_ttl),
                 keys: r.keys,
             }),
             Err(Error::LeaseNotFound) => Ok(LeaseTtl {
                 id,
-                ttl: -1,
-                granted_ttl: 0,
+                ttl: None,
+                granted_ttl: Duration::ZERO,
                 keys: Vec::new(),
             }),
             Err(e) => Err(e),
@@ -212,6 +325,48 @@ impl LeaseClient {
         })
     }
 
+    /// A keep-alive stream of its own for lease `id`, its first request
+    /// sent (etcd sends the stream's headers with its first answer).
+    pub(crate) async fn keep_alive_stream(
+        &self,
+        id: LeaseId,
+    ) -> Result<(KeepAliveSender, KeepAliveStream)> {
+        // Never open without a token when there are credentials: etcd
+        // answers keep-alives without checking one (module docs).
+        self.transport.ensure_token().await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sender = KeepAliveSender { id, tx };
+        sender.keep_alive()?;
+        let (idx, svc) = self.transport.svc();
+        let timeout = self.transport.config().request_timeout;
+        let mut lc = PbLeaseClient::new(svc);
+        let open = lc.lease_keep_alive(UnboundedReceiverStream::new(rx));
+        match tokio::time::timeout(timeout, open).await {
+            Ok(Ok(r)) => Ok((
+                sender,
+                KeepAliveStream {
+                    inner: r.into_inner(),
+                },
+            )),
+            Ok(Err(s)) => {
+                let err = Error::from_status(s);
+                if err.is_transient() {
+                    // The next call (or the caller's next attempt) tries
+                    // another member.
+                    self.transport.rotate(idx);
+                }
+                if err.is_invalid_token() {
+                    self.transport.clear_token();
+                }
+                Err(err)
+            }
+            Err(_) => {
+                self.transport.rotate(idx);
+                Err(Error::Timeout(timeout))
+            }
+        }
+    }
+
     /// A new keep-alive actor on this transport.
     pub(crate) fn keeper(&self) -> LeaseKeeper {
         LeaseKeeper::spawn(self.transport.clone())
@@ -226,8 +381,9 @@ pub struct LeaseStatus {
     /// clock ([`tokio::time::Instant`]), like the keeper's timers: a test
     /// on a paused clock sees its leases age with that clock.
     pub last_ok: Option<Instant>,
-    /// The TTL the server reported then, in seconds.
-    pub ttl: i64,
+    /// The TTL the server reported then (whole seconds); from
+    /// registration until the first answer, the TTL registered with.
+    pub ttl: Duration,
     /// The server said the lease is gone (TTL <= 0 or not found).
     pub lost: bool,
     /// Keep-alives answered so far.
@@ -255,8 +411,7 @@ impl LeaseStatus {
     /// last answer plus its TTL (from registration, the TTL it was
     /// registered with).
     fn deadline(&self) -> Option<Instant> {
-        self.last_ok
-            .map(|at| at + Duration::from_secs(self.ttl.max(0) as u64))
+        self.last_ok.map(|at| at + self.ttl)
     }
 }
 
@@ -305,7 +460,7 @@ impl Drop for LeaseHandle {
 enum Cmd {
     Add {
         id: i64,
-        ttl: i64,
+        ttl: Duration,
         reply: oneshot::Sender<(u64, watch::Receiver<LeaseStatus>)>,
     },
     /// Ends registration `reg` of lease `id`; a no-op when that
@@ -335,6 +490,8 @@ impl std::fmt::Debug for LeaseKeeper {
 #[derive(Clone)]
 pub struct LeaseKeeper {
     cmds: mpsc::UnboundedSender<Cmd>,
+    /// For [`LeaseKeeper::keep_alive_id`], which asks the TTL.
+    leases: LeaseClient,
     _guard: std::sync::Arc<DropGuard>,
 }
 
@@ -350,19 +507,47 @@ impl LeaseKeeper {
     fn spawn(client: Transport) -> LeaseKeeper {
         let (tx, rx) = mpsc::unbounded_channel();
         // The task logs under the span of whoever first needed it.
+        let leases = LeaseClient::new(client.clone());
         let guard = spawn_until_dropped(|cancel| run(client, rx, cancel));
         LeaseKeeper {
             cmds: tx,
+            leases,
             _guard: std::sync::Arc::new(guard),
         }
     }
 
-    /// Starts keeping lease `id` alive; `ttl` is its granted TTL in seconds
-    /// and sets the keep-alive interval (TTL/3) and the first deadline
-    /// (now + TTL: a lease not answered for by then is lost, so a TTL <= 0
-    /// is lost at once). Each call is a registration of its own: the
-    /// handle's drop ends only it.
-    pub async fn keep_alive(&self, id: LeaseId, ttl: i64) -> Result<LeaseHandle> {
+    /// Starts keeping the granted lease alive, with the TTL it was granted
+    /// with: it sets the keep-alive interval (TTL/3) and the first deadline
+    /// (now + TTL: a lease not answered for by then is lost). Each call is
+    /// a registration of its own: the handle's drop ends only it.
+    pub async fn keep_alive(&self, grant: &LeaseGrant) -> Result<LeaseHandle> {
+        self.register(grant.id, grant.ttl).await
+    }
+
+    /// Starts keeping an existing lease alive by its id alone (one a
+    /// predecessor granted, or another process): asks the server for the
+    /// TTL it was granted with first, one round trip.
+    /// [`Error::LeaseNotFound`] when the lease is gone.
+    pub async fn keep_alive_id(&self, id: LeaseId) -> Result<LeaseHandle> {
+        let ttl = self.leases.time_to_live(id, false).await?;
+        if ttl.ttl.is_none() {
+            return Err(Error::LeaseNotFound);
+        }
+        self.register(id, ttl.granted_ttl).await
+    }
+
+    /// Starts keeping lease `id` alive, for a caller that knows the TTL it
+    /// was granted with and wants no round trip to ask
+    /// ([`LeaseKeeper::keep_alive_id`] asks). A TTL other than the granted
+    /// one mistimes the keep-alives: too long, and the lease can expire
+    /// between two. Zero is [`Error::InvalidArgument`]; a sub-second part
+    /// rounds up, as for a grant.
+    pub async fn keep_alive_with_ttl(&self, id: LeaseId, ttl: Duration) -> Result<LeaseHandle> {
+        let ttl = ttl_duration(ttl_secs(ttl)?);
+        self.register(id, ttl).await
+    }
+
+    async fn register(&self, id: LeaseId, ttl: Duration) -> Result<LeaseHandle> {
         let id = id.get();
         let (reply, rx) = oneshot::channel();
         self.cmds
@@ -493,10 +678,10 @@ async fn run(client: Transport, mut cmds: mpsc::UnboundedReceiver<Cmd>, cancel: 
                             k.status.send_modify(|s| {
                                 if lost {
                                     s.lost = true;
-                                    s.ttl = 0;
+                                    s.ttl = Duration::ZERO;
                                 } else {
                                     s.last_ok = Some(Instant::now());
-                                    s.ttl = resp.ttl;
+                                    s.ttl = ttl_duration(resp.ttl);
                                     s.successes += 1;
                                 }
                             });
@@ -608,7 +793,7 @@ fn expire(leases: &mut HashMap<i64, Kept>) {
             );
             k.status.send_modify(|s| {
                 s.lost = true;
-                s.ttl = 0;
+                s.ttl = Duration::ZERO;
             });
         }
         !past
@@ -618,8 +803,10 @@ fn expire(leases: &mut HashMap<i64, Kept>) {
 fn apply(leases: &mut HashMap<i64, Kept>, regs: &mut Registrations, cmd: Cmd) {
     match cmd {
         Cmd::Add { id, ttl, reply } => {
-            let interval = Duration::from_millis((ttl.max(1) as u64 * 1000) / 3)
-                .max(Duration::from_millis(100));
+            // A third of the TTL, in whole milliseconds.
+            let third =
+                Duration::from_millis(ttl.max(Duration::from_secs(1)).as_millis() as u64 / 3);
+            let interval = third.max(Duration::from_millis(100));
             let kept = leases.entry(id).or_insert_with(|| Kept {
                 regs: Default::default(),
                 interval,
@@ -680,5 +867,24 @@ async fn stream_failed(
             _ = tokio::time::sleep_until(d) => !cancel.is_cancelled(),
         },
         None => backoff.wait_unless(cancel.cancelled()).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ttl_rounds_up_to_whole_seconds_and_zero_is_refused() {
+        let ms = Duration::from_millis;
+        assert_eq!(ttl_secs(ms(1)).unwrap(), 1);
+        assert_eq!(ttl_secs(ms(1000)).unwrap(), 1);
+        assert_eq!(ttl_secs(ms(1001)).unwrap(), 2);
+        assert_eq!(ttl_secs(Duration::MAX).unwrap(), i64::MAX);
+        assert!(matches!(
+            ttl_secs(Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(ttl_duration(-1), Duration::ZERO);
     }
 }

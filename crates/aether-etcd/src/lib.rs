@@ -20,6 +20,7 @@
 //!     WatchOptions,
 //! };
 //! use futures_util::StreamExt;
+//! use std::time::Duration;
 //!
 //! # #[tokio::main] async fn main() -> aether_etcd::Result<()> {
 //! let client = Client::connect(ClientConfig::new(["http://127.0.0.1:2379"]))?;
@@ -42,8 +43,9 @@
 //!
 //! // A lease kept alive on the client's one keep-alive stream; dropping
 //! // the handle stops the keep-alive, never revokes.
-//! let grant = client.lease_grant(10).await?;
-//! let lease = client.lease_keeper().keep_alive(grant.id, grant.ttl).await?;
+//! // TTLs are Durations, rounded up to etcd's whole seconds.
+//! let grant = client.lease_grant(Duration::from_secs(10)).await?;
+//! let lease = client.lease_keeper().keep_alive(&grant).await?;
 //! client.put(Put::new("/tour/alive", "yes").lease(lease.id())).await?;
 //!
 //! // A snapshot scan in bounded pages, all at one revision.
@@ -53,7 +55,8 @@
 //! }
 //!
 //! // A watch is a Stream, resumed across reconnects without loss or
-//! // duplicates; it keeps its stream alive by itself.
+//! // duplicates; it keeps its stream alive by itself. Each response
+//! // carries its header, and says whether it is a progress notice.
 //! let (_, watcher) = client.watch(WatchOptions::prefix("/tour/").start_revision(rev))?;
 //! let mut events = watcher.take(2);
 //! while let Some(resp) = events.next().await {
@@ -73,6 +76,10 @@
 //! - `tls-native-roots` (default): an `https://` endpoint with no CA is
 //!   verified against the system's roots (`SSL_CERT_FILE` and
 //!   `SSL_CERT_DIR` are honoured). A configured CA is trusted alone.
+//! - `tls-webpki-roots`: the same against Mozilla's roots compiled in
+//!   (webpki-roots) rather than the system's, for an image or a host
+//!   without a trust store; with `tls-native-roots` too, either set is
+//!   trusted.
 //! - `model`: the `model` module, an in-memory etcd on tokio's clock that takes
 //!   this crate's requests and returns its responses and errors, for
 //!   deterministic simulations and tests; no dependencies of its own.
@@ -158,7 +165,7 @@ mod transport;
 mod watch;
 
 pub use auth::{
-    AuthStatus, NameList, Permission, PermissionKind, RoleInfo, UserAddOptions, UserInfo,
+    AuthStatus, AuthToken, NameList, Permission, PermissionKind, RoleInfo, UserAddOptions, UserInfo,
 };
 pub use backoff::{Backoff, DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP};
 pub use batch::{
@@ -174,17 +181,22 @@ pub use kv::{
     Txn, TxnResponse, prefix_end,
 };
 pub use lease::{
-    LeaseGrant, LeaseHandle, LeaseKeeper, LeaseList, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL,
+    KeepAliveResponse, KeepAliveSender, KeepAliveStream, LeaseGrant, LeaseHandle, LeaseKeeper,
+    LeaseList, LeaseStatus, LeaseTtl, MIN_KEEPALIVE_STALL,
 };
 pub use lease_id::LeaseId;
-pub use maintenance::{Alarm, AlarmKind, Hash, HashKv, Snapshot, SnapshotChunk, Status};
+pub use maintenance::{
+    Alarm, AlarmKind, DowngradeAction, DowngradeResponse, Hash, HashKv, Snapshot, SnapshotChunk,
+    Status,
+};
 pub use namespace::{Namespace, NamespaceWatcher};
 pub use transport::{
-    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
-    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
-    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP, DEFAULT_WATCHER_BUFFER_BYTES,
-    RetryPolicy, TlsConfig, UNHEALTHY_FOR,
+    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTION_WINDOW,
+    DEFAULT_CONNECTIONS, DEFAULT_ENDPOINT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_MAX_DECODING_MESSAGE_SIZE, DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP,
+    DEFAULT_STREAM_WINDOW, DEFAULT_WATCH_REQUIRE_LEADER, DEFAULT_WATCHER_BUFFER_BYTES, RetryPolicy,
+    TlsConfig, UNHEALTHY_FOR,
 };
 pub use watch::{Event, EventKind, WatchOptions, WatchResponse, WatchStream, Watcher};
 

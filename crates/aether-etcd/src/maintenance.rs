@@ -19,9 +19,9 @@ use tonic::codec::Streaming;
 use super::error::{Error, Result};
 use super::header::Header;
 use super::pb::{
-    PbAlarmAction, PbAlarmRequest, PbAlarmType, PbDefragmentRequest, PbHashKvRequest,
-    PbHashRequest, PbMaintenanceClient, PbMoveLeaderRequest, PbSnapshotRequest, PbSnapshotResponse,
-    PbStatusRequest,
+    PbAlarmAction, PbAlarmRequest, PbAlarmType, PbDefragmentRequest, PbDowngradeAction,
+    PbDowngradeRequest, PbHashKvRequest, PbHashRequest, PbMaintenanceClient, PbMoveLeaderRequest,
+    PbSnapshotRequest, PbSnapshotResponse, PbStatusRequest,
 };
 use super::transport::Transport;
 
@@ -43,6 +43,21 @@ pub struct Status {
     pub raft_term: u64,
     /// Size of the backend database in bytes.
     pub db_size: i64,
+    /// Bytes of the backend logically in use; what a defragment would
+    /// shrink `db_size` to. (etcd 3.4 and 3.5 both send it; an older
+    /// server leaves it 0.)
+    pub db_size_in_use: i64,
+    /// The raft index the member has applied (3.4 and later; 0 from an
+    /// older server).
+    pub raft_applied_index: u64,
+    /// Whether the member is a raft learner (3.4 and later; false from an
+    /// older server).
+    pub is_learner: bool,
+    /// What the member reports wrong: one entry per raised alarm (etcd's
+    /// text, e.g. `memberID:… alarm:NOSPACE `) and "etcdserver: no leader"
+    /// without a leader. Empty when all is well, and always from a server
+    /// older than 3.4.
+    pub errors: Vec<String>,
 }
 
 /// The kinds of alarm etcd raises.
@@ -55,6 +70,31 @@ pub enum AlarmKind {
     NoSpace,
     /// A member's data was found corrupt (`--experimental-corrupt-check-time`).
     Corrupt,
+}
+
+/// What a [`Client::downgrade`](super::Client::downgrade) call asks of
+/// the cluster (etcd 3.5 and later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DowngradeAction {
+    /// Checks that the cluster could be downgraded to the version, and
+    /// changes nothing.
+    Validate,
+    /// Starts the downgrade: members may then be replaced by the older
+    /// release one by one.
+    Enable,
+    /// Cancels a downgrade in progress (the version is not needed).
+    Cancel,
+}
+
+/// The answer to [`Client::downgrade`](super::Client::downgrade).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DowngradeResponse {
+    /// The response header.
+    pub header: Header,
+    /// The cluster version before the call (major.minor.0, e.g. "3.5.0").
+    pub cluster_version: String,
 }
 
 impl AlarmKind {
@@ -292,6 +332,10 @@ impl MaintenanceClient {
             raft_index: r.raft_index,
             raft_term: r.raft_term,
             db_size: r.db_size,
+            db_size_in_use: r.db_size_in_use,
+            raft_applied_index: r.raft_applied_index,
+            is_learner: r.is_learner,
+            errors: r.errors,
         })
     }
 
@@ -326,6 +370,48 @@ impl MaintenanceClient {
             alarm: PbAlarmType::None as i32,
         })
         .await
+    }
+
+    pub(crate) async fn alarm_activate(&self, alarm: Alarm) -> Result<Vec<Alarm>> {
+        self.alarm(PbAlarmRequest {
+            action: PbAlarmAction::Activate as i32,
+            member_id: alarm.member_id,
+            alarm: alarm.kind.pb() as i32,
+        })
+        .await
+    }
+
+    pub(crate) async fn downgrade(
+        &self,
+        action: DowngradeAction,
+        version: &str,
+    ) -> Result<DowngradeResponse> {
+        let action = match action {
+            DowngradeAction::Validate => PbDowngradeAction::Validate,
+            DowngradeAction::Enable => PbDowngradeAction::Enable,
+            DowngradeAction::Cancel => PbDowngradeAction::Cancel,
+        };
+        let req = PbDowngradeRequest {
+            action: action as i32,
+            version: version.to_string(),
+        };
+        let resp = self
+            .transport
+            .unary(req, |svc, r| async move {
+                PbMaintenanceClient::new(svc).downgrade(r).await
+            })
+            .await
+            .map_err(|e| match e {
+                // Say which release to look for, not just gRPC's text.
+                Error::Unimplemented(m) => Error::Unimplemented(format!(
+                    "Downgrade (etcd 3.4 has none; it came with 3.5): {m}"
+                )),
+                e => e,
+            })?;
+        Ok(DowngradeResponse {
+            header: resp.header.into(),
+            cluster_version: resp.version,
+        })
     }
 
     pub(crate) async fn alarm_disarm(&self, alarm: Alarm) -> Result<Vec<Alarm>> {

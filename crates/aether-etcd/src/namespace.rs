@@ -203,10 +203,11 @@ impl Namespace {
 pub struct NamespaceWatcher(Pin<Box<dyn Stream<Item = Result<WatchResponse>> + Send>>);
 
 impl NamespaceWatcher {
-    /// The next response; `None` once the watch has ended. After an error
-    /// the watcher is finished.
-    pub async fn next(&mut self) -> Option<Result<WatchResponse>> {
-        futures_util::StreamExt::next(self).await
+    /// The next response, waiting for it: `Ok(None)` once the watch has
+    /// ended; as [`Watcher::message`](crate::Watcher::message). After an
+    /// error the watcher is finished.
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>> {
+        futures_util::StreamExt::next(self).await.transpose()
     }
 }
 

@@ -26,7 +26,8 @@ pub(crate) use etcdserverpb::{
     AuthenticateRequest as PbAuthenticateRequest, CompactionRequest as PbCompactionRequest,
     Compare as PbCompare, DeleteRangeRequest as PbDeleteRangeRequest,
     DeleteRangeResponse as PbDeleteRangeResponse, LeaseGrantRequest as PbLeaseGrantRequest,
-    LeaseKeepAliveRequest as PbLeaseKeepAliveRequest, LeaseRevokeRequest as PbLeaseRevokeRequest,
+    LeaseKeepAliveRequest as PbLeaseKeepAliveRequest,
+    LeaseKeepAliveResponse as PbLeaseKeepAliveResponse, LeaseRevokeRequest as PbLeaseRevokeRequest,
     LeaseTimeToLiveRequest as PbLeaseTimeToLiveRequest, PutRequest as PbPutRequest,
     PutResponse as PbPutResponse, RangeRequest as PbRangeRequest, RangeResponse as PbRangeResponse,
     RequestOp as PbRequestOp, ResponseHeader as PbResponseHeader, StatusRequest as PbStatusRequest,
@@ -81,4 +82,8 @@ pub(crate) use etcdserverpb::{
     MemberRemoveRequest as PbMemberRemoveRequest, MemberUpdateRequest as PbMemberUpdateRequest,
     MoveLeaderRequest as PbMoveLeaderRequest, SnapshotRequest as PbSnapshotRequest,
     SnapshotResponse as PbSnapshotResponse,
+};
+// Downgrade (`maintenance.rs`), etcd 3.5's.
+pub(crate) use etcdserverpb::{
+    DowngradeRequest as PbDowngradeRequest, downgrade_request::DowngradeAction as PbDowngradeAction,
 };

@@ -3,6 +3,8 @@
 use aether_etcd::LeaseId;
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use aether_etcd::{
     Client, ClientConfig, Compare, CompareOp, Delete, Error, EventKind, Put, Range, TlsConfig, Txn,
     TxnBatcher, TxnLimits, WatchOptions, WatchResponse, Watcher,
@@ -17,6 +19,9 @@ fn client(etcd: &Etcd) -> Client {
 }
 
 const T: Duration = Duration::from_secs(20);
+
+/// A lease TTL for the tests that grant one and never let it run out.
+const LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// The revision `put` made.
 async fn put_rev(c: &Client, put: Put) -> i64 {
@@ -380,8 +385,8 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     let keeper = c.lease_keeper();
     let mut handles = Vec::new();
     for _ in 0..1000 {
-        let g = c.lease_grant(2).await.unwrap();
-        handles.push(keeper.keep_alive(g.id, g.ttl).await.unwrap());
+        let g = c.lease_grant(Duration::from_secs(2)).await.unwrap();
+        handles.push(keeper.keep_alive(&g).await.unwrap());
     }
     c.put(Put::new("/lease/last", "x").lease(handles[999].id()))
         .await
@@ -414,8 +419,8 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     for h in handles.iter().step_by(97) {
         let ttl = c.lease_time_to_live(h.id(), false).await.unwrap();
         assert!(
-            ttl.ttl > 0,
-            "lease {} has TTL {} on the server; {:?}",
+            ttl.ttl.is_some_and(|t| !t.is_zero()),
+            "lease {} has TTL {:?} on the server; {:?}",
             h.id(),
             ttl.ttl,
             h.status()
@@ -434,15 +439,15 @@ async fn a_thousand_leases_kept_alive_on_one_stream() {
     let id = handles[999].id();
     drop(handles);
     let ttl = c.lease_time_to_live(id, false).await.unwrap();
-    assert!(ttl.ttl > 0, "not revoked on drop");
+    assert!(ttl.ttl.is_some_and(|t| !t.is_zero()), "not revoked on drop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_loss_is_detected() {
     let etcd = Etcd::start();
     let c = client(&etcd);
-    let g = c.lease_grant(3).await.unwrap();
-    let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let g = c.lease_grant(Duration::from_secs(3)).await.unwrap();
+    let mut h = c.lease_keeper().keep_alive(&g).await.unwrap();
     assert!(!h.status().lost);
     // Another client revokes it; the next keep-alive answer says TTL 0.
     client(&etcd).lease_revoke(g.id).await.unwrap();
@@ -451,7 +456,7 @@ async fn lease_loss_is_detected() {
         .expect("loss signalled");
     assert!(h.status().lost);
     assert_eq!(h.status().ttl_left(), Duration::ZERO);
-    assert_eq!(c.lease_time_to_live(g.id, false).await.unwrap().ttl, -1);
+    assert_eq!(c.lease_time_to_live(g.id, false).await.unwrap().ttl, None);
     assert!(matches!(
         c.put(Put::new("/x", "y").lease(g.id)).await,
         Err(Error::LeaseNotFound)
@@ -654,6 +659,151 @@ async fn fragmented_catch_up_is_reassembled() {
     assert_eq!(got, want);
 }
 
+/// A watch response carries the whole header (as the crate's `Header`),
+/// and says what it answers: the create (asked for with `created_notify`,
+/// delivered once), events, a progress notice (etcd's rule: no events, not
+/// created, not canceled), and the cancel `Watcher::cancel` asked for,
+/// after which the watcher ends. The standard stream traits read it with
+/// their own meaning (`TryStreamExt::try_next` is `message`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_responses_carry_the_header_and_say_what_they_answer() {
+    use futures_util::TryStreamExt;
+
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let status = c.status().await.unwrap();
+    let now = put_rev(&c, Put::new("/wr/before", "0")).await;
+    let (stream, mut w) = c
+        .watch(WatchOptions::prefix("/wr/").created_notify())
+        .unwrap();
+
+    let created = next_response(&mut w).await;
+    assert!(created.created && !created.canceled, "{created:?}");
+    assert!(created.events.is_empty());
+    assert!(
+        !created.is_progress_notify(),
+        "a create's answer is no progress notice"
+    );
+    let h = created.header;
+    assert_eq!(h.member_id, status.member_id);
+    assert_eq!(h.raft_term, status.raft_term);
+    assert_ne!(h.cluster_id, 0);
+    assert!(h.revision >= now, "{h:?}");
+
+    let rev = put_rev(&c, Put::new("/wr/a", "1")).await;
+    let events = tokio::time::timeout(T, w.try_next())
+        .await
+        .expect("events within T")
+        .expect("no watch error")
+        .expect("the watch is open");
+    assert_eq!(events.events.len(), 1);
+    assert_eq!(events.header.revision, rev);
+    assert_eq!(events.compact_revision, 0);
+    assert!(!events.created && !events.canceled && !events.is_progress_notify());
+
+    stream.request_progress().unwrap();
+    let progress = next_response(&mut w).await;
+    assert!(progress.is_progress_notify(), "{progress:?}");
+    assert_eq!(progress.header.revision, rev);
+    assert_eq!(progress.header.cluster_id, h.cluster_id);
+
+    w.cancel().unwrap();
+    let canceled = next_response(&mut w).await;
+    assert!(
+        canceled.canceled && !canceled.is_progress_notify(),
+        "{canceled:?}"
+    );
+    assert_eq!(canceled.header.member_id, status.member_id);
+    let end = tokio::time::timeout(T, w.message())
+        .await
+        .expect("the end within T");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    // Fused: it stays ended.
+    assert!(w.next().await.is_none());
+    // The server dropped the watch: a later put reaches nobody, and the
+    // stream serves a new watcher.
+    let mut again = stream
+        .watch(WatchOptions::key("/wr/b").start_revision(rev + 1))
+        .unwrap();
+    put_rev(&c, Put::new("/wr/b", "2")).await;
+    assert_eq!(next_response(&mut again).await.events.len(), 1);
+}
+
+/// Lease TTLs are Durations: a sub-second part rounds up to etcd's whole
+/// seconds (a lease never lives shorter than asked), and zero is refused
+/// before anything is sent, by the grant, the keeper and the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_ttls_round_up_to_whole_seconds_and_zero_is_refused() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let g = c.lease_grant(Duration::from_millis(4200)).await.unwrap();
+    assert_eq!(g.ttl, Duration::from_secs(5));
+    let ttl = c.lease_time_to_live(g.id, false).await.unwrap();
+    assert_eq!(ttl.granted_ttl, Duration::from_secs(5), "{ttl:?}");
+    assert!(ttl.ttl.is_some_and(|t| t <= g.ttl), "{ttl:?}");
+
+    let zero = c.lease_grant(Duration::ZERO).await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    let zero = c
+        .lease_keeper()
+        .keep_alive_with_ttl(g.id, Duration::ZERO)
+        .await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    let zero = aether_etcd::concurrency::Session::with_options(
+        &c,
+        aether_etcd::concurrency::SessionOptions::default().with_ttl(Duration::ZERO),
+    )
+    .await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    assert_eq!(
+        c.lease_list().await.unwrap().ids,
+        [g.id],
+        "a refused TTL granted nothing"
+    );
+
+    // Adopted by id alone, the keeper asks the server for the TTL.
+    let h = c.lease_keeper().keep_alive_id(g.id).await.unwrap();
+    assert_eq!(h.status().ttl, Duration::from_secs(5));
+    c.lease_revoke(g.id).await.unwrap();
+    let gone = c.lease_keeper().keep_alive_id(g.id).await;
+    assert!(matches!(gone, Err(Error::LeaseNotFound)), "{gone:?}");
+}
+
+/// A raw keep-alive stream: each request sent is answered with the TTL the
+/// lease has again, and with zero once the lease is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_keep_alive_stream_answers_each_request() {
+    let etcd = Etcd::start();
+    let c = client(&etcd);
+    let grant = c.lease_grant(LEASE_TTL).await.unwrap();
+    let (sender, mut answers) = c.lease_keep_alive_stream(grant.id).await.unwrap();
+    assert_eq!(sender.id(), grant.id);
+    let next = async |answers: &mut aether_etcd::KeepAliveStream| {
+        tokio::time::timeout(T, answers.message())
+            .await
+            .expect("an answer within T")
+            .expect("no stream error")
+            .expect("the stream is open")
+    };
+    // The first request went out with the stream.
+    let first = next(&mut answers).await;
+    assert_eq!((first.id, first.ttl), (grant.id, grant.ttl));
+    assert_ne!(first.header.member_id, 0);
+    sender.keep_alive().unwrap();
+    let second = next(&mut answers).await;
+    assert_eq!((second.id, second.ttl), (grant.id, grant.ttl));
+    c.lease_revoke(grant.id).await.unwrap();
+    sender.keep_alive().unwrap();
+    let gone = next(&mut answers).await;
+    assert_eq!((gone.id, gone.ttl), (grant.id, Duration::ZERO));
+    // Dropping the sender ends the stream.
+    drop(sender);
+    let end = tokio::time::timeout(T, answers.message())
+        .await
+        .expect("the end within T");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_requests_and_cancel() {
     let etcd = Etcd::start();
@@ -672,8 +822,8 @@ async fn progress_requests_and_cancel() {
     // A progress request answers with the current revision and no events.
     stream.request_progress().unwrap();
     let p = next_response(&mut keep).await;
-    assert!(p.events.is_empty());
-    assert!(p.revision >= rev);
+    assert!(p.is_progress_notify(), "{p:?}");
+    assert!(p.header.revision >= rev);
     // Cancelling one watcher leaves the other on the same stream working,
     // and the server drops the cancelled one.
     let watchers = || {
@@ -881,8 +1031,8 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     let proxy = FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
-    let g = c.lease_grant(2).await.unwrap();
-    let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let g = c.lease_grant(Duration::from_secs(2)).await.unwrap();
+    let lease = c.lease_keeper().keep_alive(&g).await.unwrap();
     // From a known revision: a watch "from now" starts wherever the server
     // is when the pipelined create arrives, which can be after the put
     // below (CI lost the first event that way under load).
@@ -933,7 +1083,14 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
             }
         })
         .await;
-    assert!(observer.lease_time_to_live(g.id, false).await.unwrap().ttl > 0);
+    assert!(
+        observer
+            .lease_time_to_live(g.id, false)
+            .await
+            .unwrap()
+            .ttl
+            .is_some_and(|t| !t.is_zero())
+    );
 
     // The last handles go: both tasks stop and the connection closes.
     drop(watcher);
@@ -952,8 +1109,8 @@ async fn dropping_the_last_handle_stops_the_tasks_and_closes_the_connections() {
     .every(Duration::from_millis(100))
     .until(
         async || match observer.lease_time_to_live(g.id, false).await {
-            Ok(r) if r.ttl == -1 => Ok(()),
-            Ok(r) => Err(format!("TTL {} left", r.ttl)),
+            Ok(r) if r.ttl.is_none() => Ok(()),
+            Ok(r) => Err(format!("TTL {:?} left", r.ttl)),
             Err(e) => Err(format!("{e:?}")),
         },
     )
@@ -1113,9 +1270,9 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
     let second = FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([first.endpoint(), second.endpoint()])).unwrap();
-    let ttl = 3;
+    let ttl = Duration::from_secs(3);
     let g = observer.lease_grant(ttl).await.unwrap();
-    let h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let h = c.lease_keeper().keep_alive(&g).await.unwrap();
     assert!(
         wait_until_async(T, || h.status().successes >= 2).await,
         "{:?}",
@@ -1130,9 +1287,7 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
     first.set_latency(Duration::from_secs(3600));
     let stalled = h.status();
     assert!(
-        wait_until_async(Duration::from_secs(ttl as u64), || h.status().failures
-            > stalled.failures)
-        .await,
+        wait_until_async(ttl, || h.status().failures > stalled.failures).await,
         "the stall was not noticed within the TTL: {:?}",
         h.status()
     );
@@ -1142,10 +1297,14 @@ async fn a_stalled_keep_alive_stream_fails_over_within_the_ttl() {
         "the first path was never closed"
     );
     // For three TTLs the server never sees the lease run down to zero.
-    let until = std::time::Instant::now() + Duration::from_secs(3 * ttl as u64);
+    let until = std::time::Instant::now() + 3 * ttl;
     while std::time::Instant::now() < until {
         let left = observer.lease_time_to_live(g.id, false).await.unwrap().ttl;
-        assert!(left > 0, "lease TTL {left} on the server; {:?}", h.status());
+        assert!(
+            left.is_some_and(|t| !t.is_zero()),
+            "lease TTL {left:?} on the server; {:?}",
+            h.status()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let s = h.status();
@@ -1260,11 +1419,11 @@ async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
     let etcd = Etcd::start();
     let c = client(&etcd);
     let keeper = c.lease_keeper();
-    let ttl = 2;
+    let ttl = Duration::from_secs(2);
     let id = LeaseId::new(0x5eed_0001);
     let g = c.lease_grant_with_id(id, ttl).await.unwrap();
     assert_eq!(g.id, id);
-    let mut old = keeper.keep_alive(id, g.ttl).await.unwrap();
+    let mut old = keeper.keep_alive(&g).await.unwrap();
     c.lease_revoke(id).await.unwrap();
     tokio::time::timeout(T, old.lost())
         .await
@@ -1272,14 +1431,18 @@ async fn a_stale_lease_handle_does_not_stop_a_newer_keep_alive() {
     // The same id again, kept alive by a new handle; then the old one goes.
     let g = c.lease_grant_with_id(id, ttl).await.unwrap();
     assert_eq!(g.id, id);
-    let new = keeper.keep_alive(id, g.ttl).await.unwrap();
+    let new = keeper.keep_alive(&g).await.unwrap();
     drop(old);
     let granted = tokio::time::Instant::now();
     // Answers keep coming for three TTLs after the grant ...
-    kept_alive_until(&new, granted + Duration::from_secs(3 * ttl as u64)).await;
+    kept_alive_until(&new, granted + 3 * ttl).await;
     // ... and the server agrees: the lease outlived its TTL three times.
     let left = c.lease_time_to_live(id, false).await.unwrap();
-    assert!(left.ttl > 0, "{left:?}; {:?}", new.status());
+    assert!(
+        left.ttl.is_some_and(|t| !t.is_zero()),
+        "{left:?}; {:?}",
+        new.status()
+    );
     assert!(!new.status().lost);
 }
 
@@ -1292,9 +1455,9 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
     let proxy = FaultProxy::start(etcd.client_addr()).await;
     let observer = client(&etcd);
     let c = Client::connect(ClientConfig::new([proxy.endpoint()])).unwrap();
-    let ttl = 2;
+    let ttl = Duration::from_secs(2);
     let g = observer.lease_grant(ttl).await.unwrap();
-    let mut h = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let mut h = c.lease_keeper().keep_alive(&g).await.unwrap();
     assert!(
         wait_until_async(T, || h.status().successes >= 1).await,
         "{:?}",
@@ -1306,7 +1469,7 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
         .expect("the loss is declared during the outage");
     let s = h.status();
     assert!(s.lost, "{s:?}");
-    let deadline = s.last_ok.unwrap() + Duration::from_secs(ttl as u64);
+    let deadline = s.last_ok.unwrap() + ttl;
     assert!(
         tokio::time::Instant::now() >= deadline,
         "declared lost before its deadline: {s:?}"
@@ -1319,8 +1482,8 @@ async fn a_keep_alive_cut_off_past_its_ttl_is_lost() {
         .every(Duration::from_millis(100))
         .until(
             async || match observer.lease_time_to_live(g.id, false).await {
-                Ok(r) if r.ttl <= 0 => Ok(()),
-                Ok(r) => Err(format!("TTL {} left", r.ttl)),
+                Ok(r) if r.ttl.is_none_or(|t| t.is_zero()) => Ok(()),
+                Ok(r) => Err(format!("TTL {:?} left", r.ttl)),
                 Err(e) => Err(format!("{e:?}")),
             },
         )
@@ -1350,8 +1513,8 @@ async fn refused_credentials_are_reported_by_watchers_and_keep_alives() {
     assert!(tokio::time::timeout(T, w.next()).await.unwrap().is_none());
     let _ = stream;
     // A keep-alive through refused credentials is not sent at all.
-    let g = root.lease_grant(2).await.unwrap();
-    let h = bad.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let g = root.lease_grant(Duration::from_secs(2)).await.unwrap();
+    let h = bad.lease_keeper().keep_alive(&g).await.unwrap();
     assert!(
         wait_until_async(T, || h.status().failures >= 2).await,
         "{:?}",
@@ -1695,8 +1858,8 @@ async fn open_connections_opens_every_connection_before_a_call_needs_it() {
     for i in 0..6 {
         c.put(Put::new(format!("/open/{i}"), "v")).await.unwrap();
     }
-    let g = c.lease_grant(10).await.unwrap();
-    let lease = c.lease_keeper().keep_alive(g.id, g.ttl).await.unwrap();
+    let g = c.lease_grant(Duration::from_secs(10)).await.unwrap();
+    let lease = c.lease_keeper().keep_alive(&g).await.unwrap();
     wait_until_async(T, || lease.status().successes > 0).await;
     assert!(lease.status().successes > 0, "{:?}", lease.status());
     assert_eq!(proxy.accepted_connections(), 4, "no connection opened late");

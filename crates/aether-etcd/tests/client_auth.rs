@@ -223,3 +223,73 @@ async fn enabled_auth_lets_each_user_do_what_its_roles_allow() {
         Err(e) => panic!("auth_status: {e:?}"),
     }
 }
+
+/// A POST of `body` to etcd's JSON gateway (`/v3/...`, served on the
+/// client port by 3.4 and 3.5 alike) with `token` as its `Authorization`
+/// header: what a program handed the token does with it.
+fn gateway_post(etcd: &Etcd, path: &str, body: &str, token: Option<&str>) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(etcd.client_addr()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// `authenticate` returns the token it fetched (and every call uses it);
+/// `authenticate_as` fetches one for other credentials without touching
+/// the client's. Each works where the caller takes it: etcd's gateway
+/// serves a read with it, and refuses the same read without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticate_hands_the_token_to_the_caller() {
+    let etcd = Etcd::start();
+    let c = plain(&etcd);
+    assert_eq!(
+        c.authenticate().await.unwrap(),
+        None,
+        "no credentials, no token"
+    );
+    c.put(Put::new("/tok", "v")).await.unwrap();
+    c.user_add("root", "rootpw").await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.auth_enable().await.unwrap();
+
+    let root = as_user(&etcd, "root", "rootpw");
+    let token = root.authenticate().await.unwrap().expect("a token");
+    assert!(!token.as_str().is_empty());
+    assert!(
+        !format!("{token:?}").contains(token.as_str()),
+        "Debug prints the token"
+    );
+    // "/tok" in base64.
+    let range = r#"{"key":"L3Rvaw=="}"#;
+    let with = gateway_post(&etcd, "/v3/kv/range", range, Some(token.as_str()));
+    assert!(
+        with.contains(r#""kvs""#),
+        "the gateway refused the token: {with}"
+    );
+    let without = gateway_post(&etcd, "/v3/kv/range", range, None);
+    assert!(
+        !without.contains(r#""kvs""#),
+        "the gateway read without a token: {without}"
+    );
+    // The client carries the token it returned.
+    root.range(Range::key("/tok")).await.unwrap();
+
+    let other = c.authenticate_as("root", "rootpw").await.unwrap();
+    assert_ne!(other, token, "each authentication is a token of its own");
+    let with = gateway_post(&etcd, "/v3/kv/range", range, Some(other.as_str()));
+    assert!(with.contains(r#""kvs""#), "{with}");
+    // `c` has no credentials still: it cannot read.
+    assert!(c.range(Range::key("/tok")).await.is_err());
+    let refused = c.authenticate_as("root", "wrong").await;
+    assert!(matches!(refused, Err(Error::Auth(_))), "{refused:?}");
+}

@@ -611,15 +611,15 @@ async fn lease_list_shows_granted_leases_and_not_revoked_ones() {
     assert!(empty.ids.is_empty(), "{empty:?}");
     let mut granted = Vec::new();
     for _ in 0..3 {
-        granted.push(c.lease_grant(60).await.unwrap().id);
+        granted.push(c.lease_grant(Duration::from_secs(60)).await.unwrap().id);
     }
     let own = c
-        .lease_grant_with_id(LeaseId::new(0x1234), 60)
+        .lease_grant_with_id(LeaseId::new(0x1234), Duration::from_secs(60))
         .await
         .unwrap()
         .id;
     assert_eq!(own, LeaseId::new(0x1234));
-    let again = c.lease_grant_with_id(own, 60).await;
+    let again = c.lease_grant_with_id(own, Duration::from_secs(60)).await;
     assert!(matches!(again, Err(Error::LeaseExists)), "{again:?}");
     let mut all = c.lease_list().await.unwrap();
     all.ids.sort();

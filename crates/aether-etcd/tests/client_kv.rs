@@ -507,8 +507,8 @@ async fn ranges_bounded_by_mod_revision() {
 async fn puts_that_keep_the_value_or_the_lease() {
     let etcd = Etcd::start();
     let c = client(&etcd);
-    let l1 = c.lease_grant(300).await.unwrap().id;
-    let l2 = c.lease_grant(300).await.unwrap().id;
+    let l1 = c.lease_grant(Duration::from_secs(300)).await.unwrap().id;
+    let l2 = c.lease_grant(Duration::from_secs(300)).await.unwrap().id;
     c.put(Put::new("/i/k", "v1").lease(l1)).await.unwrap();
     let get = || async { c.range(Range::key("/i/k")).await.unwrap().into_kvs() };
 

@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use aether_etcd::{Balance, Client, ClientConfig, Error, Put, Range, RetryPolicy, TlsConfig};
+use aether_etcd::{
+    Balance, Client, ClientConfig, Credentials, Error, Put, Range, RetryPolicy, TlsConfig,
+};
 use aether_test_kit::{Cluster, Etcd, FaultProxy, eventually, generate_mtls, generate_tls};
 
 /// One-way delay of the proxy in the in-flight tests: a call's round trip
@@ -18,6 +20,63 @@ const T: Duration = Duration::from_secs(20);
 
 fn config(endpoints: Vec<String>) -> ClientConfig {
     ClientConfig::new(endpoints).with_request_timeout(Duration::from_secs(5))
+}
+
+// ---- configuration ----------------------------------------------------------
+
+/// A config made with the `with_*` builders alone reaches etcd, and each
+/// setting that shows from outside takes effect: the endpoints are
+/// replaced by the synced member list, the credentials authenticate, and a
+/// watch with a one-byte buffer still delivers (one response at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_built_with_the_builders_alone() {
+    let etcd = Etcd::start();
+    let root = Client::connect(config(etcd.endpoints())).unwrap();
+    root.user_add("root", "rootpw").await.unwrap();
+    root.user_grant_role("root", "root").await.unwrap();
+    root.auth_enable().await.unwrap();
+
+    let built = ClientConfig::default()
+        // Nothing listens on port 9: the sync must drop it.
+        .with_endpoints([etcd.endpoint(), "http://127.0.0.1:9".to_string()])
+        .with_credentials_of(Credentials {
+            user: "root".into(),
+            password: "rootpw".into(),
+        })
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_request_timeout(Duration::from_secs(5))
+        .with_keepalive(Duration::from_secs(2), Duration::from_secs(1))
+        .with_max_decoding_message_size(8 << 20)
+        .with_max_encoding_message_size(8 << 20)
+        .with_windows(1 << 20, 4 << 20)
+        .with_watch_require_leader(false)
+        .with_auto_sync_interval(Duration::from_millis(100))
+        .with_watcher_buffer_bytes(1)
+        .with_connections(2)
+        .with_balance(Balance::RoundRobin)
+        .with_retry(RetryPolicy::new(2));
+    let c = Client::connect(built).unwrap();
+    eventually("the endpoints are the synced member list")
+        .within(T)
+        .until_eq(vec![etcd.endpoint()], async || c.endpoints())
+        .await;
+    let (_, mut watcher) = c
+        .watch(aether_etcd::WatchOptions::prefix("/built/").start_revision(1))
+        .unwrap();
+    for i in 0..3 {
+        c.put(Put::new(format!("/built/{i}"), "v")).await.unwrap();
+    }
+    let mut seen = 0;
+    while seen < 3 {
+        let resp = tokio::time::timeout(T, watcher.message())
+            .await
+            .unwrap_or_else(|_| panic!("only {seen} of 3 events within {T:?}"))
+            .unwrap()
+            .expect("the watch ended");
+        seen += resp.events.len();
+    }
+    assert_eq!(seen, 3);
+    assert!(c.authentications() >= 1, "the credentials were never used");
 }
 
 // ---- TLS ------------------------------------------------------------------

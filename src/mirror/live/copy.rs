@@ -72,7 +72,7 @@ impl CopyWatch {
 
     /// The watch's next response (cancel-safe).
     pub(crate) async fn next(&mut self) -> Option<etcd::Result<WatchResponse>> {
-        self.watcher.next().await
+        self.watcher.next_response().await
     }
 
     /// Takes a response's events, to be judged.

@@ -321,7 +321,7 @@ impl<'a> Live<'a> {
                     let max_ops = self.pipeline.limits().max_ops.saturating_sub(2);
                     repairing = Some(Box::pin(copy::plan(self.writer, self.local, keys, max_ops)));
                 }
-                msg = watcher.next(), if self.batcher.ready_len() < max_ready => {
+                msg = watcher.next_response(), if self.batcher.ready_len() < max_ready => {
                     self.take_watch(msg, &mut watcher, max_ready)?;
                 }
                 read = async { probing.as_mut().expect("guarded").await }, if probing.is_some() => {
@@ -685,7 +685,7 @@ impl<'a> Live<'a> {
                 Some(Ok(resp)) => resp,
             };
             self.fresh.received();
-            tracing::trace!(peer = %self.writer.region, rev = resp.revision, events = resp.events.len(), first = resp.events.first().map(|e| e.revision()), "watch");
+            tracing::trace!(peer = %self.writer.region, rev = resp.header.revision, events = resp.events.len(), first = resp.events.first().map(|e| e.revision()), "watch");
             if let Some(last) = resp.events.last() {
                 let stats = &self.writer.stats;
                 stats.source_revision.fetch_max(last.revision(), Relaxed);
@@ -693,17 +693,20 @@ impl<'a> Live<'a> {
                     self.splits.offer(e.kv.key());
                 }
                 self.batcher.push(resp.events, Instant::now());
-            } else if self.batcher.is_idle() && self.inflight.is_empty() {
+            } else if resp.is_progress_notify()
+                && self.batcher.is_idle()
+                && self.inflight.is_empty()
+            {
                 // A per-watcher progress notice: etcd only sends those once
                 // the watcher has caught up. (This stream is the session's
                 // own and never asks for the broadcast kind, which 3.4 also
                 // sends to watchers still catching up.)
-                self.inflight.advance_idle(resp.revision);
+                self.inflight.advance_idle(resp.header.revision);
             }
             if self.batcher.ready_len() >= max_ready {
                 return Ok(());
             }
-            msg = match watcher.try_next() {
+            msg = match watcher.next_buffered() {
                 Some(m) => Some(m),
                 None => return Ok(()),
             };

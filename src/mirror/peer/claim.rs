@@ -14,6 +14,7 @@
 //! revision gone back, same lease, not too far behind), or re-sync.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use super::Peer;
 use crate::error::{Error, Result};
@@ -116,7 +117,7 @@ impl Peer {
         let (lease, adopted) = match candidate_ttl {
             Some(granted) if granted == want_ttl => {
                 if w.lease_id() != candidate || !own_lease_alive {
-                    new_handle = Some(w.client.keep_alive(candidate, granted).await?);
+                    new_handle = Some(w.client.keep_alive(candidate, ttl(granted)).await?);
                 }
                 // Not needed: revoked now rather than at the claim's end.
                 drop(speculative.take());
@@ -129,16 +130,16 @@ impl Peer {
                     // every key is under the new one.
                     ttl_changed = true;
                     tracing::info!(peer = %self.region(), lease = %candidate, granted, want_ttl, "the live lease has another TTL; re-putting the subtree under a new lease");
-                    self.prev_lease = Some(w.client.keep_alive(candidate, granted).await?);
+                    self.prev_lease = Some(w.client.keep_alive(candidate, ttl(granted)).await?);
                 }
                 let unclaimed = match speculative.take() {
                     Some(early) => early.wait().await?,
-                    None => Unclaimed::new(&w.client, w.client.lease_grant(want_ttl).await?),
+                    None => Unclaimed::new(&w.client, w.client.lease_grant(ttl(want_ttl)).await?),
                 };
                 let grant = unclaimed.grant;
-                tracing::info!(peer = %self.region(), lease = %grant.id, ttl = grant.ttl, "granted mirror lease");
+                tracing::info!(peer = %self.region(), lease = %grant.id, ttl = ?grant.ttl, "granted mirror lease");
                 new_handle = Some(w.client.keep_alive(grant.id, grant.ttl).await?);
-                lease_ttl = grant.ttl;
+                lease_ttl = secs(grant.ttl);
                 granted = Some(unclaimed);
                 (grant.id, false)
             }
@@ -282,7 +283,8 @@ impl Peer {
             return Ok(None);
         }
         let ttl = self.writer.client.lease_time_to_live(lease, false).await?;
-        Ok((ttl.ttl > 0).then_some(ttl.granted_ttl.max(1)))
+        let alive = ttl.ttl.is_some_and(|t| !t.is_zero());
+        Ok(alive.then_some(secs(ttl.granted_ttl).max(1)))
     }
 
     /// Resume through the watch (`None`) unless the source has moved on so
@@ -349,7 +351,7 @@ impl Unclaimed {
         let client = client.clone();
         tokio::spawn(async move {
             let granted = client
-                .lease_grant(ttl)
+                .lease_grant(self::ttl(ttl))
                 .await
                 .map(|g| Unclaimed::new(&client, g));
             // A receiver gone drops (and so revokes) the lease here.
@@ -394,4 +396,15 @@ impl Drop for Unclaimed {
             }
         });
     }
+}
+
+/// A TTL in the engine's whole seconds (its config, the state key) as the
+/// client takes it; at least one second, as etcd grants.
+fn ttl(secs: i64) -> Duration {
+    Duration::from_secs(secs.max(1) as u64)
+}
+
+/// A TTL from the client in the engine's whole seconds.
+fn secs(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)
 }

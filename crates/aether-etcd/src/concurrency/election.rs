@@ -5,10 +5,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 
 use super::Session;
-use super::wait::{first_created, range_kvs, wait_deletes};
+use super::wait::{WithdrawOnDrop, first_created, range_kvs, send_claim, wait_deletes};
 use crate::{
     Client, Compare, CompareOp, Delete, Error, EventKind, Header, KeyValue, LeaseId, Put, Range,
     Result, Txn, WatchOptions, Watcher,
@@ -136,8 +136,11 @@ impl Election {
     /// Campaigning again from the same session finds the same key and waits
     /// on from there (updating the value if it differs). Fails with
     /// [`Error::SessionExpired`] if the session is lost or the key removed
-    /// while waiting. If the future is dropped before it resolves, the key
-    /// stays queued: call [`Election::resign`] to withdraw it.
+    /// while waiting. If the future is dropped while it waits, the
+    /// candidacy is withdrawn (a task deletes the key, if it is still the
+    /// one campaigned with), as Go's `Campaign` resigns when its context is
+    /// cancelled: a key left queued would make every later candidate wait
+    /// behind one that will never lead.
     pub async fn campaign(&mut self, value: impl Into<Bytes>) -> Result<()> {
         let value = value.into();
         let client = self.session.client().clone();
@@ -146,7 +149,7 @@ impl Election {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([Put::new(key.clone(), value.clone()).lease(self.session.lease())])
             .or_else([Range::key(key.clone())]);
-        let resp = client.txn(txn).await?;
+        let resp = send_claim(&client, txn, key.clone()).await?;
         let rev = if resp.succeeded {
             resp.header.revision
         } else {
@@ -170,7 +173,11 @@ impl Election {
             self.candidacy = None;
             return Err(e);
         }
-        let header = wait_deletes(&self.session, &self.prefix, &key, rev).await?;
+        let guard =
+            WithdrawOnDrop::new(&mut self.candidacy, self.session.client(), key.clone(), rev);
+        let waited = wait_deletes(&self.session, &self.prefix, &key, rev).await;
+        guard.disarm();
+        let header = waited?;
         if let Some(c) = &mut self.candidacy {
             c.elected = true;
         }

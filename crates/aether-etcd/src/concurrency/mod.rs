@@ -15,10 +15,16 @@
 //!   own key and carries on from it: that is Go's re-entrancy, and what lets a
 //!   process resume a candidacy with [`Election::resume`].
 //!
-//! Waiting is cancel-safe in the Rust sense: dropping a `campaign()` or
-//! `lock()` future leaves the key in the queue (nothing async runs on drop);
-//! [`Election::resign`] or [`Mutex::unlock`] withdraws it, and it goes with
-//! the session's lease in any case.
+//! Dropping a `campaign()` or `lock()` future while it waits withdraws its
+//! key, as Go's package does when the context is cancelled: the drop
+//! starts a task that deletes the key if it still has the create revision
+//! this wait made (a `Drop` cannot await the request itself). The write
+//! that queues the key runs in a task of its own for the same reason: a
+//! future dropped while that write is on its way never learns the key's
+//! revision, so the task withdraws the key it created. Without a
+//! runtime, or if that request fails, the key goes with the session's
+//! lease. A lock already held or a campaign already won stays so:
+//! [`Mutex::unlock`] and [`Election::resign`] release them.
 //!
 //! etcd's v3election and v3lock gRPC services (the same package run inside
 //! the server) are not used: a campaign there is one long unary call, which

@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use super::Session;
 use super::election::{queue_dir, session_key};
-use super::wait::{first_created, range_kvs, wait_deletes};
+use super::wait::{WithdrawOnDrop, first_created, range_kvs, send_claim, wait_deletes};
 use crate::{Compare, CompareOp, Delete, Error, Header, Op, Put, Range, Result, Txn, TxnResponse};
 
 /// A lock on a key prefix, held by at most one session at a time.
@@ -65,8 +65,12 @@ impl Mutex {
     ///
     /// Fails with [`Error::SessionExpired`] if the session is lost or the
     /// claim removed while waiting; on any error the claim is withdrawn
-    /// (best effort). If the future is dropped before it resolves, the claim
-    /// stays queued: call [`Mutex::unlock`] to withdraw it.
+    /// (best effort). If the future is dropped while it waits (a timeout, a
+    /// `select!` that took another branch), the claim is withdrawn too, as
+    /// Go's `Lock` does when its context is cancelled: a task deletes the
+    /// key, so the next waiter is not held up by a claim nobody will
+    /// release. As in Go, the claim belongs to the session, so that also
+    /// withdraws the claim another `Mutex` of the same session queued.
     pub async fn lock(&mut self) -> Result<()> {
         let (resp, held) = self.try_acquire().await?;
         if held {
@@ -76,7 +80,10 @@ impl Mutex {
         let Some((key, rev)) = self.claim.clone() else {
             return Err(Error::SessionExpired);
         };
-        match wait_deletes(&self.session, &self.prefix, &key, rev).await {
+        let guard = WithdrawOnDrop::new(&mut self.claim, self.session.client(), key.clone(), rev);
+        let waited = wait_deletes(&self.session, &self.prefix, &key, rev).await;
+        guard.disarm();
+        match waited {
             Ok(header) => {
                 self.header = Some(header);
                 Ok(())
@@ -117,7 +124,7 @@ impl Mutex {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([Op::from(put), Op::from(first_created(&self.prefix))])
             .or_else([Range::key(key.clone()), first_created(&self.prefix)]);
-        let resp = self.session.client().txn(txn).await?;
+        let resp = send_claim(self.session.client(), txn, key.clone()).await?;
         let rev = if resp.succeeded {
             resp.header.revision
         } else {

@@ -29,8 +29,12 @@ impl Default for SessionOptions {
 }
 
 impl SessionOptions {
-    /// The lease TTL, in whole seconds (at least one): how long the
-    /// session's keys outlive a holder that stops without closing it.
+    /// The lease TTL: how long the session's keys outlive a holder that
+    /// stops without closing it. Whole seconds, as etcd counts them: a
+    /// sub-second part rounds up, and zero makes
+    /// [`Session::with_options`] fail with
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). Not used
+    /// with [`SessionOptions::with_lease`], whose lease has its TTL.
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -39,7 +43,9 @@ impl SessionOptions {
 
     /// Adopt this existing lease instead of granting one, for example the
     /// lease of a session an earlier incarnation of this process left
-    /// running. The TTL should be the one it was granted with.
+    /// running. The session asks the server for the TTL it was granted
+    /// with (one round trip); a lease that is gone is
+    /// [`Error::LeaseNotFound`](crate::Error::LeaseNotFound).
     #[must_use]
     pub fn with_lease(mut self, id: LeaseId) -> Self {
         self.lease = Some(id);
@@ -87,7 +93,7 @@ pub struct Session(Arc<Inner>);
 struct Inner {
     client: Client,
     lease: LeaseId,
-    ttl: i64,
+    ttl: Duration,
     lost: Arc<watch::Sender<bool>>,
     _keep: LeaseHandle,
     _monitor: DropGuard,
@@ -112,15 +118,16 @@ impl Session {
     /// Opens a session: grants (or adopts) the lease and starts keeping it
     /// alive.
     pub async fn with_options(client: &Client, opts: SessionOptions) -> Result<Session> {
-        let ttl = opts.ttl.as_secs().max(1) as i64;
-        let (lease, ttl) = match opts.lease {
-            Some(id) => (id, ttl),
+        let keeper = client.lease_keeper();
+        let (lease, keep) = match opts.lease {
+            Some(id) => (id, keeper.keep_alive_id(id).await?),
             None => {
-                let grant = client.lease_grant(ttl).await?;
-                (grant.id, grant.ttl)
+                let grant = client.lease_grant(opts.ttl).await?;
+                (grant.id, keeper.keep_alive(&grant).await?)
             }
         };
-        let keep = client.lease_keeper().keep_alive(lease, ttl).await?;
+        // What the keeper was registered with: the granted TTL.
+        let ttl = keep.status().ttl;
         let lost = Arc::new(watch::channel(false).0);
         let cancel = CancellationToken::new();
         // The monitor holds the lease status and the signal, never the
@@ -141,8 +148,8 @@ impl Session {
         self.0.lease
     }
 
-    /// The TTL the lease was granted with, in seconds.
-    pub fn ttl(&self) -> i64 {
+    /// The TTL the lease was granted with.
+    pub fn ttl(&self) -> Duration {
         self.0.ttl
     }
 
@@ -204,7 +211,7 @@ async fn monitor(
 /// when it is already lost.
 fn expiry(s: &LeaseStatus) -> Option<Instant> {
     match s.last_ok {
-        Some(at) if !s.lost => Some(at + Duration::from_secs(s.ttl.max(0) as u64)),
+        Some(at) if !s.lost => Some(at + s.ttl),
         _ => None,
     }
 }

@@ -91,17 +91,17 @@ use crate::kv::{
     Delete, DeleteResponse, KeyValue, Put, PutResponse, Range, RangeResponse, Txn, TxnResponse,
     prefix_range,
 };
-use crate::lease::{LeaseGrant, LeaseList, LeaseTtl};
+use crate::lease::{LeaseGrant, LeaseList, LeaseTtl, ttl_duration, ttl_secs};
 use crate::lease_id::LeaseId;
 use crate::maintenance::Status;
 use crate::pb::PbResponseHeader;
-use crate::watch::WatchOptions;
+use crate::watch::{WatchOptions, WatchResponse};
 
 /// Members in a default cluster.
 pub const DEFAULT_MEMBERS: usize = 1;
 /// etcd's smallest lease TTL with its default heartbeat and election
 /// timeout (1.5 election timeouts, rounded up to whole seconds).
-pub const DEFAULT_MIN_LEASE_TTL: i64 = 2;
+pub const DEFAULT_MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 /// What etcd's gRPC server accepts beyond `--max-request-bytes` (its
 /// `grpcOverheadBytes`): the limit of a request that is not a raft
 /// proposal (a range, a read-only txn).
@@ -162,7 +162,7 @@ pub struct ModelConfig {
     /// `--max-request-bytes` ([`DEFAULT_MAX_REQUEST_BYTES`]).
     pub max_request_bytes: usize,
     /// The smallest TTL a lease gets ([`DEFAULT_MIN_LEASE_TTL`]).
-    pub min_lease_ttl: i64,
+    pub min_lease_ttl: Duration,
     /// The cluster id in every header ([`DEFAULT_CLUSTER_ID`]).
     pub cluster_id: u64,
     /// How long every request takes before it is served (zero: none).
@@ -209,9 +209,10 @@ impl ModelConfig {
         self.max_request_bytes = n;
         self
     }
-    /// With this smallest lease TTL.
+    /// With this smallest lease TTL (whole seconds, as etcd's; a
+    /// sub-second part is dropped).
     #[must_use]
-    pub fn with_min_lease_ttl(mut self, ttl: i64) -> Self {
+    pub fn with_min_lease_ttl(mut self, ttl: Duration) -> Self {
         self.min_lease_ttl = ttl;
         self
     }
@@ -278,12 +279,19 @@ impl State {
             store,
             members,
             watchers,
+            config,
             ..
         } = self;
         watchers.retain(|_, w| {
             let m = &members[w.member];
             let upto = if m.held { m.applied } else { store.rev };
-            w.pump(store, upto, m.id)
+            let header = Header::from(Some(PbResponseHeader {
+                cluster_id: config.cluster_id,
+                member_id: m.id,
+                revision: upto,
+                raft_term: RAFT_TERM,
+            }));
+            w.pump(store, header)
         });
     }
 
@@ -684,24 +692,28 @@ impl Client {
         Ok(self.shared.lock().header(self.member, rev))
     }
 
-    /// Grants a lease of `ttl` seconds; the model picks its id.
-    pub async fn lease_grant(&self, ttl: i64) -> Result<LeaseGrant> {
+    /// Grants a lease of `ttl` (rounded up to whole seconds, zero refused,
+    /// as the client does); the model picks its id.
+    pub async fn lease_grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         self.lease_grant_with_id(LeaseId::NONE, ttl).await
     }
 
-    /// Grants a lease of `ttl` seconds with the caller's id
+    /// Grants a lease of `ttl` with the caller's id
     /// ([`LeaseId::NONE`]: the model picks). A taken id is
     /// [`Error::LeaseExists`].
-    pub async fn lease_grant_with_id(&self, id: LeaseId, ttl: i64) -> Result<LeaseGrant> {
+    pub async fn lease_grant_with_id(&self, id: LeaseId, ttl: Duration) -> Result<LeaseGrant> {
+        // Refused before the request, as the client does.
+        let ttl = ttl_secs(ttl)?;
         self.latency().await;
         let grant = {
             let mut st = self.shared.lock();
-            let (min, base) = (st.config.min_lease_ttl, st.members[0].id as i64);
+            let min = st.config.min_lease_ttl.as_secs() as i64;
+            let base = st.members[0].id as i64;
             let (id, ttl) = st.leases.grant(id.get(), ttl, min, base, Instant::now())?;
             st.raft_index += 1;
             LeaseGrant {
                 id: LeaseId::new(id),
-                ttl,
+                ttl: ttl_duration(ttl),
             }
         };
         self.shared.expiry.notify_one();
@@ -718,23 +730,23 @@ impl Client {
     }
 
     /// A lease's remaining TTL (whole seconds, truncated) and, with
-    /// `keys`, its keys. A lease that does not exist has TTL -1.
+    /// `keys`, its keys. A lease that does not exist has none.
     pub async fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> Result<LeaseTtl> {
         self.latency().await;
         let st = self.shared.lock();
         let Some(ttl) = st.leases.remaining(id.get(), Instant::now()) else {
             return Ok(LeaseTtl {
                 id,
-                ttl: -1,
-                granted_ttl: 0,
+                ttl: None,
+                granted_ttl: Duration::ZERO,
                 keys: Vec::new(),
             });
         };
         let lease = &st.leases.map[&id.get()];
         Ok(LeaseTtl {
             id,
-            ttl,
-            granted_ttl: lease.ttl,
+            ttl: Some(ttl_duration(ttl)),
+            granted_ttl: ttl_duration(lease.ttl),
             keys: if keys {
                 lease.keys.iter().cloned().collect()
             } else {
@@ -746,14 +758,14 @@ impl Client {
     /// One keep-alive: the lease's deadline moves to a full TTL from now;
     /// returns the TTL. A lease that does not exist is
     /// [`Error::LeaseNotFound`] (etcd answers TTL 0 on the stream).
-    pub async fn lease_keep_alive_once(&self, id: LeaseId) -> Result<i64> {
+    pub async fn lease_keep_alive_once(&self, id: LeaseId) -> Result<Duration> {
         self.latency().await;
         let ttl = self
             .shared
             .lock()
             .leases
             .keep_alive(id.get(), Instant::now())?;
-        Ok(ttl)
+        Ok(ttl_duration(ttl))
     }
 
     /// Every lease that exists, in id order.
@@ -779,6 +791,15 @@ impl Client {
         let id = st.next_watch;
         st.next_watch += 1;
         let member_id = st.members[self.member].id;
+        let header = st.header(self.member, applied);
+        if opts.1 {
+            // The create's answer, as the real client delivers it when
+            // asked: no events, the revision the watch starts after.
+            let _ = tx.send(Ok(WatchResponse {
+                created: true,
+                ..WatchResponse::events(header, Vec::new())
+            }));
+        }
         // The real client asks for one revision before the start (its
         // watch module says why), so a start at the compaction is refused.
         if start > 0 && (start - 1).max(1) < st.store.compact_rev {
@@ -787,7 +808,7 @@ impl Client {
             }));
         } else {
             let mut reg = WatchReg::new(self.member, &opts, next, tx);
-            if reg.pump(&st.store, applied, member_id) {
+            if reg.pump(&st.store, header) {
                 st.watchers.insert(id, reg);
             }
         }
@@ -812,6 +833,10 @@ impl Client {
             raft_index: st.raft_index,
             raft_term: RAFT_TERM,
             db_size: 0,
+            db_size_in_use: 0,
+            raft_applied_index: st.raft_index,
+            is_learner: false,
+            errors: Vec::new(),
         })
     }
 }

@@ -163,10 +163,14 @@ async fn refusals_change_nothing() {
 #[tokio::test(start_paused = true)]
 async fn leases_revoke_their_keys_in_one_revision() {
     let (c, k) = cluster();
-    let g = k.lease_grant_with_id(LeaseId::new(7), 1).await.unwrap();
+    let g = k
+        .lease_grant_with_id(LeaseId::new(7), Duration::from_secs(1))
+        .await
+        .unwrap();
     assert_eq!(g.ttl, DEFAULT_MIN_LEASE_TTL);
     assert!(matches!(
-        k.lease_grant_with_id(LeaseId::new(7), 10).await,
+        k.lease_grant_with_id(LeaseId::new(7), Duration::from_secs(10))
+            .await,
         Err(Error::LeaseExists)
     ));
     k.put(Put::new("/l/a", "1").lease(g.id)).await.unwrap();
@@ -179,13 +183,13 @@ async fn leases_revoke_their_keys_in_one_revision() {
     k.lease_revoke(g.id).await.unwrap();
     assert_eq!(c.revision(), rev + 1);
     assert_eq!(c.dump("/l/").len(), 1);
-    assert_eq!(k.lease_time_to_live(g.id, false).await.unwrap().ttl, -1);
+    assert_eq!(k.lease_time_to_live(g.id, false).await.unwrap().ttl, None);
     assert!(matches!(
         k.lease_revoke(g.id).await,
         Err(Error::LeaseNotFound)
     ));
     // An empty lease revoked makes no revision.
-    let e = k.lease_grant(10).await.unwrap();
+    let e = k.lease_grant(Duration::from_secs(10)).await.unwrap();
     k.lease_revoke(e.id).await.unwrap();
     assert_eq!(c.revision(), rev + 1);
 }
@@ -193,15 +197,21 @@ async fn leases_revoke_their_keys_in_one_revision() {
 #[tokio::test(start_paused = true)]
 async fn a_lease_expires_on_the_clock_unless_kept_alive() {
     let (c, k) = cluster();
-    let g = k.lease_grant(10).await.unwrap();
+    let g = k.lease_grant(Duration::from_secs(10)).await.unwrap();
     k.put(Put::new("/e/a", "1").lease(g.id)).await.unwrap();
     k.put(Put::new("/e/b", "1").lease(g.id)).await.unwrap();
     let mut w = k.watch(WatchOptions::prefix("/e/")).unwrap();
     tokio::time::sleep(Duration::from_secs(9)).await;
-    assert_eq!(k.lease_keep_alive_once(g.id).await.unwrap(), 10);
+    assert_eq!(
+        k.lease_keep_alive_once(g.id).await.unwrap(),
+        Duration::from_secs(10)
+    );
     tokio::time::sleep(Duration::from_secs(9)).await;
     assert_eq!(c.dump("/e/").len(), 2, "kept alive at 9 s");
-    assert_eq!(k.lease_time_to_live(g.id, false).await.unwrap().ttl, 1);
+    assert_eq!(
+        k.lease_time_to_live(g.id, false).await.unwrap().ttl,
+        Some(Duration::from_secs(1))
+    );
     // Nobody calls the model: the expiry task revokes at the deadline.
     let resp = tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
@@ -219,7 +229,7 @@ async fn a_lease_expires_on_the_clock_unless_kept_alive() {
 #[tokio::test(start_paused = true)]
 async fn the_expiry_task_ends_with_the_last_handle() {
     let (c, k) = cluster();
-    k.lease_grant(100).await.unwrap();
+    k.lease_grant(Duration::from_secs(100)).await.unwrap();
     let weak = Arc::downgrade(&c.shared);
     drop((c, k));
     tokio::task::yield_now().await;
@@ -240,13 +250,13 @@ async fn watches_replay_history_and_refuse_the_compacted() {
         .watch(WatchOptions::prefix("/w/").start_revision(2).prev_kv())
         .unwrap();
     let r = w.next().await.unwrap().unwrap();
-    assert_eq!((r.revision, r.member_id), (4, c.member_id(0)));
+    assert_eq!((r.header.revision, r.header.member_id), (4, c.member_id(0)));
     let revs: Vec<_> = r.events.iter().map(|e| e.revision()).collect();
     assert_eq!(revs, [2, 3, 3, 4]);
     assert!(r.events[3].prev_kv.is_some() && r.events[0].prev_kv.is_none());
     // Caught up: one response per revision.
     k.put(Put::new("/w/c", "1")).await.unwrap();
-    assert_eq!(w.next().await.unwrap().unwrap().revision, 5);
+    assert_eq!(w.next().await.unwrap().unwrap().header.revision, 5);
     k.compact(3, false).await.unwrap();
     let mut old = k
         .watch(WatchOptions::prefix("/w/").start_revision(3))
@@ -264,7 +274,7 @@ async fn watches_replay_history_and_refuse_the_compacted() {
     assert_eq!(ok.next().await.unwrap().unwrap().events.len(), 1);
     ok.request_progress().unwrap();
     let p = ok.next().await.unwrap().unwrap();
-    assert!(p.events.is_empty() && p.revision == 5);
+    assert!(p.events.is_empty() && p.header.revision == 5);
 }
 
 #[tokio::test(start_paused = true)]
@@ -281,7 +291,7 @@ async fn a_held_member_lags_and_catches_up() {
         (stale.header.revision, stale.header.member_id),
         (2, b.member_id())
     );
-    assert!(w.try_next().is_none());
+    assert!(w.next_buffered().is_none());
     // A linearizable read on the held member waits for it.
     let read = tokio::spawn({
         let b = b.clone();
@@ -291,7 +301,7 @@ async fn a_held_member_lags_and_catches_up() {
     assert!(!read.is_finished());
     c.release(1);
     assert_eq!(read.await.unwrap().unwrap().header.revision, 3);
-    assert_eq!(w.next().await.unwrap().unwrap().revision, 3);
+    assert_eq!(w.next().await.unwrap().unwrap().header.revision, 3);
 }
 
 #[tokio::test(start_paused = true)]

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use super::Shared;
 use super::mvcc::{Store, in_range};
 use crate::error::{Error, Result};
+use crate::header::Header;
 use crate::pb::{PbEvent, PbWatchFilter};
 use crate::watch::{Event, WatchOptions, WatchResponse};
 
@@ -61,7 +62,9 @@ impl WatchReg {
 
     /// Sends what the log has in `[next, upto]`. False when the watcher
     /// is done: its consumer is gone, or its history was compacted.
-    pub(super) fn pump(&mut self, store: &Store, upto: i64, member_id: u64) -> bool {
+    /// `header` is the member's, at its applied revision (`upto`).
+    pub(super) fn pump(&mut self, store: &Store, header: Header) -> bool {
+        let upto = header.revision;
         if self.tx.is_closed() {
             return false;
         }
@@ -96,30 +99,27 @@ impl WatchReg {
             if events.len() > before {
                 revs += 1;
                 if revs == MAX_REVS_PER_RESPONSE {
-                    self.send(upto, member_id, std::mem::take(&mut events));
+                    self.send(header, std::mem::take(&mut events));
                     revs = 0;
                 }
             }
         }
         self.next = upto + 1;
         if !events.is_empty() {
-            self.send(upto, member_id, events);
+            self.send(header, events);
         }
         true
     }
 
-    fn send(&self, revision: i64, member_id: u64, events: Vec<Event>) {
-        let _ = self.tx.send(Ok(WatchResponse {
-            revision,
-            member_id,
-            events,
-        }));
+    fn send(&self, header: Header, events: Vec<Event>) {
+        let _ = self.tx.send(Ok(WatchResponse::events(header, events)));
     }
 
     /// A progress notice, for a watcher that is caught up.
-    pub(super) fn progress(&self, upto: i64, member_id: u64) {
-        if self.next > upto {
-            self.send(upto, member_id, Vec::new());
+    /// `header` as for [`WatchReg::pump`].
+    pub(super) fn progress(&self, header: Header) {
+        if self.next > header.revision {
+            self.send(header, Vec::new());
         }
     }
 
@@ -164,12 +164,19 @@ impl Watcher {
         let Some(reg) = st.watchers.get(&self.id) else {
             return Err(Error::Closed);
         };
-        reg.progress(st.applied(reg.member), st.members[reg.member].id);
+        reg.progress(st.header(reg.member, st.applied(reg.member)));
         Ok(())
     }
 
-    /// The next response already waiting, without waiting.
-    pub fn try_next(&mut self) -> Option<Result<WatchResponse>> {
+    /// The next response, waiting for it: `Ok(None)` once the watch has
+    /// ended; as [`crate::Watcher::message`].
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>> {
+        self.rx.recv().await.transpose()
+    }
+
+    /// The next response already waiting, without waiting; as
+    /// [`crate::Watcher::next_buffered`].
+    pub fn next_buffered(&mut self) -> Option<Result<WatchResponse>> {
         self.rx.try_recv().ok()
     }
 }

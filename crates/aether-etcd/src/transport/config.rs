@@ -24,11 +24,16 @@ pub const DEFAULT_MAX_ENCODING_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 /// stream window: a paused consumer holds at most this much in the client
 /// plus one window in flight.
 pub const DEFAULT_WATCHER_BUFFER_BYTES: usize = 16 * 1024 * 1024;
+/// The endpoint of [`ClientConfig::default`]: etcd's own default client URL.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:2379";
+/// Whether watches ask for a member with a leader by default (see
+/// [`ClientConfig::watch_require_leader`]).
+pub const DEFAULT_WATCH_REQUIRE_LEADER: bool = true;
 /// Default HTTP/2 flow-control window of each stream: what etcd may send on
 /// one watch, keep-alive or unary stream before the client reads it. 8 MiB
 /// keeps a page of a range or a watch catch-up moving at full speed across
 /// a region-to-region round trip.
-pub(crate) const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
+pub const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 /// Default HTTP/2 flow-control window of the whole connection, the largest
 /// HTTP/2 allows. The stream windows bound what is buffered; this one is
 /// large because h2 (>= 0.4.16) closes a connection once too many *small*
@@ -40,11 +45,11 @@ pub(crate) const DEFAULT_STREAM_WINDOW: u32 = 8 * 1024 * 1024;
 /// fixed: an adaptive window overrides both and, on a low-latency link,
 /// keeps the budget near its 25 KiB floor. The 100k-key sync runs at the
 /// same speed either way (BENCHMARKS.md).
-pub(crate) const DEFAULT_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+pub const DEFAULT_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 /// Default HTTP/2 connections per endpoint for calls and streams (the
 /// keep-alive stream has one more of its own). One is right on a LAN; see
 /// [`ClientConfig::connections`] for a long link.
-pub(crate) const DEFAULT_CONNECTIONS: usize = 1;
+pub const DEFAULT_CONNECTIONS: usize = 1;
 
 /// TLS settings for `https://` endpoints.
 ///
@@ -341,7 +346,7 @@ pub struct ClientConfig {
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
-            endpoints: vec!["http://127.0.0.1:2379".to_string()],
+            endpoints: vec![DEFAULT_ENDPOINT.to_string()],
             tls: None,
             credentials: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -352,7 +357,7 @@ impl Default for ClientConfig {
             max_encoding_message_size: DEFAULT_MAX_ENCODING_MESSAGE_SIZE,
             stream_window: DEFAULT_STREAM_WINDOW,
             connection_window: DEFAULT_CONNECTION_WINDOW,
-            watch_require_leader: true,
+            watch_require_leader: DEFAULT_WATCH_REQUIRE_LEADER,
             auto_sync_interval: None,
             watcher_buffer_bytes: DEFAULT_WATCHER_BUFFER_BYTES,
             connections: DEFAULT_CONNECTIONS,
@@ -362,6 +367,24 @@ impl Default for ClientConfig {
     }
 }
 
+/// Every setting has a `with_*` method that returns the changed config, so
+/// a config is one expression; the fields stay public for code that reads
+/// them or builds a config from a file.
+///
+/// ```
+/// use std::time::Duration;
+/// use aether_etcd::{Balance, ClientConfig, RetryPolicy};
+///
+/// let config = ClientConfig::new(["http://10.0.0.1:2379", "http://10.0.0.2:2379"])
+///     .with_credentials("app", "secret")
+///     .with_connect_timeout(Duration::from_secs(1))
+///     .with_request_timeout(Duration::from_secs(5))
+///     .with_keepalive(Duration::from_secs(5), Duration::from_secs(2))
+///     .with_auto_sync_interval(Duration::from_secs(60))
+///     .with_balance(Balance::RoundRobin)
+///     .with_retry(RetryPolicy::new(3));
+/// assert_eq!(config.connect_timeout, Duration::from_secs(1));
+/// ```
 impl ClientConfig {
     /// A config for these endpoints with every other setting at its default.
     pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
@@ -369,6 +392,95 @@ impl ClientConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             ..ClientConfig::default()
         }
+    }
+
+    /// The same config with these endpoints instead.
+    #[must_use]
+    pub fn with_endpoints<S: Into<String>>(
+        mut self,
+        endpoints: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.endpoints = endpoints.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The same config with these credentials (see
+    /// [`ClientConfig::with_credentials`] for a user and password).
+    #[must_use]
+    pub fn with_credentials_of(mut self, credentials: Credentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
+    /// The same config with another TCP connect timeout (see
+    /// [`DEFAULT_CONNECT_TIMEOUT`]).
+    #[must_use]
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The same config with another HTTP/2 keep-alive: a ping every
+    /// `interval`, and the connection given up when one is not answered
+    /// within `timeout` (see [`DEFAULT_KEEPALIVE_INTERVAL`] and
+    /// [`DEFAULT_KEEPALIVE_TIMEOUT`]). Streams (watches, the lease
+    /// keep-alive) find a dead connection by it.
+    #[must_use]
+    pub fn with_keepalive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.keepalive_interval = interval;
+        self.keepalive_timeout = timeout;
+        self
+    }
+
+    /// The same config accepting messages from etcd up to `bytes` (see
+    /// [`DEFAULT_MAX_DECODING_MESSAGE_SIZE`]).
+    #[must_use]
+    pub fn with_max_decoding_message_size(mut self, bytes: usize) -> Self {
+        self.max_decoding_message_size = bytes;
+        self
+    }
+
+    /// The same config sending messages up to `bytes` (see
+    /// [`DEFAULT_MAX_ENCODING_MESSAGE_SIZE`]).
+    #[must_use]
+    pub fn with_max_encoding_message_size(mut self, bytes: usize) -> Self {
+        self.max_encoding_message_size = bytes;
+        self
+    }
+
+    /// The same config with other HTTP/2 flow-control windows, per stream
+    /// and per connection (see [`DEFAULT_STREAM_WINDOW`] and
+    /// [`DEFAULT_CONNECTION_WINDOW`] for why they are large).
+    #[must_use]
+    pub fn with_windows(mut self, stream: u32, connection: u32) -> Self {
+        self.stream_window = stream;
+        self.connection_window = connection;
+        self
+    }
+
+    /// The same config with watches asking (or not) for a member that has
+    /// a leader (see [`ClientConfig::watch_require_leader`]).
+    #[must_use]
+    pub fn with_watch_require_leader(mut self, require: bool) -> Self {
+        self.watch_require_leader = require;
+        self
+    }
+
+    /// The same config refreshing its endpoints from the member list every
+    /// `interval` (see [`ClientConfig::auto_sync_interval`]).
+    #[must_use]
+    pub fn with_auto_sync_interval(mut self, interval: Duration) -> Self {
+        self.auto_sync_interval = Some(interval);
+        self
+    }
+
+    /// The same config with another byte budget per watcher's queue (see
+    /// [`ClientConfig::watcher_buffer_bytes`] and
+    /// [`DEFAULT_WATCHER_BUFFER_BYTES`]).
+    #[must_use]
+    pub fn with_watcher_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.watcher_buffer_bytes = bytes;
+        self
     }
 
     /// The same config with `n` connections per endpoint (see
@@ -422,5 +534,84 @@ impl ClientConfig {
             password: password.into(),
         });
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field can be set through a `with_*` method, and the default
+    /// is made of the named constants.
+    #[test]
+    fn every_setting_has_a_builder() {
+        let d = Duration::from_millis;
+        let built = ClientConfig::default()
+            .with_endpoints(["https://a:2379"])
+            .with_tls(TlsConfig::new().with_server_name("a"))
+            .with_credentials("u", "p")
+            .with_connect_timeout(d(1))
+            .with_request_timeout(d(2))
+            .with_keepalive(d(3), d(4))
+            .with_max_decoding_message_size(5)
+            .with_max_encoding_message_size(6)
+            .with_windows(7, 8)
+            .with_watch_require_leader(false)
+            .with_auto_sync_interval(d(9))
+            .with_watcher_buffer_bytes(10)
+            .with_connections(11)
+            .with_balance(Balance::RoundRobin)
+            .with_retry(RetryPolicy::none());
+        // Field by field, with no `..` so a new field fails to compile
+        // here until it has a builder too.
+        let ClientConfig {
+            endpoints,
+            tls,
+            credentials,
+            connect_timeout,
+            request_timeout,
+            keepalive_interval,
+            keepalive_timeout,
+            max_decoding_message_size,
+            max_encoding_message_size,
+            stream_window,
+            connection_window,
+            watch_require_leader,
+            auto_sync_interval,
+            watcher_buffer_bytes,
+            connections,
+            balance,
+            retry,
+        } = built;
+        assert_eq!(endpoints, ["https://a:2379"]);
+        assert_eq!(tls.unwrap().server_name.as_deref(), Some("a"));
+        assert_eq!(credentials.unwrap().user, "u");
+        assert_eq!(
+            (
+                connect_timeout,
+                request_timeout,
+                keepalive_interval,
+                keepalive_timeout
+            ),
+            (d(1), d(2), d(3), d(4))
+        );
+        assert_eq!(
+            (max_decoding_message_size, max_encoding_message_size),
+            (5, 6)
+        );
+        assert_eq!((stream_window, connection_window), (7, 8));
+        assert!(!watch_require_leader);
+        assert_eq!(auto_sync_interval, Some(d(9)));
+        assert_eq!((watcher_buffer_bytes, connections), (10, 11));
+        assert_eq!(balance, Balance::RoundRobin);
+        assert_eq!(retry, RetryPolicy::none());
+
+        let c = ClientConfig::default();
+        assert_eq!(c.endpoints, [DEFAULT_ENDPOINT]);
+        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.stream_window, DEFAULT_STREAM_WINDOW);
+        assert_eq!(c.connection_window, DEFAULT_CONNECTION_WINDOW);
+        assert_eq!(c.connections, DEFAULT_CONNECTIONS);
+        assert_eq!(c.watch_require_leader, DEFAULT_WATCH_REQUIRE_LEADER);
     }
 }

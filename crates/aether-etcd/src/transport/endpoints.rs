@@ -199,20 +199,27 @@ fn with_tls(
         .map_err(|e| Error::InvalidConfig(format!("endpoint {url:?}: TLS: {}", chain(&e))))
 }
 
+/// The roots an `https://` endpoint without a CA is verified against:
+/// the system's (`tls-native-roots`), Mozilla's compiled in
+/// (`tls-webpki-roots`), or both.
 #[cfg(all(
     any(feature = "tls-ring", feature = "tls-aws-lc"),
-    feature = "tls-native-roots"
+    any(feature = "tls-native-roots", feature = "tls-webpki-roots")
 ))]
 fn system_roots(
     cfg: tonic::transport::ClientTlsConfig,
     _url: &str,
 ) -> Result<tonic::transport::ClientTlsConfig> {
-    Ok(cfg.with_native_roots())
+    #[cfg(feature = "tls-native-roots")]
+    let cfg = cfg.with_native_roots();
+    #[cfg(feature = "tls-webpki-roots")]
+    let cfg = cfg.with_webpki_roots();
+    Ok(cfg)
 }
 
 #[cfg(all(
     any(feature = "tls-ring", feature = "tls-aws-lc"),
-    not(feature = "tls-native-roots")
+    not(any(feature = "tls-native-roots", feature = "tls-webpki-roots"))
 ))]
 fn system_roots(
     _cfg: tonic::transport::ClientTlsConfig,
@@ -220,7 +227,8 @@ fn system_roots(
 ) -> Result<tonic::transport::ClientTlsConfig> {
     Err(Error::InvalidConfig(format!(
         "endpoint {url:?} is https:// without a CA: set TlsConfig's ca_file or ca_pem, \
-         or build aether-etcd with feature tls-native-roots to use the system's roots"
+         or build aether-etcd with feature tls-native-roots (the system's roots) \
+         or tls-webpki-roots (Mozilla's, compiled in)"
     )))
 }
 
@@ -268,23 +276,31 @@ mod tests {
     use super::*;
 
     /// Run in every feature set: `cargo test -p aether-etcd --lib` with
-    /// the defaults, `--no-default-features`, and `--no-default-features
-    /// --features tls-ring`.
+    /// the defaults, `--no-default-features`, `--no-default-features
+    /// --features tls-ring`, and `--no-default-features --features
+    /// tls-ring,tls-webpki-roots` (roots compiled in: no host can lack them).
     #[tokio::test]
     async fn https_needs_a_provider_and_roots_or_it_is_a_one_line_error() {
         let config = ClientConfig::new(["https://127.0.0.1:2379"]);
         let built = Endpoints::build(&config, config.endpoints.clone(), None).map(|_| ());
         let provider = cfg!(any(feature = "tls-ring", feature = "tls-aws-lc"));
-        let roots = cfg!(feature = "tls-native-roots");
+        let roots = cfg!(any(
+            feature = "tls-native-roots",
+            feature = "tls-webpki-roots"
+        ));
         match (provider, roots, built) {
             (true, true, Ok(())) => {}
-            // A machine without a system trust store.
-            (true, true, Err(Error::InvalidConfig(m))) => assert!(m.contains("native"), "{m}"),
+            // A machine without a system trust store, when the roots are
+            // the system's alone.
+            (true, true, Err(Error::InvalidConfig(m))) if !cfg!(feature = "tls-webpki-roots") => {
+                assert!(m.contains("native"), "{m}")
+            }
             (false, _, Err(Error::InvalidConfig(m))) => {
                 assert!(m.contains("feature tls-ring or tls-aws-lc"), "{m}")
             }
             (true, false, Err(Error::InvalidConfig(m))) => {
-                assert!(m.contains("feature tls-native-roots"), "{m}")
+                assert!(m.contains("feature tls-native-roots"), "{m}");
+                assert!(m.contains("tls-webpki-roots"), "{m}")
             }
             (provider, roots, got) => panic!("provider {provider}, roots {roots}: {got:?}"),
         }

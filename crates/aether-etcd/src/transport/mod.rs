@@ -32,11 +32,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use config::{
-    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL,
-    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
-    DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP, DEFAULT_WATCHER_BUFFER_BYTES,
-    RetryPolicy, TlsConfig, UNHEALTHY_FOR,
+    Balance, ClientConfig, Credentials, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTION_WINDOW,
+    DEFAULT_CONNECTIONS, DEFAULT_ENDPOINT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_MAX_DECODING_MESSAGE_SIZE, DEFAULT_MAX_ENCODING_MESSAGE_SIZE, DEFAULT_MAX_RETRIES,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BACKOFF_BASE, DEFAULT_RETRY_BACKOFF_CAP,
+    DEFAULT_STREAM_WINDOW, DEFAULT_WATCH_REQUIRE_LEADER, DEFAULT_WATCHER_BUFFER_BYTES, RetryPolicy,
+    TlsConfig, UNHEALTHY_FOR,
 };
 pub(crate) use retry::Repeat;
 pub(crate) use shared_request::SharedRequest;
@@ -334,15 +335,24 @@ impl Transport {
         if !self.shared.auth.missing() {
             return Ok(());
         }
-        self.authenticate().await
+        self.authenticate().await.map(|_| ())
     }
 
-    /// Fetches a fresh token with the current credentials.
-    pub(crate) async fn authenticate(&self) -> Result<()> {
+    /// Fetches a fresh token with the current credentials, stores it for
+    /// every call, and returns it; `None` without credentials.
+    pub(crate) async fn authenticate(&self) -> Result<Option<String>> {
         let Some(creds) = self.shared.auth.credentials() else {
-            return Ok(());
+            return Ok(None);
         };
         let _guard = self.shared.auth.lock().await;
+        let token = self.fetch_token(&creds).await?;
+        self.shared.auth.store(token.clone())?;
+        Ok(Some(token))
+    }
+
+    /// A token for `creds`, from the first member that answers; stored
+    /// nowhere.
+    pub(crate) async fn fetch_token(&self, creds: &Credentials) -> Result<String> {
         let timeout = self.shared.config.request_timeout;
         let req = PbAuthenticateRequest {
             name: creds.user.clone(),
@@ -355,7 +365,7 @@ impl Transport {
             // Authenticate on a bare channel: a stale token must not be sent.
             let mut auth = PbAuthClient::new(eps.channels[idx][0].clone());
             match attempt(timeout, true, req.clone(), |r| auth.authenticate(r)).await {
-                Ok(resp) => return self.shared.auth.store(resp.token),
+                Ok(resp) => return Ok(resp.token),
                 Err(e) if e.is_transient() => {
                     self.rotate(idx);
                     last = e;

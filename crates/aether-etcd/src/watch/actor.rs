@@ -14,6 +14,7 @@ use super::types::{Event, WatchResponse};
 use super::watcher::{Cmd, Fragments, Sink, events_bytes};
 use crate::backoff::Backoff;
 use crate::error::{Error, is_token_refusal};
+use crate::header::Header;
 use crate::pb::{
     PbWatchCancelRequest, PbWatchClient, PbWatchCreateRequest, PbWatchProgressRequest,
     PbWatchRequest, PbWatchRequestUnion, PbWatchResponse,
@@ -33,6 +34,26 @@ pub(super) struct State {
     /// Its create was refused for its token and the stream re-authenticated
     /// for it; a second refusal before a create succeeds ends it.
     reauthed: bool,
+    /// The create's answer is still to be delivered
+    /// (`WatchOptions::created_notify`, until the first one).
+    created_notify: bool,
+    /// `Watcher::cancel` was called: the cancel is sent, and the server's
+    /// answer ends the watcher.
+    closing: bool,
+}
+
+impl State {
+    fn new(req: PbWatchCreateRequest, created_notify: bool, sink: Sink) -> State {
+        State {
+            resume: req.start_revision,
+            req,
+            sink,
+            fragments: Fragments::default(),
+            reauthed: false,
+            created_notify,
+            closing: false,
+        }
+    }
 }
 
 fn create_msg(id: i64, st: &State) -> PbWatchRequest {
@@ -76,8 +97,8 @@ pub(super) async fn run(
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv() => match cmd {
-                    Some(Cmd::Create { id, req, sink }) => {
-                        watchers.insert(id, State { resume: req.start_revision, req, sink, fragments: Fragments::default(), reauthed: false });
+                    Some(Cmd::Create { id, req, created_notify, sink }) => {
+                        watchers.insert(id, State::new(req, created_notify, sink));
                     }
                     Some(_) => {}
                     None => commands_open = false,
@@ -100,6 +121,13 @@ pub(super) async fn run(
             for (_, st) in watchers.drain() {
                 st.sink.send_err(auth_error(&err));
             }
+            continue;
+        }
+        // A watcher being canceled when the stream broke is done: the
+        // server's watch went with the stream, so there is nothing to
+        // re-create or to wait for (its consumer sees the end).
+        watchers.retain(|_, st| !st.closing);
+        if watchers.is_empty() {
             continue;
         }
         // Queue every create before opening: etcd sends the response
@@ -159,14 +187,20 @@ pub(super) async fn run(
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 cmd = cmds.recv(), if commands_open => match cmd {
-                    Some(Cmd::Create { id, req, sink }) => {
-                        let st = State { resume: req.start_revision, req, sink, fragments: Fragments::default(), reauthed: false };
+                    Some(Cmd::Create { id, req, created_notify, sink }) => {
+                        let st = State::new(req, created_notify, sink);
                         pending.push_back(id);
                         let _ = out_tx.send(create_msg(id, &st));
                         watchers.insert(id, st);
                     }
                     Some(Cmd::Cancel(id)) => {
                         if watchers.remove(&id).is_some() {
+                            let _ = out_tx.send(cancel_msg(id));
+                        }
+                    }
+                    Some(Cmd::Close(id)) => {
+                        if let Some(st) = watchers.get_mut(&id).filter(|st| !st.closing) {
+                            st.closing = true;
                             let _ = out_tx.send(cancel_msg(id));
                         }
                     }
@@ -248,11 +282,11 @@ pub(super) async fn run(
 async fn dispatch(
     watchers: &mut HashMap<i64, State>,
     pending: &mut VecDeque<i64>,
-    resp: PbWatchResponse,
+    mut resp: PbWatchResponse,
     out: &mpsc::UnboundedSender<PbWatchRequest>,
 ) -> bool {
-    let revision = resp.header.as_ref().map_or(0, |h| h.revision);
-    let member_id = resp.header.as_ref().map_or(0, |h| h.member_id);
+    let header = Header::from(resp.header.take());
+    let revision = header.revision;
     if resp.created
         && resp.watch_id != -1
         && let Some(at) = pending.iter().position(|p| *p == resp.watch_id)
@@ -279,11 +313,7 @@ async fn dispatch(
             deliver(
                 watchers,
                 id,
-                WatchResponse {
-                    revision,
-                    member_id,
-                    events: Vec::new(),
-                },
+                WatchResponse::events(header, Vec::new()),
                 Fragments::default(),
                 out,
             )
@@ -295,6 +325,18 @@ async fn dispatch(
     let Some(st) = watchers.get_mut(&id) else {
         return false;
     };
+    if resp.canceled && st.closing && resp.compact_revision == 0 {
+        // The answer to `Watcher::cancel`: the watcher's last response.
+        st.sink.release(std::mem::take(&mut st.fragments));
+        let last = WatchResponse {
+            canceled: true,
+            ..WatchResponse::events(header, Vec::new())
+        };
+        deliver(watchers, id, last, Fragments::default(), out).await;
+        // Its queue closes here; the server has no watch left to cancel.
+        watchers.remove(&id);
+        return false;
+    }
     if resp.canceled {
         if resp.compact_revision == 0 {
             return refused(watchers, id, &resp.cancel_reason);
@@ -312,10 +354,20 @@ async fn dispatch(
         if st.resume == 0 {
             st.resume = revision + 1;
         }
+        if std::mem::take(&mut st.created_notify) {
+            let created = WatchResponse {
+                created: true,
+                ..WatchResponse::events(header, Vec::new())
+            };
+            deliver(watchers, id, created, Fragments::default(), out).await;
+        }
         if resp.events.is_empty() {
             return false;
         }
     }
+    let Some(st) = watchers.get_mut(&id) else {
+        return false;
+    };
     let new: Vec<Event> = resp.events.into_iter().map(Event::from_pb).collect();
     if resp.fragment {
         // Counted against the budget before it is kept (module docs).
@@ -351,11 +403,7 @@ async fn dispatch(
     deliver(
         watchers,
         id,
-        WatchResponse {
-            revision,
-            member_id,
-            events,
-        },
+        WatchResponse::events(header, events),
         held,
         out,
     )
@@ -441,18 +489,18 @@ mod tests {
 
     fn state(opts: WatchOptions, resume: i64) -> State {
         let (tx, _rx) = mpsc::unbounded_channel();
-        State {
-            req: opts.0,
-            resume,
-            sink: Sink {
+        let mut st = State::new(
+            opts.0,
+            false,
+            Sink {
                 tx,
                 budget: Arc::new(Semaphore::new(1)),
                 capacity: 1,
                 buffered: Arc::new(AtomicUsize::new(0)),
             },
-            fragments: Fragments::default(),
-            reauthed: false,
-        }
+        );
+        st.resume = resume;
+        st
     }
 
     fn create(msg: PbWatchRequest) -> PbWatchCreateRequest {

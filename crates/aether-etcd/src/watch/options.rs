@@ -19,7 +19,12 @@ use crate::pb::{PbWatchCreateRequest, PbWatchFilter};
 /// # let _ = (deletes, middle, tail);
 /// ```
 #[derive(Clone, Debug)]
-pub struct WatchOptions(pub(crate) PbWatchCreateRequest);
+pub struct WatchOptions(
+    pub(crate) PbWatchCreateRequest,
+    /// Deliver the create's answer ([`WatchOptions::created_notify`]); the
+    /// client's own, not sent to the server.
+    pub(crate) bool,
+);
 
 impl WatchOptions {
     /// Watch exactly `key`.
@@ -38,11 +43,14 @@ impl WatchOptions {
     /// ([`WatchOptions::from_key`]).
     #[must_use]
     pub fn between(from: impl Into<Bytes>, to: impl Into<Bytes>) -> Self {
-        WatchOptions(PbWatchCreateRequest {
-            key: from.into(),
-            range_end: to.into(),
-            ..Default::default()
-        })
+        WatchOptions(
+            PbWatchCreateRequest {
+                key: from.into(),
+                range_end: to.into(),
+                ..Default::default()
+            },
+            false,
+        )
     }
     /// Watch every key at or after `key` (byte order), to the end of the
     /// keyspace; inside a [`Namespace`], to the end of the namespace.
@@ -76,6 +84,16 @@ impl WatchOptions {
     #[must_use]
     pub fn fragment(mut self) -> Self {
         self.0.fragment = true;
+        self
+    }
+    /// Deliver the server's answer to the create as the watcher's first
+    /// response ([`WatchResponse::created`](crate::WatchResponse::created),
+    /// no events; its header revision is where a watch "from now" starts),
+    /// as Go's `WithCreatedNotify` does. Once: a create repeated to resume
+    /// after a reconnect is not delivered again.
+    #[must_use]
+    pub fn created_notify(mut self) -> Self {
+        self.1 = true;
         self
     }
     /// Ask the server for periodic progress notices.

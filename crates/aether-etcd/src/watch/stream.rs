@@ -102,16 +102,22 @@ impl WatchStream {
             capacity,
             buffered: buffered.clone(),
         };
-        let mut req = opts.0;
+        let WatchOptions(mut req, created_notify) = opts;
         req.watch_id = id;
         self.cmds
-            .send(Cmd::Create { id, req, sink })
+            .send(Cmd::Create {
+                id,
+                req,
+                created_notify,
+                sink,
+            })
             .map_err(|_| Error::Closed)?;
         Ok(Watcher {
             id,
             rx,
             buffered,
             cmds: self.cmds.clone(),
+            ended: false,
             _stream: self._guard.clone(),
         })
     }

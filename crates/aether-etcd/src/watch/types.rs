@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 
+use crate::header::Header;
 use crate::kv::KeyValue;
 use crate::pb::{PbEvent, PbEventType};
 
@@ -62,20 +63,59 @@ impl Event {
     }
 }
 
-/// A batch of events from one watch response, or a progress notice.
+/// One watch response: a batch of events, a progress notice, or the
+/// answer to a create or a cancel.
+///
+/// Only what the consumer can use is delivered: the create's answer only
+/// when asked for ([`WatchOptions::created_notify`](crate::WatchOptions::created_notify)),
+/// the cancel's only after [`Watcher::cancel`](crate::Watcher::cancel). A
+/// watch the *server* cancels ends with an error instead
+/// ([`Error::Compacted`](crate::Error::Compacted), which carries the
+/// compact revision, or [`Error::WatchCanceled`](crate::Error::WatchCanceled)),
+/// so a consumer cannot take it for more events.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct WatchResponse {
-    /// The store revision when the server sent the response. With no events
-    /// this is a progress notice.
-    pub revision: i64,
-    /// The member that sent it. A watch stream that fails over resumes on
-    /// another member, so this can change between responses of one
-    /// watcher; a caller comparing it with a unary read's
-    /// [`Header::member_id`](crate::Header::member_id) knows whether both
-    /// saw the same member's store.
-    pub member_id: u64,
+    /// The response header: the store revision when the server sent the
+    /// response, and the member that sent it. A watch stream that fails
+    /// over resumes on another member, so the member can change between
+    /// responses of one watcher; a caller comparing it with a unary read's
+    /// [`Header::member_id`] knows whether both saw the same member's
+    /// store.
+    pub header: Header,
     /// The events, in revision order. All events of one revision are in the
     /// same response.
     pub events: Vec<Event>,
+    /// The oldest revision the server still has, when it canceled the
+    /// watch because its start had been compacted; 0 otherwise. (Such a
+    /// cancel reaches the consumer as [`Error::Compacted`](crate::Error::Compacted),
+    /// so a delivered response has 0 here.)
+    pub compact_revision: i64,
+    /// The answer to the watch's create (delivered once, only with
+    /// [`WatchOptions::created_notify`](crate::WatchOptions::created_notify)).
+    pub created: bool,
+    /// The answer to [`Watcher::cancel`](crate::Watcher::cancel): the last
+    /// response of the watch.
+    pub canceled: bool,
+}
+
+impl WatchResponse {
+    /// A response of events (or a progress notice) from `header`.
+    pub(crate) fn events(header: Header, events: Vec<Event>) -> WatchResponse {
+        WatchResponse {
+            header,
+            events,
+            compact_revision: 0,
+            created: false,
+            canceled: false,
+        }
+    }
+
+    /// Whether this is a progress notice, by etcd's own rule
+    /// (`IsProgressNotify` in Go's clientv3): no events, and neither the
+    /// answer to a create nor to a cancel. Its header revision says the
+    /// watcher has seen every change up to it.
+    pub fn is_progress_notify(&self) -> bool {
+        self.events.is_empty() && !self.created && !self.canceled && self.compact_revision == 0
+    }
 }

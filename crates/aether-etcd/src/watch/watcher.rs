@@ -22,7 +22,9 @@ const EVENT_OVERHEAD_BYTES: usize = 8;
 /// Receives one watch's events. Dropping it cancels the watch. It keeps
 /// its stream's task alive, so `let (_, watcher) = client.watch(..)?` works.
 ///
-/// A `Watcher` is a [`Stream`](futures_util::Stream) of responses:
+/// A `Watcher` is a [`Stream`](futures_util::Stream) of responses (and
+/// with `futures_util::TryStreamExt`, `try_next` is
+/// [`Watcher::message`]):
 ///
 /// ```no_run
 /// # async fn demo(client: aether_etcd::Client) -> aether_etcd::Result<()> {
@@ -41,6 +43,8 @@ pub struct Watcher {
     pub(super) rx: mpsc::UnboundedReceiver<Queued>,
     pub(super) buffered: Arc<AtomicUsize>,
     pub(super) cmds: mpsc::UnboundedSender<Cmd>,
+    /// The queue said it is closed: the stream has ended.
+    pub(super) ended: bool,
     pub(super) _stream: Arc<DropGuard>,
 }
 
@@ -61,9 +65,13 @@ pub(super) enum Cmd {
     Create {
         id: i64,
         req: PbWatchCreateRequest,
+        created_notify: bool,
         sink: Sink,
     },
+    /// The watcher is gone: forget it, and tell the server.
     Cancel(i64),
+    /// [`Watcher::cancel`]: tell the server, and deliver its answer.
+    Close(i64),
     Progress,
 }
 
@@ -187,18 +195,43 @@ impl Watcher {
         self.id
     }
 
-    /// The next response. `None` when the stream's task has stopped. After
-    /// an error (compaction, cancellation) the watcher is finished.
-    pub async fn next(&mut self) -> Option<Result<WatchResponse>> {
-        let q = self.rx.recv().await?;
-        Some(self.take(q))
+    /// The next response, waiting for it: `Ok(None)` once the watch has
+    /// ended (the stream's task stopped, or after the answer to
+    /// [`Watcher::cancel`]). After an error (compaction, a server cancel)
+    /// the watcher is finished. The same as
+    /// [`StreamExt::next`](futures_util::StreamExt::next) with the
+    /// `Option` and `Result` swapped, the way tonic's `Streaming::message`
+    /// has it, for `?` in a loop: `while let Some(resp) = watcher.message().await? {..}`.
+    pub async fn message(&mut self) -> Result<Option<WatchResponse>> {
+        if self.ended {
+            return Ok(None);
+        }
+        match self.rx.recv().await {
+            Some(q) => self.take(q).map(Some),
+            None => {
+                self.ended = true;
+                Ok(None)
+            }
+        }
     }
 
     /// A response that has already arrived, without waiting; `None` if
-    /// nothing is buffered right now.
-    pub fn try_next(&mut self) -> Option<Result<WatchResponse>> {
+    /// nothing is buffered right now (or the watch has ended).
+    pub fn next_buffered(&mut self) -> Option<Result<WatchResponse>> {
         let q = self.rx.try_recv().ok()?;
         Some(self.take(q))
+    }
+
+    /// Cancels the watch and lets the consumer see it end: the responses
+    /// already on their way are still delivered, then the server's answer
+    /// (a response with [`WatchResponse::canceled`] set), then the stream
+    /// ends. If the stream breaks before the server answers, it ends
+    /// without that answer (there is no watch left to cancel). Dropping
+    /// the watcher cancels too, without waiting for anything.
+    pub fn cancel(&mut self) -> Result<()> {
+        self.cmds
+            .send(Cmd::Close(self.id))
+            .map_err(|_| Error::Closed)
     }
 
     /// Encoded bytes of the responses queued for this watcher and not yet
@@ -226,7 +259,22 @@ impl futures_util::Stream for Watcher {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        this.rx.poll_recv(cx).map(|q| q.map(|q| this.take(q)))
+        if this.ended {
+            return std::task::Poll::Ready(None);
+        }
+        let polled = this.rx.poll_recv(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            this.ended = true;
+        }
+        polled.map(|q| q.map(|q| this.take(q)))
+    }
+}
+
+// Once it has said `None` it says so again, without polling the queue: a
+// `select!` over several watchers may poll an ended one.
+impl futures_util::stream::FusedStream for Watcher {
+    fn is_terminated(&self) -> bool {
+        self.ended
     }
 }
 
