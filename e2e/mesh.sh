@@ -12,5 +12,5 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cargo build --quiet --release --manifest-path "$repo/Cargo.toml" -p aether-test-kit --bin aether-e2e
 target=${CARGO_TARGET_DIR:-$repo/target}
-[[ $target == /* ]] || target=$repo/$target
+[[ $target == /* ]] || target=$PWD/$target  # as cargo reads it
 exec "$target/release/aether-e2e" "$@"

@@ -35,6 +35,25 @@ fn call(port: u16, path: &str, body: &str) -> Result<(), String> {
     }
 }
 
+/// SIGTERM and SIGINT set STOP instead of ending the process: the churn
+/// prints its counts, and a quiet or record stops its churn before it exits.
+pub(crate) fn catch_stop_signals() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_term as *const () as libc::sighandler_t);
+    }
+}
+
+/// Back to the default: a signal ends the process again.
+fn default_stop_signals() {
+    // SAFETY: resets two dispositions to their defaults.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
+}
+
 /// `aether-e2e churn RATE REGION=URL...`: RATE operations per second per
 /// region until SIGTERM or SIGINT.
 pub(crate) fn run_churn(rate: f64, targets: &[String]) {
@@ -49,11 +68,7 @@ pub(crate) fn run_churn(rate: f64, targets: &[String]) {
         };
         regions.push((name.to_string(), port, BTreeSet::<u64>::new()));
     }
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_term as *const () as libc::sighandler_t);
-    }
+    catch_stop_signals();
     let (mut puts, mut deletes, mut errors) = (0u64, 0u64, 0u64);
     let mut rng = Rng::new();
     // One operation per region per tick, the regions' ticks spread evenly.
@@ -93,6 +108,10 @@ pub(crate) fn run_churn(rate: f64, targets: &[String]) {
                 r
             };
             if let Err(e) = r {
+                if STOP.load(Ordering::Relaxed) {
+                    // Cut short by the stop itself, not a failure of etcd.
+                    break 'run;
+                }
                 // Counted and reported, never fatal.
                 errors += 1;
                 eprintln!("churn: {name}: {e}");
@@ -119,6 +138,7 @@ pub(crate) fn stop_running(m: &Mesh) {
 impl Mesh {
     /// The churn in every region, `rate` operations per second each.
     pub(crate) fn churn_start(&mut self, rate: u32) -> Result<(), String> {
+        catch_stop_signals();
         let mut cmd = Command::new(self.e2e_bin());
         cmd.arg("--state").arg(&self.dir).arg("churn").arg(rate.to_string());
         for r in &self.st.regions {
@@ -146,6 +166,7 @@ impl Mesh {
             stop_pids(&self.dir_str(), &[pid]);
             self.save();
         }
+        default_stop_signals();
         std::fs::read_to_string(self.path("churn.out"))
             .unwrap_or_default()
             .lines()
@@ -172,6 +193,9 @@ impl Mesh {
             let now = crate::state::now_ms();
             if now >= at {
                 return;
+            }
+            if STOP.load(Ordering::Relaxed) {
+                self.fail(step, "interrupted (SIGINT or SIGTERM); the churn is stopped");
             }
             if !self.churn_running() {
                 self.fail(step, &format!("the churn died: {}", self.churn_log_tail()));

@@ -33,6 +33,8 @@ pub(crate) fn request(
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // A signal (the churn's SIGTERM) is no failure of the server.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(format!("{addr}{path}: {e}")),
         }
         if Instant::now() >= deadline {
