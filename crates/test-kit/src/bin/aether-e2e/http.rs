@@ -175,3 +175,30 @@ pub(crate) fn base64(data: &[u8]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_matches_a_subset_of_the_labels() {
+        let page = "# HELP x\naether_replicator_peer_synced{region=\"a\",peer=\"b\"} 1\n\
+                    aether_replicator_peer_synced{region=\"a\",peer=\"c\"} 0\naether_replicator_is_leader 1\n";
+        assert_eq!(metric(page, "aether_replicator_peer_synced{peer=\"c\"}").as_deref(), Some("0"));
+        assert_eq!(metric(page, "aether_replicator_is_leader").as_deref(), Some("1"));
+        assert_eq!(metric(page, "aether_replicator_peer_synced{peer=\"d\"}"), None);
+        assert_eq!(metric_sum(page, "aether_replicator_peer_synced"), 1.0);
+    }
+
+    #[test]
+    fn base64_pads() {
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+    }
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
+    }
+}

@@ -264,3 +264,12 @@ impl Mesh {
         m
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_for_is_shortened_and_nothing_else() {
+        let rules = "      - alert: X\n        expr: up == 0\n        for: 10m\n";
+        assert_eq!(super::shortened_rules(rules), "      - alert: X\n        expr: up == 0\n        for: 2s\n");
+    }
+}

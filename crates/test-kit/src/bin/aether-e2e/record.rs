@@ -309,3 +309,39 @@ fn relpath(path: &Path, base: &Path) -> String {
     parts.extend(p[common..].iter().map(|c| c.as_os_str().to_string_lossy().into_owned()));
     parts.join("/")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compress_writes_promtools_expanding_notation() {
+        let v = |s: &str| Some(s.to_string());
+        assert_eq!(compress(&[v("1"), v("1"), v("1"), None, None, v("2")]), "1x2 stale _ 2");
+        assert_eq!(compress(&[None, None, v("0")]), "_x2 0");
+    }
+
+    #[test]
+    fn values_are_rounded_as_the_python_fixture_writer_did() {
+        assert_eq!(fmt_value(3.0), "3");
+        assert_eq!(fmt_value(-0.0001), "0");
+        assert_eq!(fmt_value(0.12345), "0.123");
+    }
+
+    #[test]
+    fn metric_names_skip_recordings_and_add_up() {
+        let rules = "expr: aether_replicator:lag > 0 and aether_replicator_peer_synced == 0\n\
+                     expr: rate(aether_replicator_txns_applied_total[5m])";
+        assert_eq!(
+            metric_names(rules),
+            ["aether_replicator_peer_synced", "aether_replicator_txns_applied_total", "up"]
+        );
+    }
+
+    #[test]
+    fn relpath_climbs_to_the_common_dir() {
+        let p = relpath(Path::new("/r/deploy/prometheus/recorded/expect/h.yml"), Path::new("/r/deploy/prometheus/recorded"));
+        assert_eq!(p, "expect/h.yml");
+        assert_eq!(relpath(Path::new("/r/a/x.yml"), Path::new("/tmp/o")), "../../r/a/x.yml");
+    }
+}

@@ -286,3 +286,16 @@ pub(crate) fn write_atomic(path: &Path, text: &str) {
         crate::die(format!("cannot write {}: {e}", path.display()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_as_the_shell_harness_printed_them() {
+        assert_eq!(fmt_ms(1234), "1.2s");
+        assert_eq!(utc_iso(1_764_979_200), "2025-12-06T00:00:00Z");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("http://127.0.0.1:1"), "http://127.0.0.1:1");
+    }
+}
