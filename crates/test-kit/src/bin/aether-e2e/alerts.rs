@@ -12,7 +12,13 @@ use crate::state::{Mesh, fmt_ms, now_ms};
 impl Mesh {
     /// Polls Prometheus's alerts until `want` holds of them; else fails
     /// STEP with the alerts last seen. Returns them.
-    pub(crate) fn wait_alerts(&self, step: &str, secs: u64, want: impl Fn(&[String]) -> bool, desc: &str) -> Vec<String> {
+    pub(crate) fn wait_alerts(
+        &self,
+        step: &str,
+        secs: u64,
+        want: impl Fn(&[String]) -> bool,
+        desc: &str,
+    ) -> Vec<String> {
         let deadline = now_ms() + secs * 1000;
         loop {
             let seen = match self.prom_alerts() {
@@ -21,7 +27,10 @@ impl Mesh {
                 None => "<Prometheus unreachable>".into(),
             };
             if now_ms() >= deadline {
-                self.fail(step, &format!("{desc} not seen within {secs}s; active alerts: {seen}"));
+                self.fail(
+                    step,
+                    &format!("{desc} not seen within {secs}s; active alerts: {seen}"),
+                );
             }
             sleep(Duration::from_millis(500));
         }
@@ -31,10 +40,14 @@ impl Mesh {
 /// NoLeader firing for region a, and OriginCopyLapsed firing for origin a
 /// in every other region.
 fn a_down_fire(others: &[String], lines: &[String]) -> bool {
-    lines.iter().any(|l| l == "firing AetherReplicatorNoLeader region=a")
-        && others
-            .iter()
-            .all(|r| lines.iter().any(|l| *l == format!("firing AetherReplicatorOriginCopyLapsed region={r} origin=a")))
+    lines
+        .iter()
+        .any(|l| l == "firing AetherReplicatorNoLeader region=a")
+        && others.iter().all(|r| {
+            lines.iter().any(|l| {
+                *l == format!("firing AetherReplicatorOriginCopyLapsed region={r} origin=a")
+            })
+        })
 }
 
 /// Neither alert active (firing or pending) any more.
@@ -55,13 +68,21 @@ pub(crate) fn cmd_alerts(dir: PathBuf) {
     }
     // Every replica scraped, and neither alert active, before anything is stopped.
     m.wait_targets_up(step);
-    m.wait_alerts(step, 20, a_down_gone, "a healthy start (no NoLeader for a, no lapse of a)");
+    m.wait_alerts(
+        step,
+        20,
+        a_down_gone,
+        "a healthy start (no NoLeader for a, no lapse of a)",
+    );
     // The lapse alert needs the incoming-side metric from every other
     // region; without it the alert can never fire, so say that instead of
     // timing out.
     let others = m.peers_of("a");
     for r in &others {
-        if m.prom_count(&format!("aether_replicator_origin_copy_present{{origin=\"a\",region=\"{r}\"}}")) == 0 {
+        if m.prom_count(&format!(
+            "aether_replicator_origin_copy_present{{origin=\"a\",region=\"{r}\"}}"
+        )) == 0
+        {
             m.fail(
                 step,
                 &format!(
@@ -84,7 +105,10 @@ pub(crate) fn cmd_alerts(dir: PathBuf) {
         ),
     );
     let t_fire = now_ms() - t0;
-    let fired: Vec<&str> = fired.iter().filter_map(|l| l.strip_prefix("firing ")).collect();
+    let fired: Vec<&str> = fired
+        .iter()
+        .filter_map(|l| l.strip_prefix("firing "))
+        .collect();
     let t0 = now_ms();
     let a: Vec<String> = m.st.slots.iter().map(|s| format!("a/{s}")).collect();
     if m.start_replicas(&a).is_err() {
@@ -93,7 +117,12 @@ pub(crate) fn cmd_alerts(dir: PathBuf) {
     if let Err(e) = m.wait_ready(30, &["a".to_string()]) {
         m.fail(step, &format!("a not ready after the restart: {e}"));
     }
-    m.wait_alerts(step, 60, a_down_gone, "resolution of both alerts after the restart");
+    m.wait_alerts(
+        step,
+        60,
+        a_down_gone,
+        "resolution of both alerts after the restart",
+    );
     let t_resolve = now_ms() - t0;
     m.ok(
         step,

@@ -62,9 +62,16 @@ pub(crate) fn run_churn(rate: f64, targets: &[String]) {
     }
     let mut regions = Vec::new();
     for t in targets {
-        let Some((name, url)) = t.split_once('=') else { crate::die(format!("churn: {t}: not REGION=URL")) };
-        let Some(port) = url.strip_prefix("http://127.0.0.1:").and_then(|p| p.parse::<u16>().ok()) else {
-            crate::die(format!("churn: {url}: loopback URLs (http://127.0.0.1:PORT) only"))
+        let Some((name, url)) = t.split_once('=') else {
+            crate::die(format!("churn: {t}: not REGION=URL"))
+        };
+        let Some(port) = url
+            .strip_prefix("http://127.0.0.1:")
+            .and_then(|p| p.parse::<u16>().ok())
+        else {
+            crate::die(format!(
+                "churn: {url}: loopback URLs (http://127.0.0.1:PORT) only"
+            ))
         };
         regions.push((name.to_string(), port, BTreeSet::<u64>::new()));
     }
@@ -81,13 +88,20 @@ pub(crate) fn run_churn(rate: f64, targets: &[String]) {
                 break 'run;
             }
             let i = rng.next() % POOL;
-            let octet = "abcde".find(name.as_str()).filter(|_| name.len() == 1).map_or(9, |x| x + 1);
+            let octet = "abcde"
+                .find(name.as_str())
+                .filter(|_| name.len() == 1)
+                .map_or(9, |x| x + 1);
             let key = format!(
                 "/aether/v1/regions/{name}/clusters/c1/services/churn-{}/protocols/http/endpoints/10.{octet}.50.{i}",
                 i % 3
             );
             let r = if present.contains(&i) && rng.unit() < 1.0 / 3.0 {
-                let r = call(*port, "/v3/kv/deleterange", &format!(r#"{{"key":"{}"}}"#, base64(key.as_bytes())));
+                let r = call(
+                    *port,
+                    "/v3/kv/deleterange",
+                    &format!(r#"{{"key":"{}"}}"#, base64(key.as_bytes())),
+                );
                 if r.is_ok() {
                     present.remove(&i);
                     deletes += 1;
@@ -98,8 +112,11 @@ pub(crate) fn run_churn(rate: f64, targets: &[String]) {
                 let value = format!(
                     r#"{{"clusterName":"c1","region":"{name}","zone":"{name}-1","port":8080,"gen":{generation}}}"#
                 );
-                let body =
-                    format!(r#"{{"key":"{}","value":"{}"}}"#, base64(key.as_bytes()), base64(value.as_bytes()));
+                let body = format!(
+                    r#"{{"key":"{}","value":"{}"}}"#,
+                    base64(key.as_bytes()),
+                    base64(value.as_bytes())
+                );
                 let r = call(*port, "/v3/kv/put", &body);
                 if r.is_ok() {
                     present.insert(i);
@@ -140,7 +157,10 @@ impl Mesh {
     pub(crate) fn churn_start(&mut self, rate: u32) -> Result<(), String> {
         catch_stop_signals();
         let mut cmd = Command::new(self.e2e_bin());
-        cmd.arg("--state").arg(&self.dir).arg("churn").arg(rate.to_string());
+        cmd.arg("--state")
+            .arg(&self.dir)
+            .arg("churn")
+            .arg(rate.to_string());
         for r in &self.st.regions {
             cmd.arg(format!("{r}={}", self.etcd_url(r)));
         }
@@ -195,7 +215,10 @@ impl Mesh {
                 return;
             }
             if STOP.load(Ordering::Relaxed) {
-                self.fail(step, "interrupted (SIGINT or SIGTERM); the churn is stopped");
+                self.fail(
+                    step,
+                    "interrupted (SIGINT or SIGTERM); the churn is stopped",
+                );
             }
             if !self.churn_running() {
                 self.fail(step, &format!("the churn died: {}", self.churn_log_tail()));

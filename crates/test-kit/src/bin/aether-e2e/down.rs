@@ -21,7 +21,9 @@ fn harness_pids(dir: &str) -> Vec<i32> {
     let me = std::process::id() as i32;
     if let Ok(rd) = std::fs::read_dir("/proc") {
         for e in rd.filter_map(Result::ok) {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
             if pid == me || pids.contains(&pid) {
                 continue;
             }
@@ -42,7 +44,9 @@ fn harness_pids(dir: &str) -> Vec<i32> {
 /// or a Prometheus with its data in the dir. A harness command the user
 /// runs (`aether-e2e verify --state DIR`) is none of these.
 fn is_harness_process(dir: &str, argv: &[String]) -> bool {
-    let Some(exe) = argv.first() else { return false };
+    let Some(exe) = argv.first() else {
+        return false;
+    };
     let base = exe.rsplit('/').next().unwrap_or("");
     let joined = format!(" {} ", argv.join(" "));
     *exe == format!("{dir}/bin/aether-replicator")
@@ -52,7 +56,10 @@ fn is_harness_process(dir: &str, argv: &[String]) -> bool {
 }
 
 pub(crate) fn live_harness_pids(dir: &str) -> Vec<i32> {
-    harness_pids(dir).into_iter().filter(|p| ours(dir, *p)).collect()
+    harness_pids(dir)
+        .into_iter()
+        .filter(|p| ours(dir, *p))
+        .collect()
 }
 
 /// Stops every harness process: replicas and helpers first, so they do
@@ -75,7 +82,10 @@ pub(crate) fn cmd_down(dir: PathBuf) {
         return;
     }
     if !Mesh::is_marked(&dir) {
-        if std::fs::read_dir(&dir).map(|mut x| x.next().is_none()).unwrap_or(false) {
+        if std::fs::read_dir(&dir)
+            .map(|mut x| x.next().is_none())
+            .unwrap_or(false)
+        {
             let _ = std::fs::remove_dir(&dir);
             println!("== down: removed empty {d}");
             return;
@@ -85,21 +95,35 @@ pub(crate) fn cmd_down(dir: PathBuf) {
     stop_all(&d);
     let left = live_harness_pids(&d);
     if !left.is_empty() {
-        crate::die(format!("processes still running after down: {}", crate::procs::join(&left)));
+        crate::die(format!(
+            "processes still running after down: {}",
+            crate::procs::join(&left)
+        ));
     }
     if let Err(e) = std::fs::remove_dir_all(&dir) {
         crate::die(format!("cannot remove {d}: {e}"));
     }
-    println!("== down: stopped and removed {d} in {}", fmt_ms(now_ms() - t0));
+    println!(
+        "== down: stopped and removed {d} in {}",
+        fmt_ms(now_ms() - t0)
+    );
 }
 
 pub(crate) fn cmd_restart(dir: PathBuf, r: &str) {
     let mut m = Mesh::load_or_die(dir, "");
     if !m.st.regions.iter().any(|x| x == r) {
-        crate::die(format!("no region {r} (regions: {})", m.st.regions.join(" ")));
+        crate::die(format!(
+            "no region {r} (regions: {})",
+            m.st.regions.join(" ")
+        ));
     }
     let dead: Vec<String> =
-        m.st.slots.clone().into_iter().filter(|&s| !m.replica_running(r, s)).map(|s| format!("{r}/{s}")).collect();
+        m.st.slots
+            .clone()
+            .into_iter()
+            .filter(|&s| !m.replica_running(r, s))
+            .map(|s| format!("{r}/{s}"))
+            .collect();
     if dead.is_empty() {
         println!("both replicas of {r} are running");
         return;

@@ -23,28 +23,47 @@ impl Mesh {
             .args(["--listen-client-urls", &format!("http://127.0.0.1:{cp}")])
             .args(["--advertise-client-urls", &format!("http://127.0.0.1:{cp}")])
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{pp}")])
-            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{pp}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{pp}"),
+            ])
             .args(["--initial-cluster", &format!("{r}=http://127.0.0.1:{pp}")])
             .args(["--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", &format!("aether-e2e-{r}")])
             .args(["--logger=zap", "--log-outputs=stderr", "--log-level=error"])
             .args(&self.st.etcd_args);
         let pid = spawn_detached(cmd, &log)?;
-        self.st.etcds.insert(r.to_string(), EtcdProc { client_port: cp, peer_port: pp, pid });
+        self.st.etcds.insert(
+            r.to_string(),
+            EtcdProc {
+                client_port: cp,
+                peer_port: pp,
+                pid,
+            },
+        );
         self.save();
         Ok(())
     }
 
     fn assign_etcd_ports(&mut self, r: &str) {
         let p = free_ports(2);
-        self.st.etcds.insert(r.to_string(), EtcdProc { client_port: p[0], peer_port: p[1], pid: 0 });
+        self.st.etcds.insert(
+            r.to_string(),
+            EtcdProc {
+                client_port: p[0],
+                peer_port: p[1],
+                pid: 0,
+            },
+        );
         let _ = std::fs::remove_dir_all(self.path(&format!("etcd-{r}")));
     }
 
     /// R's etcd process owns its client port and answers.
     pub(crate) fn etcd_healthy(&self, r: &str) -> bool {
         let e = self.st.etcds.get(r).copied().unwrap_or_default();
-        alive(e.pid) && listens(e.pid, e.client_port) && self.ectl(r, &["endpoint", "health"]).is_some()
+        alive(e.pid)
+            && listens(e.pid, e.client_port)
+            && self.ectl(r, &["endpoint", "health"]).is_some()
     }
 
     /// Starts (`fresh`: on new ports, retried on new ports if a port turns
@@ -70,7 +89,11 @@ impl Mesh {
                 }
                 if self.etcd_healthy(r) {
                     healthy.insert(r.clone(), true);
-                    self.say(&format!("  etcd {r}: {} (pid {})", self.etcd_url(r), self.etcd_pid(r)));
+                    self.say(&format!(
+                        "  etcd {r}: {} (pid {})",
+                        self.etcd_url(r),
+                        self.etcd_pid(r)
+                    ));
                     continue;
                 }
                 all = false;
@@ -80,7 +103,10 @@ impl Mesh {
                         return Err(format!("etcd {r} did not start after {t} attempts"));
                     }
                     tries.insert(r.clone(), t + 1);
-                    eprintln!("  etcd {r} exited (port taken?); starting it again (attempt {})", t + 1);
+                    eprintln!(
+                        "  etcd {r} exited (port taken?); starting it again (attempt {})",
+                        t + 1
+                    );
                     if fresh {
                         self.assign_etcd_ports(r);
                     } else {
@@ -94,7 +120,9 @@ impl Mesh {
             }
             if Instant::now() >= deadline {
                 let waiting: Vec<&String> = regions.iter().filter(|r| !healthy[*r]).collect();
-                return Err(format!("etcd did not become healthy within 45s (not healthy: {waiting:?})"));
+                return Err(format!(
+                    "etcd did not become healthy within 45s (not healthy: {waiting:?})"
+                ));
             }
             sleep(Duration::from_millis(200));
         }

@@ -17,19 +17,30 @@ pub(crate) fn request(
     let deadline = Instant::now() + timeout;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
-    let left = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    s.set_write_timeout(Some(left())).map_err(|e| e.to_string())?;
-    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    s.set_write_timeout(Some(left()))
+        .map_err(|e| e.to_string())?;
+    let mut req =
+        format!("{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
     if let Some(b) = body {
-        req.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
     }
     req.push_str("\r\n");
     req.push_str(body.unwrap_or(""));
-    s.write_all(req.as_bytes()).map_err(|e| format!("{addr}: {e}"))?;
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("{addr}: {e}"))?;
     let mut raw = Vec::new();
     let mut buf = [0u8; 65536];
     loop {
-        s.set_read_timeout(Some(left())).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(left()))
+            .map_err(|e| e.to_string())?;
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
@@ -38,11 +49,15 @@ pub(crate) fn request(
             Err(e) => return Err(format!("{addr}{path}: {e}")),
         }
         if Instant::now() >= deadline {
-            return Err(format!("{addr}{path}: no complete answer within {timeout:?}"));
+            return Err(format!(
+                "{addr}{path}: no complete answer within {timeout:?}"
+            ));
         }
     }
     let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}{path}: no HTTP answer"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("{addr}{path}: no HTTP answer"))?;
     let code = head
         .split_whitespace()
         .nth(1)
@@ -52,13 +67,22 @@ pub(crate) fn request(
         let l = l.to_ascii_lowercase();
         l.starts_with("transfer-encoding:") && l.contains("chunked")
     });
-    Ok((code, if chunked { dechunk(body) } else { body.to_string() }))
+    Ok((
+        code,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        },
+    ))
 }
 
 fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
         if n == 0 || rest.len() < n {
             break;
         }
@@ -104,7 +128,9 @@ pub(crate) fn urlencode(s: &str) -> String {
 
 /// `k="v"` pairs of a series' label set (`{...}` included or not).
 fn labels(series: &str) -> Vec<(String, String)> {
-    let Some(i) = series.find('{') else { return Vec::new() };
+    let Some(i) = series.find('{') else {
+        return Vec::new();
+    };
     let body = series[i + 1..].trim_end_matches('}');
     let mut out = Vec::new();
     let mut rest = body;
@@ -144,7 +170,9 @@ pub(crate) fn metric(text: &str, selector: &str) -> Option<String> {
             return None;
         }
         let have = labels(series);
-        want.iter().all(|w| have.contains(w)).then(|| value.to_string())
+        want.iter()
+            .all(|w| have.contains(w))
+            .then(|| value.to_string())
     })
 }
 
@@ -184,9 +212,18 @@ mod tests {
     fn metric_matches_a_subset_of_the_labels() {
         let page = "# HELP x\naether_replicator_peer_synced{region=\"a\",peer=\"b\"} 1\n\
                     aether_replicator_peer_synced{region=\"a\",peer=\"c\"} 0\naether_replicator_is_leader 1\n";
-        assert_eq!(metric(page, "aether_replicator_peer_synced{peer=\"c\"}").as_deref(), Some("0"));
-        assert_eq!(metric(page, "aether_replicator_is_leader").as_deref(), Some("1"));
-        assert_eq!(metric(page, "aether_replicator_peer_synced{peer=\"d\"}"), None);
+        assert_eq!(
+            metric(page, "aether_replicator_peer_synced{peer=\"c\"}").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            metric(page, "aether_replicator_is_leader").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            metric(page, "aether_replicator_peer_synced{peer=\"d\"}"),
+            None
+        );
         assert_eq!(metric_sum(page, "aether_replicator_peer_synced"), 1.0);
     }
 

@@ -28,7 +28,9 @@ impl Mesh {
         ];
         a.extend(args.iter().map(|s| s.to_string()));
         let out = crate::procs::run_timeout(15, "etcdctl", &a)?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     pub(crate) fn put(&self, step: &str, r: &str, key: &str, value: &str) {
@@ -58,7 +60,11 @@ impl Mesh {
     /// How many keys of R's subtree E's etcd holds ("?" if unreadable).
     pub(crate) fn count_keys(&self, e: &str, r: &str) -> String {
         match self.ectl(e, &["get", "--prefix", "--keys-only", &prefix_of(r)]) {
-            Some(out) => out.lines().filter(|l| !l.trim().is_empty()).count().to_string(),
+            Some(out) => out
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count()
+                .to_string(),
             None => "?".into(),
         }
     }
@@ -67,10 +73,19 @@ impl Mesh {
     pub(crate) fn leased(&self, e: &str, r: &str) -> Option<(usize, usize)> {
         let out = self.ectl(e, &["get", "--prefix", &prefix_of(r), "-w", "json"])?;
         let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-        let kvs = v.get("kvs").and_then(|k| k.as_array()).cloned().unwrap_or_default();
+        let kvs = v
+            .get("kvs")
+            .and_then(|k| k.as_array())
+            .cloned()
+            .unwrap_or_default();
         let unleased = kvs
             .iter()
-            .filter(|kv| kv.get("lease").and_then(serde_json::Value::as_i64).unwrap_or(0) == 0)
+            .filter(|kv| {
+                kv.get("lease")
+                    .and_then(serde_json::Value::as_i64)
+                    .unwrap_or(0)
+                    == 0
+            })
             .count();
         Some((kvs.len(), unleased))
     }
@@ -95,7 +110,11 @@ impl Mesh {
             }
             match self.leased(&p, r) {
                 Some((_, 0)) => {}
-                Some((n, un)) => return Err(format!("{p}'s copy of {r}: {un} of {n} keys without a lease")),
+                Some((n, un)) => {
+                    return Err(format!(
+                        "{p}'s copy of {r}: {un} of {n} keys without a lease"
+                    ));
+                }
                 None => return Err(format!("{p}'s copy of {r}: unreadable")),
             }
         }
@@ -104,7 +123,9 @@ impl Mesh {
 
     /// Polls `mirrored` for each region until all hold, or fails STEP.
     pub(crate) fn wait_mirrored(&self, step: &str, secs: u64, regions: &[String]) {
-        let why = poll(secs, 100, || regions.iter().try_for_each(|r| self.mirrored(r)));
+        let why = poll(secs, 100, || {
+            regions.iter().try_for_each(|r| self.mirrored(r))
+        });
         if let Err(why) = why {
             self.fail(step, &format!("not converged after {secs}s: {why}"));
         }
@@ -113,7 +134,11 @@ impl Mesh {
 
 /// Runs `f` every `interval_ms` until it succeeds or `secs` have passed;
 /// then its last error.
-pub(crate) fn poll<E>(secs: u64, interval_ms: u64, mut f: impl FnMut() -> Result<(), E>) -> Result<(), E> {
+pub(crate) fn poll<E>(
+    secs: u64,
+    interval_ms: u64,
+    mut f: impl FnMut() -> Result<(), E>,
+) -> Result<(), E> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         match f() {

@@ -33,10 +33,18 @@ impl Mesh {
         let up = self.st.etcds.get(p).map_or(0, |e| e.client_port);
         let (d, j) = (self.st.link_delay_ms, self.st.link_jitter_ms);
         let log = self.path(&format!("logs/link-{r}-{p}.log"));
-        self.log_line(&log, &format!("start link {r}->{p} :{port} -> :{up} ({d}ms + 0..{j}ms)"));
+        self.log_line(
+            &log,
+            &format!("start link {r}->{p} :{port} -> :{up} ({d}ms + 0..{j}ms)"),
+        );
         let mut cmd = Command::new(self.e2e_bin());
         cmd.arg("--state").arg(&self.dir).arg("link-proxy");
-        cmd.args([port.to_string(), up.to_string(), d.to_string(), j.to_string()]);
+        cmd.args([
+            port.to_string(),
+            up.to_string(),
+            d.to_string(),
+            j.to_string(),
+        ]);
         let pid = spawn_detached(cmd, &log)?;
         self.st.links.insert(key, PortPid { port, pid });
         self.save();
@@ -49,7 +57,13 @@ impl Mesh {
     pub(crate) fn wait_link(&mut self, fresh: bool, r: &str, p: &str) -> Result<(), String> {
         let key = format!("{r}>{p}");
         if fresh {
-            self.st.links.insert(key.clone(), PortPid { port: free_port(), pid: 0 });
+            self.st.links.insert(
+                key.clone(),
+                PortPid {
+                    port: free_port(),
+                    pid: 0,
+                },
+            );
         }
         self.link_start(r, p)?;
         let mut attempt = 1;
@@ -64,16 +78,27 @@ impl Mesh {
                 if attempt > 5 {
                     return Err(format!("link {r}->{p} did not start after 5 attempts"));
                 }
-                eprintln!("  link {r}->{p} exited (port taken?); starting it again (attempt {attempt})");
+                eprintln!(
+                    "  link {r}->{p} exited (port taken?); starting it again (attempt {attempt})"
+                );
                 if fresh {
-                    self.st.links.insert(key.clone(), PortPid { port: free_port(), pid: 0 });
+                    self.st.links.insert(
+                        key.clone(),
+                        PortPid {
+                            port: free_port(),
+                            pid: 0,
+                        },
+                    );
                 } else {
                     sleep(Duration::from_secs(1));
                 }
                 self.link_start(r, p)?;
                 deadline = Instant::now() + Duration::from_secs(10);
             } else if Instant::now() >= deadline {
-                return Err(format!("link {r}->{p} (pid {}) did not listen on :{} within 10s", l.pid, l.port));
+                return Err(format!(
+                    "link {r}->{p} (pid {}) did not listen on :{} within 10s",
+                    l.pid, l.port
+                ));
             }
             sleep(Duration::from_millis(100));
         }
@@ -84,7 +109,10 @@ impl Mesh {
         for r in self.st.regions.clone() {
             for p in self.peers_of(&r) {
                 self.wait_link(true, &r, &p)?;
-                desc.push(format!("{r}->{p} :{}", self.link(&r, &p).map_or(0, |l| l.port)));
+                desc.push(format!(
+                    "{r}->{p} :{}",
+                    self.link(&r, &p).map_or(0, |l| l.port)
+                ));
             }
         }
         println!(
@@ -105,16 +133,25 @@ impl Mesh {
             crate::die(format!("no link {r}->{p} (regions: {})", rs.join(" ")));
         }
         if self.link(r, p).is_none() {
-            crate::die(format!("{} has no link proxies: run up with --link-delay MS", self.dir.display()));
+            crate::die(format!(
+                "{} has no link proxies: run up with --link-delay MS",
+                self.dir.display()
+            ));
         }
     }
 
     pub(crate) fn link_cut(&mut self, r: &str, p: &str) -> Result<String, String> {
         let l = self.link(r, p).unwrap_or_default();
         if ours(&self.dir_str(), l.pid) && !stop_pids(&self.dir_str(), &[l.pid]).is_empty() {
-            return Err(format!("the proxy of {r}->{p} (pid {}) did not stop", l.pid));
+            return Err(format!(
+                "the proxy of {r}->{p} (pid {}) did not stop",
+                l.pid
+            ));
         }
-        Ok(format!("cut {r}->{p} (proxy :{}, pid {} stopped)", l.port, l.pid))
+        Ok(format!(
+            "cut {r}->{p} (proxy :{}, pid {} stopped)",
+            l.port, l.pid
+        ))
     }
 
     pub(crate) fn link_heal(&mut self, r: &str, p: &str) -> Result<String, String> {
@@ -124,7 +161,10 @@ impl Mesh {
         }
         self.wait_link(false, r, p)?;
         let l = self.link(r, p).unwrap_or_default();
-        Ok(format!("healed {r}->{p} (proxy :{}, pid {})", l.port, l.pid))
+        Ok(format!(
+            "healed {r}->{p} (proxy :{}, pid {})",
+            l.port, l.pid
+        ))
     }
 }
 
@@ -215,7 +255,9 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, delay: Duration, jitter_ms: u64)
 pub(crate) fn run_proxy(listen: u16, upstream: u16, one_way_ms: u64, jitter_ms: u64) {
     let l = match TcpListener::bind(("127.0.0.1", listen)) {
         Ok(l) => l,
-        Err(e) => crate::die(format!("link-proxy: cannot listen on 127.0.0.1:{listen}: {e}")),
+        Err(e) => crate::die(format!(
+            "link-proxy: cannot listen on 127.0.0.1:{listen}: {e}"
+        )),
     };
     println!("ready");
     let delay = Duration::from_millis(one_way_ms);
@@ -227,7 +269,9 @@ pub(crate) fn run_proxy(listen: u16, upstream: u16, one_way_ms: u64, jitter_ms: 
         };
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
-        let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else { continue };
+        let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+            continue;
+        };
         pipe(client, s2, delay, jitter_ms);
         pipe(server, c2, delay, jitter_ms);
     }

@@ -241,10 +241,17 @@ fn main() {
         Cmd::Restart { region } => down::cmd_restart(dir, &region),
         Cmd::Cut { region, peer } => links::cmd_cut(dir, &region, &peer),
         Cmd::Heal { region, peer } => links::cmd_heal(dir, &region, &peer),
-        Cmd::Burst { revisions, writers, rounds } => burst::cmd_burst(dir, revisions, writers, rounds),
-        Cmd::LinkProxy { listen, upstream, one_way_ms, jitter_ms } => {
-            links::run_proxy(listen, upstream, one_way_ms, jitter_ms)
-        }
+        Cmd::Burst {
+            revisions,
+            writers,
+            rounds,
+        } => burst::cmd_burst(dir, revisions, writers, rounds),
+        Cmd::LinkProxy {
+            listen,
+            upstream,
+            one_way_ms,
+            jitter_ms,
+        } => links::run_proxy(listen, upstream, one_way_ms, jitter_ms),
         Cmd::Churn { rate, targets } => churn::run_churn(rate, &targets),
     }
 }

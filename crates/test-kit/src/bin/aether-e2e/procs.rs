@@ -18,7 +18,9 @@ pub(crate) fn spawn_detached(mut cmd: Command, log: &Path) -> Result<i32, String
         .append(true)
         .open(log)
         .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
-    let err = out.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", log.display()))?;
     cmd.stdout(out).stderr(err);
     spawn_configured(cmd)
 }
@@ -36,7 +38,9 @@ pub(crate) fn spawn_configured(mut cmd: Command) -> Result<i32, String> {
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
     Ok(child.id() as i32)
 }
 
@@ -45,7 +49,9 @@ pub(crate) fn alive(pid: i32) -> bool {
     if pid <= 0 {
         return false;
     }
-    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
     match st.rfind(") ") {
         Some(i) => !st[i + 2..].starts_with('Z'),
         None => false,
@@ -131,15 +137,22 @@ pub(crate) fn kill9(dir: &str, pid: i32) -> bool {
 }
 
 pub(crate) fn join(pids: &[i32]) -> String {
-    pids.iter().map(i32::to_string).collect::<Vec<_>>().join(" ")
+    pids.iter()
+        .map(i32::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// N distinct loopback ports that were free a moment ago; the starts check
 /// that the intended process owns its port and retry on new ones if not.
 pub(crate) fn free_ports(n: usize) -> Vec<u16> {
-    let socks: Vec<std::net::TcpListener> =
-        (0..n).filter_map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok()).collect();
-    let ports: Vec<u16> = socks.iter().filter_map(|s| s.local_addr().ok().map(|a| a.port())).collect();
+    let socks: Vec<std::net::TcpListener> = (0..n)
+        .filter_map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok())
+        .collect();
+    let ports: Vec<u16> = socks
+        .iter()
+        .filter_map(|s| s.local_addr().ok().map(|a| a.port()))
+        .collect();
     if ports.len() != n {
         crate::die("cannot bind a free port on 127.0.0.1");
     }
@@ -152,7 +165,9 @@ pub(crate) fn free_port() -> u16 {
 
 /// `pid` owns a socket listening on 127.0.0.1:`port`.
 pub(crate) fn listens(pid: i32, port: u16) -> bool {
-    let Ok(tcp) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let Ok(tcp) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
     let want = format!("0100007F:{port:04X}");
     let inodes: Vec<String> = tcp
         .lines()
@@ -165,15 +180,20 @@ pub(crate) fn listens(pid: i32, port: u16) -> bool {
     if inodes.is_empty() {
         return false;
     }
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
     fds.filter_map(Result::ok).any(|fd| {
-        std::fs::read_link(fd.path()).is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
+        std::fs::read_link(fd.path())
+            .is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
     })
 }
 
 /// utime + stime of `pid` in clock ticks (0 if gone).
 pub(crate) fn cpu_ticks(pid: i32) -> u64 {
-    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
     let Some(i) = st.rfind(") ") else { return 0 };
     // After the command name: state is field 3, utime 14 and stime 15.
     let f: Vec<&str> = st[i + 2..].split_whitespace().collect();
@@ -183,7 +203,9 @@ pub(crate) fn cpu_ticks(pid: i32) -> u64 {
 
 /// Peak RSS (VmHWM) of `pid` in KiB (0 if gone).
 pub(crate) fn hwm_kib(pid: i32) -> u64 {
-    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return 0 };
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return 0;
+    };
     st.lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -212,7 +234,11 @@ pub(crate) fn on_path(name: &str) -> bool {
 /// Runs `cmd` to its end with output captured, at most `secs` seconds
 /// (through coreutils' `timeout`, which kills it then). None if it could
 /// not start.
-pub(crate) fn run_timeout(secs: u64, program: &str, args: &[String]) -> Option<std::process::Output> {
+pub(crate) fn run_timeout(
+    secs: u64,
+    program: &str,
+    args: &[String],
+) -> Option<std::process::Output> {
     Command::new("timeout")
         .arg(secs.to_string())
         .arg(program)

@@ -56,12 +56,22 @@ impl Mesh {
             .regions
             .iter()
             .map(|r| {
-                let t: Vec<String> =
-                    self.st.slots.iter().map(|&s| format!("\"127.0.0.1:{}\"", self.replica(r, s).port)).collect();
-                format!("  {{\"labels\": {{\"region\": \"{r}\"}}, \"targets\": [{}]}}", t.join(", "))
+                let t: Vec<String> = self
+                    .st
+                    .slots
+                    .iter()
+                    .map(|&s| format!("\"127.0.0.1:{}\"", self.replica(r, s).port))
+                    .collect();
+                format!(
+                    "  {{\"labels\": {{\"region\": \"{r}\"}}, \"targets\": [{}]}}",
+                    t.join(", ")
+                )
             })
             .collect();
-        write_atomic(&self.path("prometheus/targets.json"), &format!("[\n{}\n]\n", groups.join(",\n")));
+        write_atomic(
+            &self.path("prometheus/targets.json"),
+            &format!("[\n{}\n]\n", groups.join(",\n")),
+        );
     }
 
     pub(crate) fn prom_start(&mut self) -> Result<(), String> {
@@ -71,7 +81,8 @@ impl Mesh {
         let dir = self.path("prometheus");
         std::fs::create_dir_all(dir.join("data")).map_err(|e| format!("{}: {e}", dir.display()))?;
         let rules_src = crate::repo().join("deploy/prometheus/aether-replicator.rules.yml");
-        let rules = std::fs::read_to_string(&rules_src).map_err(|e| format!("{}: {e}", rules_src.display()))?;
+        let rules = std::fs::read_to_string(&rules_src)
+            .map_err(|e| format!("{}: {e}", rules_src.display()))?;
         write_atomic(&dir.join("rules.yml"), &shortened_rules(&rules));
         write_atomic(&dir.join("prometheus.yml"), PROMETHEUS_YML);
         self.st.prometheus = Some(PortPid::default());
@@ -81,11 +92,17 @@ impl Mesh {
             let port = free_port();
             self.log_line(&log, &format!("start prometheus :{port}"));
             let mut cmd = Command::new("prometheus");
-            cmd.arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-                .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-                .arg("--storage.tsdb.retention.time=2h")
-                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-                .arg("--log.level=warn");
+            cmd.arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg("--storage.tsdb.retention.time=2h")
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn");
             let pid = spawn_detached(cmd, &log)?;
             self.st.prometheus = Some(PortPid { port, pid });
             self.save();
@@ -102,10 +119,16 @@ impl Mesh {
                 sleep(Duration::from_millis(200));
             }
             if alive(pid) {
-                return Err(format!("prometheus did not become ready within 20s (/-/ready: {})", code(port, "/-/ready")));
+                return Err(format!(
+                    "prometheus did not become ready within 20s (/-/ready: {})",
+                    code(port, "/-/ready")
+                ));
             }
             if attempt < 5 {
-                eprintln!("  prometheus exited (port taken?); starting it again (attempt {})", attempt + 1);
+                eprintln!(
+                    "  prometheus exited (port taken?); starting it again (attempt {})",
+                    attempt + 1
+                );
             }
         }
         Err("prometheus did not start after 5 attempts".into())
@@ -153,11 +176,16 @@ impl Mesh {
 
     /// (up, total) of the active scrape targets.
     pub(crate) fn prom_targets_up(&self) -> (usize, Option<usize>) {
-        let Some(t) = self.prom_api("/api/v1/targets", 2).and_then(|d| d.get("activeTargets")?.as_array().cloned())
+        let Some(t) = self
+            .prom_api("/api/v1/targets", 2)
+            .and_then(|d| d.get("activeTargets")?.as_array().cloned())
         else {
             return (0, None);
         };
-        (t.iter().filter(|x| x["health"] == "up").count(), Some(t.len()))
+        (
+            t.iter().filter(|x| x["health"] == "up").count(),
+            Some(t.len()),
+        )
     }
 
     /// Within 20 s, Prometheus scrapes every replica; else fails STEP.
@@ -171,7 +199,10 @@ impl Mesh {
             }
             if Instant::now() >= deadline {
                 let total = total.map_or("?".into(), |t| t.to_string());
-                self.fail(step, &format!("Prometheus scrapes {up} of {total} targets (want {want})"));
+                self.fail(
+                    step,
+                    &format!("Prometheus scrapes {up} of {total} targets (want {want})"),
+                );
             }
             sleep(Duration::from_millis(500));
         }
@@ -179,7 +210,11 @@ impl Mesh {
 
     /// One `(series, value)` per series of an instant query (labels
     /// sorted, `__name__` first); None if Prometheus does not answer.
-    pub(crate) fn prom_query(&self, expr: &str, time: Option<f64>) -> Option<Vec<(String, String)>> {
+    pub(crate) fn prom_query(
+        &self,
+        expr: &str,
+        time: Option<f64>,
+    ) -> Option<Vec<(String, String)>> {
         let mut q = format!("/api/v1/query?query={}", urlencode(expr));
         if let Some(t) = time {
             q.push_str(&format!("&time={t:.3}"));
@@ -190,12 +225,22 @@ impl Mesh {
             res.iter()
                 .map(|r| {
                     let m = r["metric"].as_object().cloned().unwrap_or_default();
-                    let name = m.get("__name__").and_then(Value::as_str).unwrap_or("").to_string();
-                    let mut ls: Vec<(&String, &Value)> = m.iter().filter(|(k, _)| *k != "__name__").collect();
+                    let name = m
+                        .get("__name__")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    let mut ls: Vec<(&String, &Value)> =
+                        m.iter().filter(|(k, _)| *k != "__name__").collect();
                     ls.sort_by(|a, b| a.0.cmp(b.0));
-                    let ls: Vec<String> =
-                        ls.iter().map(|(k, v)| format!("{k}=\"{}\"", v.as_str().unwrap_or(""))).collect();
-                    (format!("{name}{{{}}}", ls.join(", ")), r["value"][1].as_str().unwrap_or("").to_string())
+                    let ls: Vec<String> = ls
+                        .iter()
+                        .map(|(k, v)| format!("{k}=\"{}\"", v.as_str().unwrap_or("")))
+                        .collect();
+                    (
+                        format!("{name}{{{}}}", ls.join(", ")),
+                        r["value"][1].as_str().unwrap_or("").to_string(),
+                    )
                 })
                 .collect(),
         )
@@ -213,7 +258,11 @@ impl Mesh {
         let key = |s: &Value| {
             let mut m: Vec<(String, String)> = s["metric"]
                 .as_object()
-                .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+                .map(|o| {
+                    o.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                        .collect()
+                })
                 .unwrap_or_default();
             m.sort();
             m
@@ -253,10 +302,16 @@ impl Mesh {
     /// The Prometheus of a state dir that is up with one, running; else
     /// exits (not up, no Prometheus) or fails STEP (it died).
     pub(crate) fn load_with_prom(dir: std::path::PathBuf, step: &str) -> Mesh {
-        let hint = format!(": run 'aether-e2e up --prometheus --state {}' first", dir.display());
+        let hint = format!(
+            ": run 'aether-e2e up --prometheus --state {}' first",
+            dir.display()
+        );
         let m = Mesh::load_or_die(dir, &hint);
         let Some(p) = m.st.prometheus else {
-            crate::die(format!("{} has no Prometheus: run up with --prometheus", m.dir.display()))
+            crate::die(format!(
+                "{} has no Prometheus: run up with --prometheus",
+                m.dir.display()
+            ))
         };
         if !crate::procs::ours(&m.dir_str(), p.pid) {
             m.fail(step, &format!("prometheus (pid {}) is not running", p.pid));
@@ -270,6 +325,9 @@ mod tests {
     #[test]
     fn every_for_is_shortened_and_nothing_else() {
         let rules = "      - alert: X\n        expr: up == 0\n        for: 10m\n";
-        assert_eq!(super::shortened_rules(rules), "      - alert: X\n        expr: up == 0\n        for: 2s\n");
+        assert_eq!(
+            super::shortened_rules(rules),
+            "      - alert: X\n        expr: up == 0\n        for: 2s\n"
+        );
     }
 }

@@ -30,7 +30,10 @@ pub(crate) fn cmd_quiet(dir: PathBuf, seconds: u64) {
     let counts = m.churn_stop();
     let t1 = now_ms();
     if !counts.ends_with("errors=0") {
-        m.fail(step, &format!("the churn had failures ({counts}): {}", m.churn_log_tail()));
+        m.fail(
+            step,
+            &format!("the churn had failures ({counts}): {}", m.churn_log_tail()),
+        );
     }
     // The load got through: every copy matches its source again.
     m.wait_mirrored(step, 30, &regions);
@@ -38,15 +41,25 @@ pub(crate) fn cmd_quiet(dir: PathBuf, seconds: u64) {
     sleep(Duration::from_secs(2));
     let secs = (t1 - t0).div_ceil(1000);
     let at = Some(t1 as f64 / 1000.0);
-    let Some(n) =
-        m.prom_query(&format!("count(max_over_time(ALERTS{{alertstate=\"firing\"}}[{secs}s])) or vector(0)"), at)
-    else {
+    let Some(n) = m.prom_query(
+        &format!("count(max_over_time(ALERTS{{alertstate=\"firing\"}}[{secs}s])) or vector(0)"),
+        at,
+    ) else {
         m.fail(step, "Prometheus does not answer")
     };
-    let Some(fired) = m.prom_fired(t0 / 1000, t1 / 1000 + 1) else { m.fail(step, "Prometheus does not answer") };
-    let now_firing: Vec<String> =
-        m.prom_alerts().unwrap_or_default().into_iter().filter(|l| l.starts_with("firing")).collect();
-    let Some(targets) = m.prom_query(&format!("min_over_time(up{{job=\"aether-replicator\"}}[{secs}s])"), at) else {
+    let Some(fired) = m.prom_fired(t0 / 1000, t1 / 1000 + 1) else {
+        m.fail(step, "Prometheus does not answer")
+    };
+    let now_firing: Vec<String> = m
+        .prom_alerts()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|l| l.starts_with("firing"))
+        .collect();
+    let Some(targets) = m.prom_query(
+        &format!("min_over_time(up{{job=\"aether-replicator\"}}[{secs}s])"),
+        at,
+    ) else {
         m.fail(step, "Prometheus does not answer")
     };
     let links = m.links_desc();
@@ -66,7 +79,13 @@ pub(crate) fn cmd_quiet(dir: PathBuf, seconds: u64) {
     let down = targets.iter().filter(|(_, v)| v != "1").count();
     if targets.len() != want || down > 0 {
         let seen: Vec<String> = targets.iter().map(|(s, v)| format!("{s} {v}")).collect();
-        m.fail(step, &format!("not every target up throughout the window (want {want}): {}", seen.join(";")));
+        m.fail(
+            step,
+            &format!(
+                "not every target up throughout the window (want {want}): {}",
+                seen.join(";")
+            ),
+        );
     }
     m.ok(
         step,

@@ -14,13 +14,22 @@ use crate::state::{Mesh, PortPid};
 impl Mesh {
     fn replica_start(&mut self, r: &str, s: u32) -> Result<(), String> {
         let port = free_port();
-        let mut args = vec!["--region".to_string(), r.to_string(), "--local-etcd".into(), self.etcd_url(r)];
+        let mut args = vec![
+            "--region".to_string(),
+            r.to_string(),
+            "--local-etcd".into(),
+            self.etcd_url(r),
+        ];
         for p in self.peers_of(r) {
             args.push("--peer-etcd".into());
             args.push(format!("{p}={}", self.peer_url(r, &p)));
         }
         // `record` names instances from this file, in start order.
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.path("instances")) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("instances"))
+        {
             let _ = writeln!(f, "{port} {r} {s}");
         }
         args.extend([
@@ -35,7 +44,9 @@ impl Mesh {
         let log = self.path(&format!("logs/replica-{r}-{s}.log"));
         self.log_line(&log, &format!("start replica {r}/{s} metrics :{port}"));
         let mut cmd = Command::new(self.path("bin/aether-replicator"));
-        cmd.args(&args).env("AETHER_E2E_STATE", &self.dir).env("NO_COLOR", "1");
+        cmd.args(&args)
+            .env("AETHER_E2E_STATE", &self.dir)
+            .env("NO_COLOR", "1");
         // Flags can come from AETHER_REPLICATOR_* variables: none from the
         // caller's environment may change what the harness runs (the log
         // filter is kept).
@@ -46,7 +57,9 @@ impl Mesh {
             }
         }
         let pid = spawn_detached(cmd, &log)?;
-        self.st.replicas.insert(format!("{r}/{s}"), PortPid { port, pid });
+        self.st
+            .replicas
+            .insert(format!("{r}/{s}"), PortPid { port, pid });
         self.save();
         Ok(())
     }
@@ -74,10 +87,14 @@ impl Mesh {
                 }
                 if !alive(rp.pid) {
                     if tries >= 5 {
-                        return Err(format!("replica {r}/{s} did not start after {tries} attempts"));
+                        return Err(format!(
+                            "replica {r}/{s} did not start after {tries} attempts"
+                        ));
                     }
                     tries += 1;
-                    eprintln!("  replica {r}/{s} exited (port taken?); starting it again (attempt {tries})");
+                    eprintln!(
+                        "  replica {r}/{s} exited (port taken?); starting it again (attempt {tries})"
+                    );
                     self.replica_start(r, s)?;
                     deadline = Instant::now() + Duration::from_secs(15);
                 } else if Instant::now() >= deadline {
@@ -123,8 +140,16 @@ impl Mesh {
             return Err(why);
         }
         for p in self.peers_of(r) {
-            if metric(&lm, &format!("aether_replicator_peer_synced{{peer=\"{p}\"}}")).as_deref() != Some("1") {
-                return Err(format!("leader {r}/{leader}: peer_synced{{peer=\"{p}\"}} != 1"));
+            if metric(
+                &lm,
+                &format!("aether_replicator_peer_synced{{peer=\"{p}\"}}"),
+            )
+            .as_deref()
+                != Some("1")
+            {
+                return Err(format!(
+                    "leader {r}/{leader}: peer_synced{{peer=\"{p}\"}} != 1"
+                ));
             }
         }
         Ok(leader)
@@ -132,13 +157,22 @@ impl Mesh {
 
     /// Until every region is ready, or `secs` pass: then why not.
     pub(crate) fn wait_ready(&self, secs: u64, regions: &[String]) -> Result<(), String> {
-        poll(secs, 200, || regions.iter().try_for_each(|r| self.region_ready(r).map(|_| ())))
+        poll(secs, 200, || {
+            regions
+                .iter()
+                .try_for_each(|r| self.region_ready(r).map(|_| ()))
+        })
     }
 
     /// The slot of R's leader, if one leads.
     pub(crate) fn leader_slot(&self, r: &str) -> Option<u32> {
         self.st.slots.iter().copied().find(|&s| {
-            metric(&metrics_of(self.replica(r, s).port), "aether_replicator_is_leader").as_deref() == Some("1")
+            metric(
+                &metrics_of(self.replica(r, s).port),
+                "aether_replicator_is_leader",
+            )
+            .as_deref()
+                == Some("1")
         })
     }
 

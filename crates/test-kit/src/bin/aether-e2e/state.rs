@@ -62,7 +62,10 @@ pub(crate) struct Mesh {
 }
 
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Milliseconds as the harness has always printed them: `1.2s`.
@@ -97,7 +100,10 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 /// A value as bash's `printf %q` would quote it, for the sourceable env.
 fn shell_quote(v: &str) -> String {
-    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"/._-:+=,@".contains(&b)) {
+    if !v.is_empty()
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-:+=,@".contains(&b))
+    {
         v.to_string()
     } else {
         format!("'{}'", v.replace('\'', r"'\''"))
@@ -132,7 +138,11 @@ impl Mesh {
         }
         let text = std::fs::read_to_string(dir.join("state.json")).ok()?;
         let st = serde_json::from_str(&text).ok()?;
-        Some(Mesh { dir: dir.to_path_buf(), st, quiet: false })
+        Some(Mesh {
+            dir: dir.to_path_buf(),
+            st,
+            quiet: false,
+        })
     }
 
     /// Writes state.json and env (each through a rename, so a reader never
@@ -154,17 +164,32 @@ impl Mesh {
             ("E2E_REGIONS".into(), st.regions.join(" ")),
             ("E2E_TTL".into(), st.ttl.to_string()),
             ("E2E_ELECTION_TTL".into(), st.election_ttl.to_string()),
-            ("E2E_SLOTS".into(), st.slots.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
+            (
+                "E2E_SLOTS".into(),
+                st.slots
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
             ("E2E_REPLICATOR_ARGS".into(), st.replicator_args.join(" ")),
             ("E2E_ETCD_ARGS".into(), st.etcd_args.join(" ")),
-            ("E2E_BIN".into(), self.path("bin/aether-replicator").to_string_lossy().into_owned()),
+            (
+                "E2E_BIN".into(),
+                self.path("bin/aether-replicator")
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
             ("E2E_LINK_DELAY".into(), st.link_delay_ms.to_string()),
             ("E2E_LINK_JITTER".into(), st.link_jitter_ms.to_string()),
         ];
         for (r, e) in &st.etcds {
             vars.push((format!("ETCD_CLIENT_PORT_{r}"), e.client_port.to_string()));
             vars.push((format!("ETCD_PEER_PORT_{r}"), e.peer_port.to_string()));
-            vars.push((format!("ETCD_URL_{r}"), format!("http://127.0.0.1:{}", e.client_port)));
+            vars.push((
+                format!("ETCD_URL_{r}"),
+                format!("http://127.0.0.1:{}", e.client_port),
+            ));
             vars.push((format!("ETCD_PID_{r}"), e.pid.to_string()));
         }
         for (k, l) in &st.links {
@@ -193,7 +218,12 @@ impl Mesh {
     }
 
     pub(crate) fn peers_of(&self, r: &str) -> Vec<String> {
-        self.st.regions.iter().filter(|p| *p != r).cloned().collect()
+        self.st
+            .regions
+            .iter()
+            .filter(|p| *p != r)
+            .cloned()
+            .collect()
     }
 
     pub(crate) fn peer_list(&self, r: &str) -> String {
@@ -201,7 +231,10 @@ impl Mesh {
     }
 
     pub(crate) fn etcd_url(&self, r: &str) -> String {
-        format!("http://127.0.0.1:{}", self.st.etcds.get(r).map_or(0, |e| e.client_port))
+        format!(
+            "http://127.0.0.1:{}",
+            self.st.etcds.get(r).map_or(0, |e| e.client_port)
+        )
     }
 
     pub(crate) fn etcd_pid(&self, r: &str) -> i32 {
@@ -209,7 +242,11 @@ impl Mesh {
     }
 
     pub(crate) fn replica(&self, r: &str, s: u32) -> PortPid {
-        self.st.replicas.get(&format!("{r}/{s}")).copied().unwrap_or_default()
+        self.st
+            .replicas
+            .get(&format!("{r}/{s}"))
+            .copied()
+            .unwrap_or_default()
     }
 
     pub(crate) fn link(&self, r: &str, p: &str) -> Option<PortPid> {
@@ -217,7 +254,10 @@ impl Mesh {
     }
 
     pub(crate) fn prom_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.st.prometheus.map_or(0, |p| p.port))
+        format!(
+            "http://127.0.0.1:{}",
+            self.st.prometheus.map_or(0, |p| p.port)
+        )
     }
 
     pub(crate) fn links_desc(&self) -> String {
@@ -233,10 +273,15 @@ impl Mesh {
 
     /// The last `n` lines of every log, on stderr.
     pub(crate) fn tail_logs(&self, n: usize) {
-        let Ok(rd) = std::fs::read_dir(self.path("logs")) else { return };
+        let Ok(rd) = std::fs::read_dir(self.path("logs")) else {
+            return;
+        };
         let mut files: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
         files.sort();
-        for f in files.iter().filter(|f| f.extension().is_some_and(|x| x == "log")) {
+        for f in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|x| x == "log"))
+        {
             eprintln!("---- tail -n {n} {}", f.display());
             let text = std::fs::read_to_string(f).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -249,7 +294,11 @@ impl Mesh {
     /// Appends a line to a log (the start of a process, with its ports).
     pub(crate) fn log_line(&self, log: &Path, what: &str) {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
             let _ = writeln!(f, "--- {} {what}", utc_iso(now_ms() / 1000));
         }
     }

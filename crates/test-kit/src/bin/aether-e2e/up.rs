@@ -46,7 +46,11 @@ pub(crate) struct UpArgs {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     sync_timeout: u64,
     /// One more argument (no spaces) for every replicator. Repeatable.
-    #[arg(long = "replicator-arg", value_name = "ARG", allow_hyphen_values = true)]
+    #[arg(
+        long = "replicator-arg",
+        value_name = "ARG",
+        allow_hyphen_values = true
+    )]
     replicator_args: Vec<String>,
     /// One more argument (no spaces) for every etcd. Repeatable.
     #[arg(long = "etcd-arg", value_name = "ARG", allow_hyphen_values = true)]
@@ -54,7 +58,10 @@ pub(crate) struct UpArgs {
 }
 
 fn parse_secs(s: &str) -> Result<u64, String> {
-    s.strip_suffix('s').unwrap_or(s).parse().map_err(|_| format!("{s}: not a whole number of seconds"))
+    s.strip_suffix('s')
+        .unwrap_or(s)
+        .parse()
+        .map_err(|_| format!("{s}: not a whole number of seconds"))
 }
 
 /// Builds something of the repository with cargo (always: cargo returns
@@ -66,12 +73,15 @@ pub(crate) fn cargo_build(args: &[&str]) -> Result<(), String> {
         .current_dir(crate::repo())
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
-    st.success().then_some(()).ok_or_else(|| format!("cargo build --release {} failed", args.join(" ")))
+    st.success()
+        .then_some(())
+        .ok_or_else(|| format!("cargo build --release {} failed", args.join(" ")))
 }
 
 pub(crate) fn loadgen_bin() -> Result<PathBuf, String> {
     cargo_build(&["--quiet", "--example", "loadgen"])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| crate::repo().join("target"), PathBuf::from);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| crate::repo().join("target"), PathBuf::from);
     Ok(target.join("release/examples/loadgen"))
 }
 
@@ -92,11 +102,17 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
     // runs), and an election lease of 2s would lapse there first.
     let election_ttl = (a.ttl / 3).max(2);
     if a.ttl < 2 * election_ttl {
-        crate::die(format!("--ttl must be at least twice the election TTL ({election_ttl}s)"));
+        crate::die(format!(
+            "--ttl must be at least twice the election TTL ({election_ttl}s)"
+        ));
     }
     let bin = match &a.bin {
         Some(b) => {
-            let b = if b.is_absolute() { b.clone() } else { std::env::current_dir().unwrap_or_default().join(b) };
+            let b = if b.is_absolute() {
+                b.clone()
+            } else {
+                std::env::current_dir().unwrap_or_default().join(b)
+            };
             if !b.is_file() {
                 crate::die(format!("--bin {}: not an executable", b.display()));
             }
@@ -115,11 +131,18 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
     if dir.is_dir() {
         if Mesh::is_marked(&dir) {
             if !crate::down::live_harness_pids(&dirs).is_empty() {
-                crate::die(format!("{dirs} is already up: run 'aether-e2e down --state {dirs}' first"));
+                crate::die(format!(
+                    "{dirs} is already up: run 'aether-e2e down --state {dirs}' first"
+                ));
             }
             let _ = std::fs::remove_dir_all(&dir);
-        } else if std::fs::read_dir(&dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
-            crate::die(format!("{dirs} exists and is not an e2e state dir; choose another --state"));
+        } else if std::fs::read_dir(&dir)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+        {
+            crate::die(format!(
+                "{dirs} exists and is not an e2e state dir; choose another --state"
+            ));
         }
     }
     for sub in ["logs", "bin"] {
@@ -130,7 +153,10 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
     let _ = std::fs::write(dir.join(MARKER), "");
     let copy = |from: &std::path::Path, to: &str| {
         if let Err(e) = std::fs::copy(from, dir.join("bin").join(to)) {
-            crate::die(format!("cannot copy {} into {dirs}/bin: {e}", from.display()));
+            crate::die(format!(
+                "cannot copy {} into {dirs}/bin: {e}",
+                from.display()
+            ));
         }
     };
     copy(&bin, "aether-replicator");
@@ -142,7 +168,10 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
     let mut m = Mesh {
         dir,
         st: State {
-            regions: ALL_REGIONS[..a.regions as usize].iter().map(|r| r.to_string()).collect(),
+            regions: ALL_REGIONS[..a.regions as usize]
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
             slots: (1..=a.replicas).collect(),
             ttl: a.ttl,
             election_ttl,
@@ -157,7 +186,12 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
     };
     m.save();
     let regions = m.st.regions.clone();
-    println!("== up: {} regions ({}), lease TTL {}s, state {dirs}", regions.len(), regions.join(" "), a.ttl);
+    println!(
+        "== up: {} regions ({}), lease TTL {}s, state {dirs}",
+        regions.len(),
+        regions.join(" "),
+        a.ttl
+    );
     let r = m.wait_etcds(true, &regions);
     m.up_step(r);
     if proxied {
@@ -168,16 +202,25 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
         let r = m.preload(a.preload);
         m.up_step(r);
     }
-    let rs: Vec<String> = m.all_replicas().iter().map(|(r, s)| format!("{r}/{s}")).collect();
+    let rs: Vec<String> = m
+        .all_replicas()
+        .iter()
+        .map(|(r, s)| format!("{r}/{s}"))
+        .collect();
     let t_sync = now_ms();
     let r = m.start_replicas(&rs);
     m.up_step(r);
-    let r = m.wait_ready(a.sync_timeout, &regions).map_err(|e| format!("not ready after {}s: {e}", a.sync_timeout));
+    let r = m
+        .wait_ready(a.sync_timeout, &regions)
+        .map_err(|e| format!("not ready after {}s: {e}", a.sync_timeout));
     m.up_step(r);
     let t_sync = now_ms() - t_sync;
     for r in &regions {
         let leader = m.region_ready(r).map_or("?".into(), |s| s.to_string());
-        println!("  region {r}: leader {r}/{leader}, peers synced: {}", m.peer_list(r));
+        println!(
+            "  region {r}: leader {r}/{leader}, peers synced: {}",
+            m.peer_list(r)
+        );
     }
     if a.preload > 0 {
         let r = m.check_preload(a.preload, t_sync);
@@ -216,7 +259,12 @@ impl Mesh {
             .iter()
             .map(|r| {
                 Command::new(&load)
-                    .args(["fill-endpoints", &self.etcd_url(r), &crate::kv::prefix_of(r), &n.to_string()])
+                    .args([
+                        "fill-endpoints",
+                        &self.etcd_url(r),
+                        &crate::kv::prefix_of(r),
+                        &n.to_string(),
+                    ])
                     .spawn()
             })
             .collect();
@@ -240,7 +288,11 @@ impl Mesh {
     fn check_preload(&self, n: u64, sync_ms: u64) -> Result<(), String> {
         let load = loadgen_bin()?;
         let t0 = now_ms();
-        let quiet = |c: &mut Command| c.stdout(std::process::Stdio::null()).status().is_ok_and(|s| s.success());
+        let quiet = |c: &mut Command| {
+            c.stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
         for r in &self.st.regions {
             let prefix = crate::kv::prefix_of(r);
             let mut urls = Vec::new();
@@ -252,12 +304,16 @@ impl Mesh {
                 urls.push(url);
             }
             let mut spot = Command::new(&load);
-            spot.args(["spot", &self.etcd_url(r), &prefix, &n.to_string(), "20"]).args(&urls);
+            spot.args(["spot", &self.etcd_url(r), &prefix, &n.to_string(), "20"])
+                .args(&urls);
             if !quiet(&mut spot) {
                 return Err(format!("check: {r}'s copies fail the spot check"));
             }
         }
-        let (regions, peers) = (self.st.regions.len() as u64, self.st.regions.len() as u64 - 1);
+        let (regions, peers) = (
+            self.st.regions.len() as u64,
+            self.st.regions.len() as u64 - 1,
+        );
         println!(
             "  checked: every peer holds all {n} keys of every region; 20 keys per region spot-checked in all {peers} peers (value, live lease) in {}",
             fmt_ms(now_ms() - t0)

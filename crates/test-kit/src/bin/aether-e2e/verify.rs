@@ -40,7 +40,13 @@ impl Mesh {
     /// `aether-replicator check` for R against every peer: Ok(output) if it
     /// exits 0, else Err(output).
     fn check_cmd(&self, r: &str) -> Result<String, String> {
-        let mut args = vec!["check".to_string(), "--region".into(), r.into(), "--local-etcd".into(), self.etcd_url(r)];
+        let mut args = vec![
+            "check".to_string(),
+            "--region".into(),
+            r.into(),
+            "--local-etcd".into(),
+            self.etcd_url(r),
+        ];
         for p in self.peers_of(r) {
             args.push("--peer-etcd".into());
             args.push(format!("{p}={}", self.etcd_url(&p)));
@@ -51,7 +57,11 @@ impl Mesh {
         };
         let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.push_str(&String::from_utf8_lossy(&out.stderr));
-        if out.status.success() { Ok(text) } else { Err(text) }
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(text)
+        }
     }
 
     /// Polls `check` for each region until all exit 0; the last output.
@@ -61,7 +71,12 @@ impl Mesh {
             for r in regions {
                 match self.check_cmd(r) {
                     Ok(out) => last = out,
-                    Err(out) => return Err(format!("check --region {r} still failing after {secs}s: {}", out.replace('\n', " "))),
+                    Err(out) => {
+                        return Err(format!(
+                            "check --region {r} still failing after {secs}s: {}",
+                            out.replace('\n', " ")
+                        ));
+                    }
                 }
             }
             Ok(())
@@ -82,7 +97,10 @@ impl Mesh {
             for &s in &self.st.slots {
                 let pid = self.replica(r, s).pid;
                 if !ours(&d, pid) {
-                    self.fail("setup", &format!("replica {r}/{s} (pid {pid}) is not running"));
+                    self.fail(
+                        "setup",
+                        &format!("replica {r}/{s} (pid {pid}) is not running"),
+                    );
                 }
             }
         }
@@ -100,7 +118,12 @@ impl Mesh {
             for s in 0..n {
                 for j in 1..=4 {
                     let key = endpoint_key(r, &format!("svc-{s}"), &format!("10.{octet}.{s}.{j}"));
-                    self.put("visibility", r, &key, &endpoint_value(r, &format!("{r}-{}", j % 2 + 1), 8080, ""));
+                    self.put(
+                        "visibility",
+                        r,
+                        &key,
+                        &endpoint_value(r, &format!("{r}-{}", j % 2 + 1), 8080, ""),
+                    );
                 }
             }
         }
@@ -115,7 +138,14 @@ impl Mesh {
                 detail.push(format!("{r}->{p} {cnt} keys"));
             }
         }
-        self.ok("visibility", &format!("{}, all on a lease, in {}", detail.join(", "), fmt_ms(now_ms() - t0)));
+        self.ok(
+            "visibility",
+            &format!(
+                "{}, all on a lease, in {}",
+                detail.join(", "),
+                fmt_ms(now_ms() - t0)
+            ),
+        );
     }
 
     fn step_data_path(&self) {
@@ -123,8 +153,17 @@ impl Mesh {
         let want = endpoint_value("a", "a-9", 9090, r#","weight":2"#);
         // Overwrite svc-0's endpoints, delete svc-4's.
         for i in 1..=4 {
-            self.put("data-path", "a", &endpoint_key("a", "svc-0", &format!("10.1.0.{i}")), &want);
-            self.del("data-path", "a", &endpoint_key("a", "svc-4", &format!("10.1.4.{i}")));
+            self.put(
+                "data-path",
+                "a",
+                &endpoint_key("a", "svc-0", &format!("10.1.0.{i}")),
+                &want,
+            );
+            self.del(
+                "data-path",
+                "a",
+                &endpoint_key("a", "svc-4", &format!("10.1.4.{i}")),
+            );
         }
         self.wait_mirrored("data-path", 20, &["a".to_string()]);
         for p in self.peers_of("a") {
@@ -132,7 +171,9 @@ impl Mesh {
                 let key = endpoint_key("a", "svc-4", &format!("10.1.4.{i}"));
                 match self.ectl(&p, &["get", &key, "--keys-only"]) {
                     None => self.fail("data-path", &format!("reading {p} failed")),
-                    Some(v) if !v.trim().is_empty() => self.fail("data-path", &format!("deleted {key} still in {p}")),
+                    Some(v) if !v.trim().is_empty() => {
+                        self.fail("data-path", &format!("deleted {key} still in {p}"))
+                    }
                     Some(_) => {}
                 }
                 let key = endpoint_key("a", "svc-0", &format!("10.1.0.{i}"));
@@ -155,7 +196,9 @@ impl Mesh {
 
     fn step_handoff(&mut self) {
         let step = "handoff";
-        let Some(old) = self.leader_slot("a") else { self.fail(step, "a has no leader") };
+        let Some(old) = self.leader_slot("a") else {
+            self.fail(step, "a has no leader")
+        };
         let standby = if old == 1 { 2 } else { 1 };
         let pid = self.replica("a", old).pid;
         let Ok(expected) = self.count_keys("a", "a").parse::<u64>() else {
@@ -164,7 +207,10 @@ impl Mesh {
         let key = endpoint_key("a", "handoff", "10.1.99.1");
         let val = endpoint_value("a", "a-1", 8080, &format!(",\"gen\":{}", now_ms()));
         if !kill9(&self.dir_str(), pid) {
-            self.fail(step, &format!("leader a/{old} (pid {pid}) survived SIGKILL"));
+            self.fail(
+                step,
+                &format!("leader a/{old} (pid {pid}) survived SIGKILL"),
+            );
         }
         let t_kill = now_ms();
         self.put(step, "a", &key, &val);
@@ -190,7 +236,11 @@ impl Mesh {
                 }
             }
             if t_lead.is_none()
-                && metric(&metrics_of(self.replica("a", standby).port), "aether_replicator_is_leader").as_deref()
+                && metric(
+                    &metrics_of(self.replica("a", standby).port),
+                    "aether_replicator_is_leader",
+                )
+                .as_deref()
                     == Some("1")
             {
                 t_lead = Some(now_ms() - t_kill);
@@ -201,14 +251,20 @@ impl Mesh {
             if let (Some(l), Some(s)) = (t_lead, t_seen) {
                 // a gets its second replica back.
                 if self.start_replicas(&[format!("a/{old}")]).is_err() {
-                    self.fail(step, &format!("could not start a replacement replica a/{old}"));
+                    self.fail(
+                        step,
+                        &format!("could not start a replacement replica a/{old}"),
+                    );
                 }
                 if let Err(e) = self.wait_ready(30, &["a".to_string()]) {
                     self.fail(step, &format!("a not ready after the replacement: {e}"));
                 }
                 let leader = self.region_ready("a").unwrap_or(0);
                 if leader != standby {
-                    self.fail(step, &format!("a/{leader} leads after the replacement, expected a/{standby}"));
+                    self.fail(
+                        step,
+                        &format!("a/{leader} leads after the replacement, expected a/{standby}"),
+                    );
                 }
                 self.ok(
                     step,
@@ -227,7 +283,11 @@ impl Mesh {
                 let f = |t: Option<u64>| t.map_or("no".into(), |t| t.to_string());
                 self.fail(
                     step,
-                    &format!("after 30s: standby a/{standby} leader={}, fresh write mirrored={}", f(t_lead), f(t_seen)),
+                    &format!(
+                        "after 30s: standby a/{standby} leader={}, fresh write mirrored={}",
+                        f(t_lead),
+                        f(t_seen)
+                    ),
                 );
             }
             sleep(Duration::from_millis(100));
@@ -255,30 +315,50 @@ impl Mesh {
         let t_kill = now_ms();
         let ttl = self.st.ttl;
         let t_gone = loop {
-            let all_gone = self.peers_of("a").iter().all(|p| self.count_keys(p, "a") == "0");
+            let all_gone = self
+                .peers_of("a")
+                .iter()
+                .all(|p| self.count_keys(p, "a") == "0");
             for ((e, r), b) in &base {
                 let d = self.digest(e, r);
                 if d != *b {
-                    self.fail(step, &format!("{r}'s subtree in {e}'s etcd changed while a was down ({d} != {b})"));
+                    self.fail(
+                        step,
+                        &format!(
+                            "{r}'s subtree in {e}'s etcd changed while a was down ({d} != {b})"
+                        ),
+                    );
                 }
             }
             if all_gone {
                 break now_ms() - t_kill;
             }
             if now_ms() >= t_kill + (ttl + 5) * 1000 {
-                let seen: Vec<String> =
-                    self.peers_of("a").iter().map(|p| format!("{p}={}", self.count_keys(p, "a"))).collect();
+                let seen: Vec<String> = self
+                    .peers_of("a")
+                    .iter()
+                    .map(|p| format!("{p}={}", self.count_keys(p, "a")))
+                    .collect();
                 self.fail(
                     step,
-                    &format!("a's copy still present {}s after both replicas died: {}", ttl + 5, seen.join(" ")),
+                    &format!(
+                        "a's copy still present {}s after both replicas died: {}",
+                        ttl + 5,
+                        seen.join(" ")
+                    ),
                 );
             }
             sleep(Duration::from_millis(250));
         };
         for p in self.peers_of("a") {
-            match self.ectl(&p, &["get", &format!("{STATE_KEY_ROOT}a/state"), "--keys-only"]) {
+            match self.ectl(
+                &p,
+                &["get", &format!("{STATE_KEY_ROOT}a/state"), "--keys-only"],
+            ) {
                 None => self.fail(step, &format!("cannot read a's state key in {p}")),
-                Some(v) if !v.trim().is_empty() => self.fail(step, &format!("a's state key is still in {p}")),
+                Some(v) if !v.trim().is_empty() => {
+                    self.fail(step, &format!("a's state key is still in {p}"))
+                }
                 Some(_) => {}
             }
         }
@@ -327,7 +407,9 @@ impl Mesh {
             let stop = stop.clone();
             let dir = self.dir.clone();
             std::thread::spawn(move || {
-                let Some(m) = Mesh::load(&dir) else { return None };
+                let Some(m) = Mesh::load(&dir) else {
+                    return None;
+                };
                 let mut min: Option<u64> = None;
                 let end = now_ms() + 120_000;
                 while !stop.load(Ordering::Relaxed) && now_ms() < end {
@@ -345,7 +427,10 @@ impl Mesh {
         }
         let t_down = now_ms();
         if let Err(e) = self.wait_etcds(false, &["b".to_string()]) {
-            self.fail(step, &format!("b's etcd did not come back on its ports: {e}"));
+            self.fail(
+                step,
+                &format!("b's etcd did not come back on its ports: {e}"),
+            );
         }
         let t_down = now_ms() - t_down;
         let key = endpoint_key("a", "svc-0", "10.1.0.99");
@@ -373,8 +458,13 @@ impl Mesh {
         stop.store(true, Ordering::Relaxed);
         let min_ba = sampler.join().ok().flatten();
         let note = match min_ba {
-            Some(0) => format!("; NOTE: b's copy in a lapsed (0 of {before} keys) during the restart"),
-            m => format!("; b's copy in a stayed >= {} keys (was {before})", m.map_or("?".into(), |m| m.to_string())),
+            Some(0) => {
+                format!("; NOTE: b's copy in a lapsed (0 of {before} keys) during the restart")
+            }
+            m => format!(
+                "; b's copy in a stayed >= {} keys (was {before})",
+                m.map_or("?".into(), |m| m.to_string())
+            ),
         };
         self.ok(
             step,
