@@ -407,9 +407,7 @@ impl Mesh {
             let stop = stop.clone();
             let dir = self.dir.clone();
             std::thread::spawn(move || {
-                let Some(m) = Mesh::load(&dir) else {
-                    return None;
-                };
+                let m = Mesh::load(&dir)?;
                 let mut min: Option<u64> = None;
                 let end = now_ms() + 120_000;
                 while !stop.load(Ordering::Relaxed) && now_ms() < end {
