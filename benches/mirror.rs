@@ -1162,7 +1162,7 @@ fn wan_large(c: &mut Criterion) {
 /// the convergence after the last write, events per mirror txn and the
 /// process's RSS after the sync and after the bursts (all engines, clients
 /// and the bench share it, so it is the growth that matters).
-/// `e2e/multiregion.sh burst` runs the same scene with the binaries, one
+/// `e2e/mesh.sh burst` (the `aether-e2e` harness) runs the same scene with the binaries, one
 /// process per replica.
 fn regions(c: &mut Criterion) {
     let rt = runtime();

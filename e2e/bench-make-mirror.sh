@@ -16,10 +16,11 @@
 # 3. With --rss-keys N (e.g. 1000000): the replicator's peak RSS (VmHWM)
 #    during a base sync of N keys.
 # 4. With --wan "0,20,100,250": for each round trip (ms), a delay proxy
-#    (e2e/delay-proxy.py) between the mirror and the peer, and the base
-#    sync of N keys through it by both tools, over a fixed window of
-#    --wan-window seconds (default 10; make-mirror cannot finish at 100 ms):
-#    keys on the peer at the end of the window (or at completion) per second.
+#    (`aether-e2e link-proxy`, the e2e harness's) between the mirror and
+#    the peer, and the base sync of N keys through it by both tools, over
+#    a fixed window of --wan-window seconds (default 10; make-mirror
+#    cannot finish at 100 ms): keys on the peer at the end of the window
+#    (or at completion) per second.
 #    --rss-rtt MS runs the RSS sync of step 3 through such a proxy too.
 # Prints both figures and their ratio. Loopback only; every process it
 # starts is stopped by pid.
@@ -45,8 +46,10 @@ done
 command -v etcd >/dev/null && command -v etcdctl >/dev/null || {
   echo "etcd not found: apt-get update && apt-get install -y etcd-server etcd-client" >&2; exit 1; }
 cargo build --release --quiet --bin aether-replicator --example loadgen
+cargo build --release --quiet -p aether-test-kit --bin aether-e2e
 BIN=${CARGO_TARGET_DIR:-target}/release/aether-replicator
 LOAD=${CARGO_TARGET_DIR:-target}/release/examples/loadgen
+E2E=${CARGO_TARGET_DIR:-target}/release/aether-e2e
 PREFIX=/aether/v1/regions/a/
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-bench.XXXXXX")
@@ -113,7 +116,7 @@ per_100k() { python3 -c "print(round($1 / $HZ * 100000 / max($2, 1), 2))"; }
 start_proxy() {
   local up_port=${1##*:} port
   port=$(free_port)
-  python3 e2e/delay-proxy.py "$port" "$up_port" "$2" >"$STATE/proxy-$port.log" 2>&1 &
+  "$E2E" link-proxy "$port" "$up_port" "$2" >"$STATE/proxy-$port.log" 2>&1 &
   PXPID=$!; PIDS+=("$PXPID")
   for _ in $(seq 50); do grep -q ready "$STATE/proxy-$port.log" 2>/dev/null && break; sleep 0.1; done
   PROXY_URL="http://127.0.0.1:$port"

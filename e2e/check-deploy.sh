@@ -114,7 +114,7 @@ promtool check rules deploy/prometheus/aether-replicator.rules.yml
 echo "== promtool test rules"
 promtool test rules deploy/prometheus/tests.yml
 
-# Series recorded from real runs (e2e/multiregion.sh record), with expectations written by hand:
+# Series recorded from real runs (e2e/mesh.sh record), with expectations written by hand:
 # deploy/prometheus/README.md says how to regenerate them and what each expects.
 echo "== promtool test rules, recorded runs"
 promtool test rules deploy/prometheus/recorded/*.yml

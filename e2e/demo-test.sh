@@ -72,7 +72,7 @@ procs_naming() {
 
 # leftovers STATE [PID...]: reports each process left of a demo (a PID it
 # recorded still naming STATE, or any process naming STATE or a state dir
-# under WORK) and each state dir left; stops them (multiregion.sh down, then
+# under WORK) and each state dir left; stops them (mesh.sh down, then
 # SIGKILL by pid) and removes them. Returns 1 if there was anything.
 leftovers() {
   local state=$1 d pid line bad=0
@@ -99,7 +99,7 @@ leftovers() {
   done
   ((bad)) || return 0
   for d in ${state:+"$state"} "${dirs[@]}"; do
-    e2e/multiregion.sh down --state "$d" >/dev/null 2>&1 || true
+    e2e/mesh.sh down --state "$d" >/dev/null 2>&1 || true
   done
   for pid in "${stray[@]}"; do
     [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *"$WORK"* ]] && kill -KILL "$pid" 2>/dev/null

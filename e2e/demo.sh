@@ -6,16 +6,16 @@
 #
 # It installs etcd if missing (Debian's; needs root), builds the replicator
 # (cargo build --release, wherever cargo puts it), starts regions a and b
-# with e2e/multiregion.sh (one etcd and two replicators each, on loopback),
-# writes sample endpoints and shows, every second, per region: the leader,
-# its replication to the other region (metrics), each origin's copy as the
-# region's consumers see it (`aether-replicator endpoints`: synced,
+# with the e2e harness, e2e/mesh.sh (one etcd and two replicators each, on
+# loopback), writes sample endpoints and shows, every second, per region:
+# the leader, its replication to the other region (metrics), each origin's
+# copy as the region's consumers see it (`aether-replicator endpoints`: synced,
 # staleness in seconds) and the newest keys. It prints an `etcdctl put` to
 # paste, to see a key typed by hand arrive in the other region, and the
 # `kill` that stops a region's replicators, to watch the failover.
 #
 # Ctrl-C (or TERM, HUP, or the end of the pipe it writes to) stops every
-# process it started (multiregion.sh down, by pid), removes its state dir
+# process it started (mesh.sh down, by pid), removes its state dir
 # and exits 0, under `| tee` too (e2e/demo-test.sh checks it).
 # Environment: DEMO_ONESHOT=1 (see above), DEMO_TTL (mirror lease TTL in
 # seconds, default 6).
@@ -26,9 +26,9 @@ REPO=$(cd "$SCRIPT_DIR/.." && pwd)
 readonly SCRIPT_DIR REPO
 # shellcheck source=e2e/lib.sh
 . "$SCRIPT_DIR/lib.sh"
-readonly MR="$SCRIPT_DIR/multiregion.sh"
+readonly MR="$SCRIPT_DIR/mesh.sh"
 MR_SHOWN=$MR
-[[ $PWD == "$REPO" ]] && MR_SHOWN=e2e/multiregion.sh
+[[ $PWD == "$REPO" ]] && MR_SHOWN=e2e/mesh.sh
 readonly MR_SHOWN KEY_ROOT=/aether/v1/regions/ ONESHOT=${DEMO_ONESHOT:-0} TTL=${DEMO_TTL:-6}
 export ETCDCTL_API=3
 say() { echo "== $*"; }
@@ -139,7 +139,7 @@ render_region() {
 
 render() {
   local r
-  # Re-read the state: `multiregion.sh restart` changes pids and ports.
+  # Re-read the state: `mesh.sh restart` changes pids and ports.
   # shellcheck source=/dev/null
   source "$STATE/env"
   printf 'aether-replicator demo: regions %s, mirror lease TTL %ss    %s\n' "${REGIONS[*]}" "$TTL" "$(date +%T)"
