@@ -66,6 +66,11 @@ if [[ -n "$stray" ]]; then
   exit 1
 fi
 
+echo "== the simulation's reverted fixes still apply (docs/reliability.md)"
+for p in tests/sim/reverts/*.patch; do
+  git apply --check "$p"
+done
+
 echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
 bash e2e/check-deploy.sh --no-cargo
 

@@ -28,8 +28,9 @@ async fn main() -> aether_etcd::Result<()> {
     let mut handle = client.lease_keeper().keep_alive(&grant).await?;
     client.put(Put::new(KEY, "yes").lease(handle.id())).await?;
     println!(
-        "granted lease {:x} for {:?} and attached {KEY}",
-        grant.id, grant.ttl
+        "granted lease {:x} for {} s and attached {KEY}",
+        grant.id,
+        grant.ttl.as_secs()
     );
 
     // Outlive the TTL twice over: the keep-alive holds the key.
@@ -37,8 +38,8 @@ async fn main() -> aether_etcd::Result<()> {
     let status = handle.status();
     let alive = client.range(Range::key(KEY)).await?.count;
     println!(
-        "after {:?}: key present = {}, keep-alives answered = {}, lost = {}",
-        2 * grant.ttl,
+        "after {} s: key present = {}, keep-alives answered = {}, lost = {}",
+        (2 * grant.ttl).as_secs(),
         alive == 1,
         status.successes > 0,
         status.lost
