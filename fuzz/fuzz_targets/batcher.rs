@@ -27,7 +27,7 @@
 #![no_main]
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use aether_replicator::etcd::{Event, EventKind, LeaseId, Op, REQUEST_OVERHEAD_BYTES, TxnLimits};
 use aether_replicator::mirror::batch::{Batch, Batcher, STATE_RESERVE_BYTES};
