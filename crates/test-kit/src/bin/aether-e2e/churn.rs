@@ -146,12 +146,6 @@ pub(crate) fn run_churn(rate: f64, targets: &[String]) {
 }
 
 /// Stops the churn of a failing quiet or record, if one runs.
-pub(crate) fn stop_running(m: &Mesh) {
-    if let Some(pid) = m.st.churn {
-        stop_pids(&m.dir_str(), &[pid]);
-    }
-}
-
 impl Mesh {
     /// The churn in every region, `rate` operations per second each.
     pub(crate) fn churn_start(&mut self, rate: u32) -> Result<(), String> {

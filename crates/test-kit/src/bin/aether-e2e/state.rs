@@ -317,7 +317,9 @@ impl Mesh {
     /// `FAIL STEP: MSG`, the logs' tails, exit 1. Stops a running churn
     /// first (it would outlive this process otherwise).
     pub(crate) fn fail(&self, step: &str, msg: &str) -> ! {
-        crate::churn::stop_running(self);
+        if let Some(pid) = self.st.churn {
+            crate::procs::stop_pids(&self.dir_str(), &[pid]);
+        }
         println!("FAIL {step}: {msg}");
         self.tail_logs(8);
         eprintln!(
