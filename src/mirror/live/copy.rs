@@ -85,6 +85,11 @@ impl CopyWatch {
         }
     }
 
+    /// The lowest revision among the events not yet judged.
+    pub(crate) fn unjudged_from(&self) -> Option<i64> {
+        self.held.front().map(|h| h.0)
+    }
+
     /// Judges the held events that can be judged now, in order: the keys
     /// changed out of band among them.
     pub(crate) fn judge(&mut self) -> Vec<Bytes> {

@@ -32,7 +32,10 @@
 //! 4. **no out-of-band change waits for repair**: the copy watch
 //!    (`live/copy.rs`) saw every change on the copy that was not ours, and
 //!    each was repaired; a change drops the probe in hand (sent before it,
-//!    it vouches for nothing), and none is taken until then.
+//!    it vouches for nothing), and none is taken until then. An event the
+//!    copy watch holds unjudged (a txn of ours in flight when it arrived
+//!    may yet explain it) at or below the peer revision the probe read
+//!    holds the probe until it is judged: it may be the change.
 //!
 //! ```text
 //!                  probe sent at T          read back: S, member, count
@@ -112,6 +115,8 @@ pub(crate) struct Read {
     pub(crate) source_revision: i64,
     /// The member that served it.
     pub(crate) source_member: u64,
+    /// The peer's revision when the copy was read.
+    pub(crate) peer_revision: i64,
     /// The watermark when the probe was sent, before the source was read.
     pub(crate) applied: i64,
     /// The source's key count at `applied`, and the copy's on the peer
@@ -128,6 +133,7 @@ struct Probe {
     sent: Sent,
     source_revision: i64,
     source_member: u64,
+    peer_revision: i64,
     /// The copy's count matched, by this probe or the session's last.
     checked: bool,
     /// Its quiet period passed without making it current: only the
@@ -149,6 +155,8 @@ pub(crate) struct Now {
     pub(crate) reconnects: u64,
     /// Time left on the copy's lease, by its last keep-alive.
     pub(crate) lease_left: Duration,
+    /// The lowest revision of an event the copy watch holds unjudged.
+    pub(crate) unjudged_from: Option<i64>,
 }
 
 /// What [`Freshness::decide`] found.
@@ -270,6 +278,7 @@ impl Freshness {
                 sent,
                 source_revision: read.source_revision,
                 source_member: read.source_member,
+                peer_revision: read.peer_revision,
                 checked,
                 quiet_done: false,
             });
@@ -297,6 +306,11 @@ impl Freshness {
         let Some(p) = self.pending else {
             return Decision::default();
         };
+        // Rule 4: a change on the copy the probe saw may be among the
+        // events not yet judged.
+        if now.unjudged_from.is_some_and(|r| r <= p.peer_revision) {
+            return Decision::default();
+        }
         let applied = now.watermark >= p.source_revision;
         let vouched = !applied
             && now.nothing_pending
@@ -329,6 +343,7 @@ mod tests {
         Read {
             source_revision,
             source_member: MEMBER,
+            peer_revision: 50,
             applied: 10,
             counts,
             oversized: 0,
@@ -345,6 +360,7 @@ mod tests {
             watch_member: Some(MEMBER),
             reconnects: 0,
             lease_left: Duration::from_secs(30),
+            unjudged_from: None,
         }
     }
 
@@ -541,5 +557,31 @@ mod tests {
         assert!(sent.counting);
         f.probed(sent, read(20, None)).unwrap();
         assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, None);
+    }
+
+    #[test]
+    fn an_unjudged_copy_event_the_probe_saw_holds_it_until_judged() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0, Duration::ZERO);
+        probed(&mut f, t0, Some((100, 100)));
+        // An event at the peer revision the probe read (50), held while a
+        // txn of ours that may explain it is in flight.
+        let holding = Now {
+            unjudged_from: Some(50),
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(holding), Decision::default());
+        // One past what the probe read is a later change: not this
+        // probe's business.
+        let later = Now {
+            unjudged_from: Some(51),
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(later).current_at, Some(t0));
+        // Judged foreign: the probe is dropped.
+        probed(&mut f, t0, Some((100, 100)));
+        assert_eq!(f.decide(holding), Decision::default());
+        f.out_of_band();
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
     }
 }

@@ -492,6 +492,7 @@ impl<'a> Live<'a> {
         let fresh = fresh::Read {
             source_revision: read.source.revision,
             source_member: read.source.member_id,
+            peer_revision: read.peer.revision,
             applied: read.applied,
             counts: read.source_count.zip(read.peer_count),
             oversized: w.oversized_count() as i64,
@@ -547,6 +548,7 @@ impl<'a> Live<'a> {
             watch_member: self.health.member_id(),
             reconnects: self.health.reconnects(),
             lease_left: self.lease_status.borrow().ttl_left(),
+            unjudged_from: self.copy.as_ref().and_then(CopyWatch::unjudged_from),
         });
         if let Some(through) = decision.idle_through {
             // Nothing in the subtree changed through that revision: resume

@@ -15,11 +15,19 @@
 //! is booked as answered without a revision: if it did commit, its event
 //! reads as out of band and the key is compared with the source and, if it
 //! matches, left alone. A false alarm, never a miss.
+//!
+//! A txn that succeeded but changed nothing (it only deleted keys already
+//! gone, or its nested guards all failed) is booked without a revision too:
+//! etcd answers such a txn with the store's current revision, which is the
+//! revision of the *last* write, whoever made it. Booking it would pass an
+//! out-of-band change off as ours: a `del --prefix` on the copy, then the
+//! stream's delete of a key it had taken, and the whole `del --prefix`
+//! would never be repaired.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::etcd::{self, Txn, TxnResponse};
+use crate::etcd::{self, OpResponse, Txn, TxnResponse};
 use crate::store::Store;
 
 /// The ledger of one peer's own txns (see the module doc). Cheap to clone:
@@ -87,11 +95,7 @@ impl Own {
     pub(crate) async fn send(&self, client: &Store, txn: Txn) -> etcd::Result<TxnResponse> {
         let ticket = self.begin();
         let result = client.txn(txn).await;
-        let committed = match &result {
-            Ok(resp) if resp.succeeded => Some(resp.header.revision),
-            _ => None,
-        };
-        ticket.answered(committed);
+        ticket.answered(result.as_ref().ok().and_then(committed));
         result
     }
 
@@ -144,6 +148,25 @@ impl Own {
             l.revisions = l.revisions.split_off(&floor);
         }
     }
+}
+
+/// The revision a txn committed a change at: `None` if it failed its
+/// compares (the engine's failure branches only read) or changed nothing
+/// (see the module doc).
+fn committed(resp: &TxnResponse) -> Option<i64> {
+    /// Whether the ops that ran changed a key; a nested txn's, in whichever
+    /// branch ran.
+    fn changed(responses: &[OpResponse]) -> bool {
+        responses.iter().any(|r| match r {
+            OpResponse::Put(_) => true,
+            OpResponse::Delete(d) => d.deleted > 0,
+            OpResponse::Txn(t) => changed(&t.responses),
+            // A read, or a kind this engine never sends: not booking it
+            // risks a false alarm, booking it a miss.
+            _ => false,
+        })
+    }
+    (resp.succeeded && changed(&resp.responses)).then_some(resp.header.revision)
 }
 
 impl Own {
@@ -217,5 +240,51 @@ mod tests {
         own.arm(2);
         assert_eq!(own.judge(9, own.sent()), Verdict::Own);
         assert_eq!(own.judge(3, own.sent()), Verdict::Foreign);
+    }
+
+    /// etcd answers a txn that changed nothing with the store's revision:
+    /// the last write's, here someone else's delete.
+    #[tokio::test]
+    async fn a_txn_that_changed_nothing_books_no_revision() {
+        use crate::etcd::{Compare, CompareOp, Delete, Op, Put, Range};
+        use aether_etcd::model::{Cluster, ModelConfig};
+
+        let cluster = Cluster::new(ModelConfig::default());
+        let c = cluster.client(0);
+        c.put(Put::new("k", "v")).await.unwrap();
+        c.put(Put::new("j", "v")).await.unwrap();
+        // Out of band: both keys go at one revision.
+        let both = Txn::new().and_then([Delete::key("k"), Delete::key("j")]);
+        let foreign = c.txn(both).await.unwrap().header.revision;
+        // Ours: the stream's delete of a key already gone, plainly and as
+        // a nested txn, each succeeding at that same revision.
+        let plain = Txn::new().and_then([Delete::key("j")]);
+        let nested = Txn::new().and_then([Op::from(
+            Txn::new()
+                .when([Compare::version("j", CompareOp::Equal, 0)])
+                .and_then([Delete::key("k")]),
+        )]);
+        for txn in [plain, nested] {
+            let resp = c.txn(txn).await.unwrap();
+            assert!(resp.succeeded);
+            assert_eq!(resp.header.revision, foreign);
+            assert_eq!(committed(&resp), None, "{resp:?}");
+        }
+        // A change is booked at its revision; a failed compare is not.
+        let put = c
+            .txn(Txn::new().and_then([Put::new("k", "w")]))
+            .await
+            .unwrap();
+        assert_eq!(committed(&put), Some(foreign + 1));
+        let failed = c
+            .txn(
+                Txn::new()
+                    .when([Compare::version("k", CompareOp::Equal, 0)])
+                    .and_then([Put::new("k", "x")])
+                    .or_else([Range::key("k")]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(committed(&failed), None);
     }
 }
