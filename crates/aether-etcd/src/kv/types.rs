@@ -432,8 +432,11 @@ pub enum Op {
     /// first, against the store as it was before the outer txn: a nested
     /// compare does not see the writes of the ops before it (its ranges
     /// do). etcd refuses it if it writes a key that another op of the same
-    /// branch writes ([`Error::DuplicateKey`](crate::Error::DuplicateKey));
-    /// each of its branches counts against `--max-txn-ops` on its own.
+    /// branch writes ([`Error::DuplicateKey`](crate::Error::DuplicateKey)).
+    /// Against `--max-txn-ops` it gets what its parent left: each of its
+    /// lists (compares, either branch) may hold the limit less the longest
+    /// of its parent's lists, or the txn is
+    /// [`Error::TooManyOps`](crate::Error::TooManyOps).
     Txn(Txn),
 }
 
