@@ -158,6 +158,49 @@ async fn a_value_too_large_for_the_peer_does_not_leave_the_old_one() {
     assert_eq!(k2.kvs()[0].value(), "neighbour");
 }
 
+/// The copy watch's repair of a key whose source value is too large for
+/// the peer: the key is absent there by design, so a value put there by
+/// hand is deleted, not left in place because the source's would not fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_put_by_hand_where_the_source_is_too_large_for_the_peer_is_deleted() {
+    let src_etcd = Etcd::builder()
+        .extra_args(&["--max-request-bytes=4194304"])
+        .start();
+    let peer_etcd = Etcd::start();
+    let (src, peer) = (client(&src_etcd.endpoint()), client(&peer_etcd.endpoint()));
+    src.put(Put::new(key(1), "small")).await.unwrap();
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    src.put(Put::new(key(1), vec![7u8; 2 * 1024 * 1024]))
+        .await
+        .unwrap();
+    src.put(Put::new(key(2), "after")).await.unwrap();
+    eventually("the oversized key is gone from the peer", async || {
+        let k1 = peer.range(Range::key(key(1))).await.unwrap().count;
+        let k2 = peer.range(Range::key(key(2))).await.unwrap().count;
+        k1 == 0 && k2 == 1
+    })
+    .await;
+
+    let stats = &engine.stats()[0];
+    let seen = stats.out_of_band.load(Relaxed);
+    peer.put(Put::new(key(1), "by hand")).await.unwrap();
+    eventually("the copy watch saw the change", async || {
+        stats.out_of_band.load(Relaxed) > seen
+    })
+    .await;
+    eventually(
+        "the key put by hand is deleted again and the copy synced",
+        async || peer.range(Range::key(key(1))).await.unwrap().count == 0 && stats.is_synced(),
+    )
+    .await;
+    assert_eq!(
+        stats.resyncs(ResyncReason::CopyChanged),
+        0,
+        "repaired in place, not by a re-sync"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_another_lease_ttl_replaces_the_lease() {
     let scene = Scene::start();

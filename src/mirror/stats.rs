@@ -403,11 +403,15 @@ impl PeerStats {
         self.current_unix_ms.store(unix_ms(), Relaxed);
     }
     /// Takes a predecessor's heartbeat (Unix ms, by its clock): the copy
-    /// is as old as that says, but never younger than now — a heartbeat
-    /// from a clock ahead counts as now, and ages from here.
+    /// is as old as that says. A heartbeat ahead of this clock is of
+    /// unknown age and changes nothing: the count runs on from this
+    /// engine's own last mark, or its start.
     pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64) {
         let now_ms = unix_ms();
-        let age_ms = now_ms.saturating_sub(heartbeat_unix_ms).max(0) as u64;
+        if heartbeat_unix_ms > now_ms {
+            return;
+        }
+        let age_ms = (now_ms - heartbeat_unix_ms) as u64;
         let now = mono_us(Instant::now());
         self.current_mono_us
             .store(now.saturating_sub(age_ms * 1000), Relaxed);

@@ -73,6 +73,17 @@ impl VerifySchedule {
         self.every.map(|_| self.next)
     }
 
+    /// Brings the next pass forward to `now` (a copy watch that missed
+    /// part of the copy's history needs one to vouch for the copy again).
+    pub(crate) fn run_now(&mut self, now: Instant) {
+        self.next = self.next.min(now);
+    }
+
+    /// Whether passes run at all.
+    pub(crate) fn is_on(&self) -> bool {
+        self.every.is_some()
+    }
+
     /// Several passes in a row could not finish.
     pub(crate) fn overdue(&self) -> bool {
         self.skips >= MAX_SKIPS

@@ -102,7 +102,12 @@ impl Backend for Link {
                 self.name,
                 r.as_ref().map_or_else(
                     |e| e.to_string(),
-                    |r| format!("{} {}", r.succeeded, r.header.revision)
+                    |r| format!(
+                        "{} {} {}",
+                        r.succeeded,
+                        r.header.revision,
+                        shape(&r.responses)
+                    )
                 )
             ));
             self.after("txn", r)
@@ -274,4 +279,18 @@ impl WatchEvents for Events {
     fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>> {
         self.0.next_buffered()
     }
+}
+
+/// What a txn's branch did, for the trace: `P` a put, `D<n>` a delete of n
+/// keys, `R` a read, a nested txn's in brackets.
+fn shape(responses: &[etcd::OpResponse]) -> String {
+    responses
+        .iter()
+        .map(|r| match r {
+            etcd::OpResponse::Put(_) => "P".to_string(),
+            etcd::OpResponse::Delete(d) => format!("D{}", d.deleted),
+            etcd::OpResponse::Txn(t) => format!("[{}]", shape(&t.responses)),
+            _ => "R".to_string(),
+        })
+        .collect()
 }

@@ -22,7 +22,9 @@
 //! - `SIM_SEEDS=N [SIM_FROM=S] cargo test --release --test sim -- --ignored --nocapture explore`:
 //!   N more seeds from S, on every core (`SIM_THREADS` to choose); the
 //!   lowest failing seed prints its violation and the trace's last lines.
-//!   `SIM_SEED=S` replays one.
+//!   `SIM_SEED=S` replays one (`SIM_TAIL=N`: the trace's last N lines, 400 by default). `SIM_COPY_WATCH=0` runs the engines without
+//!   their copy watches, as the reverted-fix checks of the gaps the copy
+//!   watch closed do (docs/reliability.md).
 
 mod link;
 mod rng;
@@ -58,7 +60,7 @@ fn report(seed: u64, out: &Outcome) -> String {
 /// Runs `seeds`, each on its own runtime; on several threads when asked
 /// (a seed's run does not depend on which thread runs it, or beside what).
 /// Fails with the lowest failing seed's report.
-fn check(seeds: std::ops::Range<u64>, threads: usize) {
+fn check(seeds: std::ops::Range<u64>, threads: usize, knobs: Knobs) {
     let next = std::sync::atomic::AtomicU64::new(seeds.start);
     let failed = std::sync::Mutex::new(None::<(u64, String)>);
     std::thread::scope(|s| {
@@ -71,7 +73,7 @@ fn check(seeds: std::ops::Range<u64>, threads: usize) {
                         return;
                     }
                     let started = std::time::Instant::now();
-                    let out = run(seed, Knobs::default());
+                    let out = run(seed, knobs);
                     eprintln!(
                         "seed {seed}: {} claims, {} trace lines, {:?} faults, {:.2} s",
                         out.claims,
@@ -97,14 +99,14 @@ fn check(seeds: std::ops::Range<u64>, threads: usize) {
 
 #[test]
 fn fixed_seeds_hold_every_promise() {
-    check(FIXED_SEEDS, 1);
+    check(FIXED_SEEDS, 1, Knobs::default());
 }
 
 /// Seeds that found an engine hole once (docs/reliability.md has the
 /// story of each), run on every build.
 #[test]
 fn seeds_that_found_holes_pass() {
-    check(672..673, 1);
+    check(672..673, 1, Knobs::default());
 }
 
 #[test]
@@ -124,13 +126,17 @@ fn a_seed_replays_exactly() {
 #[ignore = "exploration: SIM_SEEDS=N [SIM_FROM=S] or SIM_SEED=S"]
 fn explore() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let knobs = Knobs {
+        copy_watch: env("SIM_COPY_WATCH") != Some(0),
+        ..Knobs::default()
+    };
     if let Some(seed) = env("SIM_SEED") {
-        return check(seed..seed + 1, 1);
+        return check(seed..seed + 1, 1, knobs);
     }
     let from = env("SIM_FROM").unwrap_or(1000);
     let threads = env("SIM_THREADS").map_or_else(
         || std::thread::available_parallelism().map_or(1, |n| n.get()),
         |n| n as usize,
     );
-    check(from..from + env("SIM_SEEDS").unwrap_or(100), threads);
+    check(from..from + env("SIM_SEEDS").unwrap_or(100), threads, knobs);
 }

@@ -35,6 +35,10 @@ const S_MS: i64 = 5_000;
 /// An out-of-band change may go unnoticed for this long (the copy watch's
 /// promise is a second; the rest is the next heartbeat's write).
 const OOB_GRACE_MS: i64 = 2_500;
+/// Without the copy watch, only counts and verification passes see a
+/// change: a pass every [`VERIFY_EVERY`], and a few seconds for it to run.
+const OOB_GRACE_UNWATCHED_MS: i64 = VERIFY_EVERY.as_millis() as i64 + 5_000;
+const VERIFY_EVERY: Duration = Duration::from_secs(20);
 /// The wall clock every engine starts on: Unix ms.
 const WALL_BASE_MS: i64 = 1_800_000_000_000;
 
@@ -52,17 +56,36 @@ pub(crate) struct Outcome {
 
 /// The knobs of a run that the reverted-fix checks and the exploration
 /// turn.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Knobs {
     pub(crate) faults_for: Duration,
+    /// The engines watch their copies (`MirrorConfig::copy_watch`, on by
+    /// default); off, the counts and verification passes are all that
+    /// see a change made on a copy.
+    pub(crate) copy_watch: bool,
 }
 
 impl Default for Knobs {
     fn default() -> Knobs {
         Knobs {
             faults_for: FAULTS_FOR,
+            copy_watch: true,
         }
     }
+}
+
+/// The region whose etcd takes smaller requests than the others, and how
+/// small: a value of [`BIG`] bytes, which the load sometimes writes, fits
+/// the others but never it, so its copies hold such keys absent, by
+/// design.
+const SMALL_PEER: usize = 2;
+const SMALL_REQUEST_BYTES: usize = 2_048;
+const BIG: usize = 3_000;
+
+/// What a copy on `peer` should hold for a source value: a value too large
+/// for the peer is absent there.
+fn on_peer(peer: usize, v: Option<Bytes>) -> Option<Bytes> {
+    v.filter(|v| peer != SMALL_PEER || v.len() < BIG)
 }
 
 fn prefix(region: &str) -> String {
@@ -88,22 +111,29 @@ struct Region {
     links: Vec<Link>,
     /// Out-of-band changes on this region's etcd: (ms, key).
     oob: Vec<(i64, Bytes)>,
+    knobs: Knobs,
 }
 
 pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     let rng = Rng::new(seed);
     let trace = Trace::new();
+    let _log = trace.engine_log();
     let mut out = Outcome::default();
     let mut regions: Vec<Region> = REGIONS
         .iter()
         .enumerate()
         .map(|(i, name)| Region {
             name,
-            cluster: Cluster::new(
-                ModelConfig::default()
+            cluster: Cluster::new({
+                let c = ModelConfig::default()
                     .with_members(2)
-                    .with_cluster_id(0x5100 + i as u64),
-            ),
+                    .with_cluster_id(0x5100 + i as u64);
+                if i == SMALL_PEER {
+                    c.with_max_request_bytes(SMALL_REQUEST_BYTES)
+                } else {
+                    c
+                }
+            }),
             history: Arc::default(),
             skew: Arc::default(),
             engine: None,
@@ -111,6 +141,7 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             stepped_down: Vec::new(),
             links: Vec::new(),
             oob: Vec::new(),
+            knobs,
         })
         .collect();
     // The checker's own record of each source, from a watch that no fault
@@ -232,7 +263,7 @@ fn finish(mut regions: Vec<Region>, trace: Trace, mut out: Outcome) -> Outcome {
     out.hash = hash;
     out.lines = lines;
     if !out.violations.is_empty() {
-        out.tail = trace.tail(400);
+        out.tail = trace.tail(usize::MAX);
     }
     out
 }
@@ -244,12 +275,12 @@ fn quiet(w: &Weather) {
     w.cut.store(false, Relaxed);
 }
 
-fn config(region: &'static str, skew: Arc<AtomicI64>, rng: &Rng) -> MirrorConfig {
+fn config(region: &'static str, skew: Arc<AtomicI64>, rng: &Rng, knobs: Knobs) -> MirrorConfig {
     let ids = rng.clone();
     let start = tokio::time::Instant::now();
     let mut cfg = MirrorConfig::new(region)
         .with_heartbeat_interval(Duration::from_secs(1))
-        .with_verify_interval(Some(Duration::from_secs(20)))
+        .with_verify_interval(Some(VERIFY_EVERY))
         .with_clock(Clock::supplied(
             move || WALL_BASE_MS + start.elapsed().as_millis() as i64 + skew.load(Relaxed),
             move || ids.next(),
@@ -257,6 +288,7 @@ fn config(region: &'static str, skew: Arc<AtomicI64>, rng: &Rng) -> MirrorConfig
     cfg.lease_ttl = Duration::from_secs(10);
     cfg.max_backoff = Duration::from_secs(1);
     cfg.page_size = 20;
+    cfg.copy_watch = knobs.copy_watch;
     cfg
 }
 
@@ -277,7 +309,7 @@ fn start_engine(regions: &mut [Region], i: usize, rng: &Rng, trace: &Trace) {
         .collect();
     let mut links = vec![local.clone()];
     links.extend(peers.iter().map(|(_, l)| l.clone()));
-    let cfg = config(name, regions[i].skew.clone(), rng);
+    let cfg = config(name, regions[i].skew.clone(), rng, regions[i].knobs);
     let engine = Engine::start(
         Store::new(local),
         peers.into_iter().map(|(r, l)| (r, Store::new(l))).collect(),
@@ -308,6 +340,10 @@ fn spawn_load(regions: &[Region], rng: &Rng) -> tokio::task::JoinHandle<()> {
             );
             if rng.below(4) == 0 {
                 let _ = c.delete(Delete::key(key)).await;
+            } else if rng.below(40) == 0 {
+                // Too large for the small peer (refused by it as a source).
+                let v = format!("{:0>width$}", rng.below(1000), width = BIG);
+                let _ = c.put(Put::new(key, v)).await;
             } else {
                 let _ = c.put(Put::new(key, format!("v{}", rng.below(1000)))).await;
             }
@@ -445,10 +481,11 @@ fn inject(
                     .when([Compare::version(key.clone(), CompareOp::Greater, -1)])
                     .and_then([Put::new(key.clone(), "out-of-band")])
             };
+            let done = futures_util::FutureExt::now_or_never(c.txn(txn));
             trace.note(format!(
-                "fault: out-of-band change on {name} ({key:?} unless del --prefix)"
+                "fault: out-of-band change on {name} ({key:?} unless del --prefix) at revision {:?}",
+                done.and_then(Result::ok).map(|r| r.header.revision)
             ));
-            let _ = futures_util::FutureExt::now_or_never(c.txn(txn));
             ("out-of-band", vec![])
         }
         5 => {
@@ -551,6 +588,11 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
             keys.extend(h.keys().filter(|k| !copy.contains_key(*k)));
             // The instant the claim vouches for: its heartbeat.
             let as_of = now - staleness_ms;
+            let grace_ms = if origin.knobs.copy_watch {
+                OOB_GRACE_MS
+            } else {
+                OOB_GRACE_UNWATCHED_MS
+            };
             for key in keys {
                 // A change made out of band must be seen within the grace:
                 // a claim vouching for an instant that long after it must
@@ -560,13 +602,19 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
                 let excused = peer
                     .oob
                     .iter()
-                    .any(|(t, k)| key.starts_with(k) && *t > as_of - OOB_GRACE_MS);
+                    .any(|(t, k)| key.starts_with(k) && *t > as_of - grace_ms);
                 if excused {
                     continue;
                 }
                 let have = copy.get(key).map(|(v, _)| v.clone());
-                let entries = h.get(key).map(Vec::as_slice).unwrap_or(&[]);
-                if !admitted(entries, lo, now, &have) {
+                let entries: Vec<(i64, i64, Option<Bytes>)> = h
+                    .get(key)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|(t, r, v)| (*t, *r, on_peer(p, v.clone())))
+                    .collect();
+                if !admitted(&entries, lo, now, &have) {
                     out.violations.push(format!(
                         "t={now}ms {} copy on {} claimed fresh (revision {}, heartbeat {} ms old; source at {}) holds {:?} = {:?}; source (ms, revision, value) in [{lo}, {now}] ms: {:?}",
                         origin.name,
@@ -622,7 +670,7 @@ fn final_check(regions: &[Region], trace: &Trace, out: &mut Outcome) {
                 .cluster
                 .dump(prefix(origin.name))
                 .into_iter()
-                .map(|kv| (kv.key().clone(), kv.value().clone()))
+                .filter_map(|kv| Some((kv.key().clone(), on_peer(p, Some(kv.value().clone()))?)))
                 .collect();
             let copy: BTreeMap<Bytes, Bytes> = peer
                 .cluster

@@ -22,6 +22,8 @@ struct Inner {
     at_ms: (u128, u64),
     /// Set when one instant took `SPIN_LINES` lines: a livelock.
     spun: Option<u128>,
+    /// How many of the last lines are kept for a report.
+    kept: usize,
 }
 
 /// Lines at one simulated instant past which the run is called a livelock:
@@ -38,6 +40,11 @@ impl Trace {
             last: VecDeque::new(),
             at_ms: (0, 0),
             spun: None,
+            // `SIM_TAIL=N` keeps more of the story (a replay's whole trace).
+            kept: std::env::var("SIM_TAIL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(KEPT),
         })))
     }
 
@@ -72,7 +79,7 @@ impl Trace {
         line.hash(&mut h);
         t.hash = h.finish();
         t.lines += 1;
-        if t.last.len() == KEPT {
+        if t.last.len() >= t.kept {
             t.last.pop_front();
         }
         t.last.push_back(line);
@@ -91,5 +98,37 @@ impl Trace {
     pub(crate) fn tail(&self, n: usize) -> Vec<String> {
         let t = self.0.lock().unwrap();
         t.last.iter().rev().take(n).rev().cloned().collect()
+    }
+}
+
+impl Trace {
+    /// With `SIM_LOG=<filter>` (e.g. `aether_replicator=debug`), the
+    /// engine's own log lines join the trace, on the simulated clock, for
+    /// as long as the guard lives (this thread only: a run is one thread).
+    pub(crate) fn engine_log(&self) -> Option<tracing::subscriber::DefaultGuard> {
+        let filter = std::env::var("SIM_LOG").ok()?;
+        let trace = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .without_time()
+            .with_ansi(false)
+            .with_writer(move || LogLine(trace.clone()))
+            .finish();
+        Some(tracing::subscriber::set_default(subscriber))
+    }
+}
+
+/// One engine log line on its way into the trace.
+struct LogLine(Trace);
+
+impl std::io::Write for LogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let line = String::from_utf8_lossy(buf);
+        self.0.note(format!("log {}", line.trim_end()));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

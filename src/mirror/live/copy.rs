@@ -142,7 +142,11 @@ pub(crate) async fn plan(
         );
         let (source, peer) = (source?, peer.map_err(|e| writer.txn_error(e))?);
         for (i, key) in chunk.iter().enumerate() {
-            let (want, have) = (first_kv(&source, i), first_kv(&peer, i));
+            // A value found too large for the peer is absent there by
+            // design: the repair of a key put there out of band deletes it
+            // (re-putting the source's value would only be refused).
+            let want = first_kv(&source, i).filter(|_| !writer.is_oversized(key));
+            let have = first_kv(&peer, i);
             let same = match (&want, &have) {
                 (Some(w), Some(h)) => w.value() == h.value() && h.lease() == writer.lease_id(),
                 (None, None) => true,
@@ -182,9 +186,9 @@ pub(crate) type Pending = BTreeSet<Bytes>;
 /// them, and sending the repairs.
 impl Live<'_> {
     /// Takes a response of the copy watch. A watch the peer compacted
-    /// past is re-armed from the oldest revision the peer still has, and
-    /// the copy is counted at once (true): what happened in the gap only a
-    /// count can see.
+    /// past is re-armed from the oldest revision the peer still has; the
+    /// copy is counted at once (true) and verified: what happened in the
+    /// gap only they can see, and only the pass sees an edit.
     pub(super) fn copy_event(
         &mut self,
         msg: Option<etcd::Result<etcd::WatchResponse>>,
@@ -207,14 +211,22 @@ impl Live<'_> {
                 // re-armed for ever (the simulation found that loop).
                 let floor = self.writer.peer_revision() + 1;
                 let from = compact_revision.map_or(floor, |c| (c + 1).max(floor));
-                tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed, and the copy is counted");
+                if !self.verify.is_on() {
+                    // Only a pass can see an edit made in the gap.
+                    return Err(Error::CopyChanged {
+                        peer: self.writer.region.clone(),
+                        why: "the peer compacted past the copy watch, and with verification off only a re-sync can compare what changed in the gap".into(),
+                    });
+                }
+                tracing::info!(peer = %self.writer.region, from, "the peer compacted past the copy watch; re-armed; the copy is counted and verified before it is current again");
                 self.copy = Some(CopyWatch::open(
                     &self.writer.client,
                     self.prefix,
                     from,
                     self.writer.own.clone(),
                 )?);
-                self.fresh.recount();
+                self.fresh.gap();
+                self.verify.run_now(Instant::now());
                 Ok(true)
             }
             Some(Err(e)) => Err(Error::Etcd(e)),

@@ -35,7 +35,11 @@
 //!    it vouches for nothing), and none is taken until then. An event the
 //!    copy watch holds unjudged (a txn of ours in flight when it arrived
 //!    may yet explain it) at or below the peer revision the probe read
-//!    holds the probe until it is judged: it may be the change.
+//!    holds the probe until it is judged: it may be the change. A copy
+//!    watch the peer compacted past missed part of the copy's history: an
+//!    edit in that gap only a comparison of every value can see (a count
+//!    sees a delete or a stray key, not an edit), so after a gap only a
+//!    verification pass begun after it lets the copy be current again.
 //!
 //! ```text
 //!                  probe sent at T          read back: S, member, count
@@ -87,6 +91,19 @@ pub(crate) struct Freshness {
     cadence: Cadence,
     /// Keys the copy watch found changed out of band and not yet repaired.
     out_of_band: bool,
+    /// The copy watch missed part of the copy's history (rule 4).
+    gap: Gap,
+}
+
+/// Whether a gap in the copy watch's history waits for a verification pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Gap {
+    #[default]
+    None,
+    /// No pass begun since.
+    Open,
+    /// A pass begun since is running.
+    Covering,
 }
 
 /// A probe as sent: what the loop knew at that instant.
@@ -186,6 +203,36 @@ impl Freshness {
             pending: None,
             cadence: Cadence::new(u64::try_from(gap).unwrap_or(u64::MAX)),
             out_of_band: false,
+            gap: Gap::None,
+        }
+    }
+
+    /// The copy watch missed part of the copy's history (the peer
+    /// compacted past it): not current until a verification pass begun
+    /// from now on has compared every value. The next probe counts too.
+    pub(crate) fn gap(&mut self) {
+        self.gap = Gap::Open;
+        self.pending = None;
+        self.cadence.recount();
+    }
+
+    /// Whether a gap waits for a pass to begin.
+    pub(crate) fn needs_pass(&self) -> bool {
+        self.gap == Gap::Open
+    }
+
+    /// A verification pass begins.
+    pub(crate) fn pass_started(&mut self) {
+        if self.gap == Gap::Open {
+            self.gap = Gap::Covering;
+        }
+    }
+
+    /// A verification pass ended: completed (every value compared and
+    /// repaired), or not.
+    pub(crate) fn pass_ended(&mut self, completed: bool) {
+        if self.gap == Gap::Covering {
+            self.gap = if completed { Gap::None } else { Gap::Open };
         }
     }
 
@@ -206,13 +253,6 @@ impl Freshness {
     /// Whether keys changed out of band wait for repair.
     pub(crate) fn is_out_of_band(&self) -> bool {
         self.out_of_band
-    }
-
-    /// The copy watch was re-armed after a gap (the peer compacted past
-    /// it): the next probe counts, and until a count matches, none marks
-    /// the copy current.
-    pub(crate) fn recount(&mut self) {
-        self.cadence.recount();
     }
 
     /// A watch message arrived (events or a progress notice).
@@ -325,7 +365,10 @@ impl Freshness {
         self.pending = None;
         Decision {
             idle_through: vouched.then_some(p.source_revision),
-            current_at: (p.checked && now.lease_left >= self.lease_margin && !self.out_of_band)
+            current_at: (p.checked
+                && now.lease_left >= self.lease_margin
+                && !self.out_of_band
+                && self.gap == Gap::None)
                 .then_some(p.sent.at),
         }
     }
@@ -551,8 +594,9 @@ mod tests {
             .count();
         assert_eq!(counting, 2);
         assert!(f.decide(now(t0, Duration::ZERO, 20)).current_at.is_some());
-        // Re-armed: the next probe counts, and marks nothing until it has.
-        f.recount();
+        // Re-armed after a gap: the next probe counts, and marks nothing
+        // until it has (nor until a pass, below).
+        f.gap();
         let sent = f.send(t0, 0, 0, 0);
         assert!(sent.counting);
         f.probed(sent, read(20, None)).unwrap();
@@ -583,5 +627,29 @@ mod tests {
         assert_eq!(f.decide(holding), Decision::default());
         f.out_of_band();
         assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
+    }
+
+    #[test]
+    fn after_a_gap_in_the_copy_watch_only_a_pass_begun_since_makes_it_current() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0, Duration::from_secs(60));
+        probed(&mut f, t0, Some((100, 100)));
+        // A pass already running when the gap opened does not cover it.
+        f.pass_started();
+        f.gap();
+        f.pass_ended(true);
+        let sent = f.send(t0, 0, 0, 0);
+        assert!(sent.counting, "a gap counts at once");
+        f.probed(sent, read(20, Some((100, 100)))).unwrap();
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, None);
+        // One begun since that could not finish does not either.
+        f.pass_started();
+        f.pass_ended(false);
+        probed(&mut f, t0, Some((100, 100)));
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, None);
+        f.pass_started();
+        f.pass_ended(true);
+        probed(&mut f, t0, Some((100, 100)));
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, Some(t0));
     }
 }

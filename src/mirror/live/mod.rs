@@ -342,6 +342,7 @@ impl<'a> Live<'a> {
                     }
                 }, if verify_at.is_some() => {
                     self.verifying = true;
+                    self.fresh.pass_started();
                     verifying = Some(Box::pin(verify::pass(
                         self.writer,
                         self.local,
@@ -510,6 +511,19 @@ impl<'a> Live<'a> {
     /// and tried again soon) when its revision was compacted.
     fn verified(&mut self, report: Result<verify::Report>) -> Result<()> {
         let now = Instant::now();
+        let completed = report.is_ok();
+        self.fresh.pass_ended(completed);
+        let result = self.book_pass(report, now);
+        if completed && self.fresh.needs_pass() {
+            // A gap in the copy watch opened while this pass ran: the
+            // next one runs now, not an interval on (one that could not
+            // finish is tried again after its retry).
+            self.verify.run_now(now);
+        }
+        result
+    }
+
+    fn book_pass(&mut self, report: Result<verify::Report>, now: Instant) -> Result<()> {
         let stats = &self.writer.stats;
         match report {
             Ok(report) => {

@@ -180,8 +180,8 @@ impl Peer {
         // What the copy is, as of this claim: a resumed copy keeps its
         // heartbeat and synced marker; anything else starts unsynced.
         let marks = &self.writer.marks;
-        // A heartbeat from a clock ahead is taken as now, no later: the
-        // state key must not carry a future the consumers read as fresh.
+        // A heartbeat from a clock ahead is of unknown age: not adopted
+        // (the copy is not current until a probe says so).
         marks.adopt_heartbeat(resume.map_or(0, |st| st.heartbeat_unix_ms));
         if let Some(st) = resume.filter(|st| st.heartbeat_unix_ms > 0) {
             // The store's word on when this copy was last current.

@@ -241,7 +241,17 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                             queue.push_front((vec![Delete::key(key.clone()).into()], Some(key)));
                         }
                         None => {
-                            tracing::error!(peer = %w.region, "op exceeds the peer's request size limit; skipped")
+                            // A repair's guarded write (a nested txn) of a
+                            // value not yet known to be too large: leaving
+                            // the key as it is would keep what the repair
+                            // was for, so the session ends and a re-sync,
+                            // which knows what to do with such values,
+                            // compares the copy.
+                            return Err(Error::CopyChanged {
+                                peer: w.region.clone(),
+                                why: "a repair's write exceeds the peer's request size limit"
+                                    .into(),
+                            });
                         }
                     }
                     continue;

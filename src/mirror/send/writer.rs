@@ -81,17 +81,15 @@ impl Marks {
     }
 
     /// Takes a predecessor's heartbeat (Unix ms by its clock; 0: none):
-    /// the copy is as old as that says by this clock, and never younger
-    /// than now (a heartbeat from a clock ahead counts as now).
+    /// the copy is as old as that says by this clock. A heartbeat ahead of
+    /// this clock is of unknown age (written by a clock that was ahead,
+    /// perhaps an hour ago), so it counts as none: the copy is not current
+    /// until a probe says so. Taking it as "now" would let one wall-clock
+    /// step make an old copy read fresh again (the simulation found that).
     pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64) {
-        let at = (heartbeat_unix_ms > 0).then(|| {
-            let age = self
-                .clock
-                .unix_ms()
-                .saturating_sub(heartbeat_unix_ms)
-                .max(0) as u64;
-            mono_us(Instant::now()).saturating_sub(age * 1000)
-        });
+        let age = self.clock.unix_ms() - heartbeat_unix_ms;
+        let at = (heartbeat_unix_ms > 0 && age >= 0)
+            .then(|| mono_us(Instant::now()).saturating_sub(age as u64 * 1000));
         self.current_mono_us.store(at.unwrap_or(0), Relaxed);
     }
 
@@ -375,5 +373,33 @@ impl FencedWriter {
             },
             e => Error::Etcd(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A heartbeat written while the writer's wall clock was an hour ahead
+    /// (an NTP step since undone) says nothing about the copy's age: a
+    /// successor that adopts it must not write it back as "now".
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_from_a_clock_ahead_is_not_adopted() {
+        let wall = Arc::new(AtomicI64::new(1_800_000_000_000));
+        let w = wall.clone();
+        let marks = Marks {
+            clock: Clock::supplied(move || w.load(Relaxed), || 1),
+            ..Marks::default()
+        };
+        let now = wall.load(Relaxed);
+        marks.adopt_heartbeat(now + 3_600_000);
+        assert_eq!(marks.heartbeat_unix_ms(), 0, "never current, not now");
+        // One in the past is its age by this clock, and ages on.
+        marks.adopt_heartbeat(now - 2_000);
+        assert_eq!(marks.heartbeat_unix_ms(), now - 2_000);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        wall.fetch_add(1_000, Relaxed);
+        assert_eq!(marks.heartbeat_unix_ms(), now - 2_000);
     }
 }
