@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 # shellcheck source=e2e/lib.sh
 . e2e/lib.sh
+# Each stage's header says how far into the run it starts, so a slow
+# stage shows in any log.
+stage() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 need_etcd
 # The demo (e2e/demo.sh) reads the replicas' metrics with curl and renders
 # its view with python3.
@@ -38,22 +41,22 @@ for c in rustfmt clippy; do
   fi
 done
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 # The static checks next: they take a minute and fail a run before the
 # suites' half hour.
-echo "== docs (broken links are errors)"
+stage "docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 bash e2e/check-docs.sh   # Markdown links and paths resolve in the repository; no tracker numbers
 
-echo "== the client's dependency count, as crates/aether-etcd/README.md states it"
+stage "the client's dependency count, as crates/aether-etcd/README.md states it"
 bash e2e/client-deps.sh --check
 
-echo "== the client's package holds only what builds and documents it"
+stage "the client's package holds only what builds and documents it"
 package_list=$(cargo package -p aether-etcd --list --allow-dirty)
 if ! grep -qx 'src/lib.rs' <<<"$package_list"; then
   echo "FAIL: cargo package -p aether-etcd --list did not list src/lib.rs" >&2
@@ -66,12 +69,12 @@ if [[ -n "$stray" ]]; then
   exit 1
 fi
 
-echo "== the simulation's reverted fixes still apply (docs/reliability.md)"
+stage "the simulation's reverted fixes still apply (docs/reliability.md)"
 for p in tests/sim/reverts/*.patch; do
   git apply --check "$p"
 done
 
-echo "== deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
+stage "deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
 bash e2e/check-deploy.sh --no-cargo
 
 # The declared MSRV, checked with that toolchain: every target, dev-deps
@@ -83,13 +86,13 @@ if [[ -z $msrv || -z $client_msrv ]]; then
   echo "FAIL: no rust-version = \"...\" line in Cargo.toml or crates/aether-etcd/Cargo.toml" >&2
   exit 1
 fi
-echo "== MSRV: cargo +$msrv check"
+stage "MSRV: cargo +$msrv check"
 need_toolchain "$msrv"
 cargo "+$msrv" check --locked --workspace --all-targets
 # The client's own rust-version, if it claims an older one than the crate
 # that depends on it.
 if [[ $client_msrv != "$msrv" ]]; then
-  echo "== MSRV of aether-etcd: cargo +$client_msrv check"
+  stage "MSRV of aether-etcd: cargo +$client_msrv check"
   need_toolchain "$client_msrv"
   cargo "+$client_msrv" check --locked -p aether-etcd --all-targets
 fi
@@ -102,9 +105,9 @@ suite() {
     cargo test --workspace --no-fail-fast --tests --lib
   fi
 }
-echo "== cargo tests (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
+stage "cargo tests (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
 suite
-echo "== cargo tests (real etcd 3.5.1)"
+stage "cargo tests (real etcd 3.5.1)"
 ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" suite
 # The seeded fault soak (tests/soak, ignored in the suites above), once per
 # etcd version, 90 s of faults each. The seeds are fixed here so that a red
@@ -118,15 +121,15 @@ soak() {
     cargo test --test soak -- --ignored --nocapture
   fi
 }
-echo "== fault soak (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
+stage "fault soak (real etcd $(etcd --version | sed -n 's/etcd Version: //p'))"
 SEED=${SOAK_SEED_34:-5} DURATION=${SOAK_DURATION:-90s} soak
-echo "== fault soak (real etcd 3.5.1)"
+stage "fault soak (real etcd 3.5.1)"
 SEED=${SOAK_SEED_35:-8} DURATION=${SOAK_DURATION:-90s} \
   ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" soak
-echo "== doc tests"
+stage "doc tests"
 cargo test --workspace --doc
 
-echo "== the client crate alone, with each TLS provider and with none; the engine without the app"
+stage "the client crate alone, with each TLS provider and with none; the engine without the app"
 cargo check -p aether-etcd --no-default-features
 cargo check -p aether-etcd --no-default-features --features tls-aws-lc
 # Mozilla's roots compiled in: an https:// endpoint without a CA builds on
@@ -139,7 +142,7 @@ cargo check --lib --no-default-features
 
 # The deterministic simulation (tests/sim), release build, 1,000 seeds on
 # every core: what the suites' fixed seeds cannot cover (docs/reliability.md).
-echo "== simulation: 1,000 seeds"
+stage "simulation: 1,000 seeds"
 if cargo nextest --version >/dev/null 2>&1; then
   SIM_SEEDS=1000 SIM_FROM=1 cargo nextest run --release --test sim --run-ignored only --retries 0
 else
@@ -150,10 +153,10 @@ fi
 # and run for a few seconds on its corpus; fuzz/README.md has the numbers.
 # libfuzzer-sys compiles libFuzzer with a C++ compiler.
 need_commands g++
-echo "== fuzz targets build and run"
+stage "fuzz targets build and run"
 bash fuzz/smoke.sh
 
-echo "== the demo: demo.sh | tee, Ctrl-C, nothing left running"
+stage "the demo: demo.sh | tee, Ctrl-C, nothing left running"
 bash e2e/demo-test.sh 1
 
 # The multi-region harness, aether-e2e (crates/test-kit/src/bin/aether-e2e),
@@ -177,7 +180,7 @@ leftovers() {
 # to precede it checked (verify and alerts run the same steps on a, b and
 # c), so that run was dropped; direct links are covered by the demo and the
 # burst below.
-echo "== multi-region e2e, 3 regions"
+stage "multi-region e2e, 3 regions"
 state=$(mktemp -d)
 trap '"$e2e_bin" down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
 "$e2e_bin" up --state "$state" --regions 3 --prometheus --link-delay 5 --link-jitter 20
@@ -189,7 +192,7 @@ trap - EXIT
 leftovers
 # Many regions under load (docs/scale.md): five regions, one burst round in
 # every region at once; fails if a peer never holds a region's burst.
-echo "== multi-region burst, 5 regions"
+stage "multi-region burst, 5 regions"
 state=$(mktemp -d)
 trap '"$e2e_bin" down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
 "$e2e_bin" up --state "$state" --regions 5
@@ -197,4 +200,4 @@ trap '"$e2e_bin" down --state "$state" >/dev/null 2>&1 || true; leftovers || tru
 "$e2e_bin" down --state "$state"
 trap - EXIT
 leftovers
-echo "== all tests passed"
+stage "all tests passed"
