@@ -38,7 +38,9 @@ pub enum ResyncReason {
     /// The copy stayed stale past the bound; a re-sync before lapsing.
     Stale,
     /// A sync was interrupted before it completed (the link or the source
-    /// failed mid-way); the next session syncs again.
+    /// failed mid-way), or a copy was left not synced (an out-of-band
+    /// change not yet repaired when its writer stopped); the next session
+    /// syncs again.
     Interrupted,
     /// The freshness probe found the copy changed out of band (emptied,
     /// grown, or its keys removed with a revoked lease).

@@ -373,6 +373,7 @@ mod tests {
             heartbeat_unix_ms,
             synced,
             lease_ttl: 0,
+            checked: 0,
         }
     }
 

@@ -149,6 +149,10 @@ impl Peer {
                 if adopted
                     && st.lease == lease
                     && st.revision > 0
+                    // A copy its writer left not synced (an out-of-band
+                    // change it had not repaired, a sync cut short) is
+                    // re-synced: what it still owed is not in the key.
+                    && st.synced
                     && source_changed.is_none()
                     && self.force_sync.is_none() =>
             {
@@ -168,7 +172,11 @@ impl Peer {
                 None if ttl_changed => ResyncReason::LeaseTtl,
                 // A sync of this engine's, or of a predecessor's, that never
                 // completed (its claim still records no revision).
-                None if self.sync_pending || stored.state.is_some_and(|st| st.revision == 0) => {
+                None if self.sync_pending
+                    || stored
+                        .state
+                        .is_some_and(|st| st.revision == 0 || (adopted && !st.synced)) =>
+                {
                     ResyncReason::Interrupted
                 }
                 None if !adopted && !self.fresh => ResyncReason::LeaseLost,
@@ -219,12 +227,22 @@ impl Peer {
         // from this claim's read on (the sync compares what came before,
         // and a change during the sync is the watch's). Our own txns are
         // booked from here on.
-        let copy_from = if sync.is_none() && stored.create_revision != 0 {
-            stored.mod_revision + 1
-        } else {
-            peer_header.revision + 1
+        // A predecessor's own copy watch ran behind its writes: from past
+        // what it had judged (`checked` in the state key), if it says.
+        let copy_from = match resume {
+            _ if sync.is_some() || stored.create_revision == 0 => peer_header.revision + 1,
+            Some(st) if st.checked > 0 => st.checked.min(stored.mod_revision) + 1,
+            _ => stored.mod_revision + 1,
         };
         self.copy_from = copy_from;
+        // Judged through the watch's start: what came before is the
+        // predecessor's judgement, or the sync's to compare.
+        let checked = if self.cfg.copy_watch {
+            copy_from - 1
+        } else {
+            0
+        };
+        w.marks.checked.store(checked, Relaxed);
         if self.cfg.copy_watch {
             w.own.arm(copy_from);
         }
