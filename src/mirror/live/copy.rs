@@ -230,8 +230,13 @@ impl Live<'_> {
                     from,
                     self.writer.own.clone(),
                 )?);
+                // Not synced until the pass: a successor (which resumes the
+                // watch from past what this one judged) re-syncs instead.
                 self.fresh.gap();
                 self.verify.run_now(Instant::now());
+                self.writer.marks.synced.store(false, Relaxed);
+                self.writer.stats.set_synced(false);
+                self.heartbeat_dirty = true;
                 Ok(true)
             }
             Some(Err(e)) => Err(Error::Etcd(e)),
@@ -319,8 +324,17 @@ impl Live<'_> {
         {
             return;
         }
-        let w = self.writer;
         self.fresh.repaired();
+        self.resynced();
+    }
+
+    /// The copy is whole again, unless a gap in the copy watch still waits
+    /// for its verification pass: the state key says synced again.
+    pub(super) fn resynced(&mut self) {
+        if self.fresh.is_out_of_band() || self.fresh.gap_open() {
+            return;
+        }
+        let w = self.writer;
         w.marks.synced.store(true, Relaxed);
         w.stats.set_synced(!self.verify.overdue());
         self.heartbeat_dirty = true;

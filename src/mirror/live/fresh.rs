@@ -216,6 +216,11 @@ impl Freshness {
         self.cadence.recount();
     }
 
+    /// Whether a gap in the copy watch's history waits for a pass.
+    pub(crate) fn gap_open(&self) -> bool {
+        self.gap != Gap::None
+    }
+
     /// Whether a gap waits for a pass to begin.
     pub(crate) fn needs_pass(&self) -> bool {
         self.gap == Gap::Open

@@ -512,8 +512,12 @@ impl<'a> Live<'a> {
     fn verified(&mut self, report: Result<verify::Report>) -> Result<()> {
         let now = Instant::now();
         let completed = report.is_ok();
+        let gap = self.fresh.gap_open();
         self.fresh.pass_ended(completed);
         let result = self.book_pass(report, now);
+        if gap && !self.fresh.gap_open() {
+            self.resynced();
+        }
         if completed && self.fresh.needs_pass() {
             // A gap in the copy watch opened while this pass ran: the
             // next one runs now, not an interval on (one that could not
