@@ -156,7 +156,6 @@ fn served_metrics() -> BTreeMap<String, String> {
                 heartbeat_unix_ms: now - 1000,
                 synced: true,
                 lease_ttl: 30,
-                checked: 0,
             }),
             lease: LeaseId::NONE,
             ttl: Some(LeaseLookup {

@@ -96,7 +96,6 @@ fn state(synced: bool, heartbeat_unix_ms: i64) -> State {
         heartbeat_unix_ms,
         synced,
         lease_ttl: 0,
-        checked: 0,
     }
 }
 

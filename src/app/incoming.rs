@@ -302,7 +302,6 @@ mod tests {
             heartbeat_unix_ms: unix_ms() - 3_000,
             synced: true,
             lease_ttl: 0,
-            checked: 0,
         });
         let st = fresh.staleness().unwrap();
         assert!(st >= Duration::from_secs(3) && st < Duration::from_secs(10));

@@ -380,7 +380,6 @@ mod tests {
                 heartbeat_unix_ms: 0,
                 synced: true,
                 lease_ttl: 0,
-                checked: 0,
             }),
             lease_left: left,
             lease_granted: granted,

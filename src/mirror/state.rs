@@ -2,7 +2,7 @@
 //!
 //! `<state_root><region>/state` lives outside the registry root, under the
 //! mirror lease, and reads
-//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> origin=<hex> heartbeat=<ms> synced=<0|1> ttl=<s> checked=<r>`:
+//! `v1 revision=<r> lease=<id> holder=<hex> source=<hex> origin=<hex> heartbeat=<ms> synced=<0|1> ttl=<s>`:
 //!
 //! - `revision`: every source revision up to it is applied on this peer.
 //!   It is a lower bound (txns may be in flight past it), so resuming from
@@ -27,19 +27,10 @@
 //! - `ttl`: the TTL the lease was granted with, in seconds. The key lives
 //!   under that lease, so a successor that reads it knows the lease alive
 //!   and its TTL without asking the peer (a round trip less on a restart).
-//! - `checked`: a revision of the *peer*: the writer's copy watch had
-//!   judged every change to the copy up to it, and an out-of-band one
-//!   among them is reflected in `synced`. A successor that resumes the
-//!   copy watches it from just past `checked`, not from this write: the
-//!   watch runs behind the writes, and a change made just before this
-//!   write may not have been judged yet. It judges again what came after
-//!   (its predecessor's own writes among it): a false alarm at most,
-//!   which the repair's comparison with the source settles.
 //!
-//! The last six were added later; a value without them decodes with
+//! The last five were added later; a value without them decodes with
 //! `source=0` and `origin=0` (unknown), `heartbeat=0` (never),
-//! `synced=0`, `ttl=0` (unknown: the reader asks the lease) and
-//! `checked=0` (unknown: a successor watches from the key's own write). Readers
+//! `synced=0` and `ttl=0` (unknown: the reader asks the lease). Readers
 //! skip fields they do not know, so an engine that predates a field reads
 //! a value that carries it (a rolling upgrade runs both).
 //!
@@ -76,9 +67,6 @@ pub struct State {
     /// The TTL the lease was granted with, seconds; 0: unknown (written
     /// by an engine that predates the field).
     pub lease_ttl: i64,
-    /// The peer revision through which the writer's copy watch had judged
-    /// the copy; 0: unknown (see the module doc).
-    pub checked: i64,
 }
 
 impl State {
@@ -112,7 +100,7 @@ impl State {
     /// The encoded value.
     pub fn encode(&self) -> Bytes {
         Bytes::from(format!(
-            "v1 revision={} lease={} holder={:016x} source={:016x} origin={:016x} heartbeat={} synced={} ttl={} checked={}",
+            "v1 revision={} lease={} holder={:016x} source={:016x} origin={:016x} heartbeat={} synced={} ttl={}",
             self.revision,
             // Decimal, as the format always had it (not LeaseId's hex).
             self.lease.get(),
@@ -121,8 +109,7 @@ impl State {
             self.source_id,
             self.heartbeat_unix_ms,
             u8::from(self.synced),
-            self.lease_ttl,
-            self.checked
+            self.lease_ttl
         ))
     }
 
@@ -136,7 +123,7 @@ impl State {
         let (mut revision, mut lease, mut holder) = (None, None, None);
         let (mut source_cluster, mut source_id, mut heartbeat_unix_ms, mut synced) =
             (0, 0, 0, false);
-        let (mut lease_ttl, mut checked) = (0, 0);
+        let mut lease_ttl = 0;
         for part in parts {
             let (k, v) = part.split_once('=')?;
             match k {
@@ -149,7 +136,6 @@ impl State {
                 "synced" => synced = v == "1",
                 // A negative TTL is no TTL: ask the lease.
                 "ttl" => lease_ttl = v.parse::<i64>().ok()?.max(0),
-                "checked" => checked = v.parse::<i64>().ok()?.max(0),
                 _ => {}
             }
         }
@@ -162,7 +148,6 @@ impl State {
             heartbeat_unix_ms,
             synced,
             lease_ttl,
-            checked,
         })
     }
 }
@@ -301,7 +286,6 @@ mod tests {
             heartbeat_unix_ms: 1_796_000_000_123,
             synced: true,
             lease_ttl: 30,
-            checked: 41,
         };
         assert_eq!(State::decode(&s.encode()), Some(s));
         // Written by an engine before the identity fields.
@@ -317,10 +301,6 @@ mod tests {
             (9, 0, 0, 0, false)
         );
         assert_eq!(old.lease_ttl, 0, "unknown: the reader asks the lease");
-        assert_eq!(
-            old.checked, 0,
-            "unknown: a successor watches from the key's write"
-        );
         // Written before the TTL field, and read by an engine that has it.
         let before_ttl = State::decode(
             b"v1 revision=9 lease=3 holder=00000000000000aa source=0000000000000001 origin=0000000000000002 heartbeat=5 synced=1",

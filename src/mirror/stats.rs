@@ -39,8 +39,9 @@ pub enum ResyncReason {
     Stale,
     /// A sync was interrupted before it completed (the link or the source
     /// failed mid-way), or a copy was left not synced (an out-of-band
-    /// change not yet repaired when its writer stopped); the next session
-    /// syncs again.
+    /// change not yet repaired, or a gap in the copy watch not yet
+    /// verified, when its writer's session ended); the next session syncs
+    /// again.
     Interrupted,
     /// The freshness probe found the copy changed out of band (emptied,
     /// grown, or its keys removed with a revoked lease).

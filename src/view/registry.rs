@@ -373,7 +373,6 @@ mod tests {
             heartbeat_unix_ms,
             synced,
             lease_ttl: 0,
-            checked: 0,
         }
     }
 

@@ -90,11 +90,6 @@ impl CopyWatch {
         self.held.front().map(|h| h.0)
     }
 
-    /// The revision through which every event has been judged.
-    pub(crate) fn judged_through(&self) -> i64 {
-        self.held.front().map_or(self.seen, |h| h.0 - 1)
-    }
-
     /// Judges the held events that can be judged now, in order: the keys
     /// changed out of band among them.
     pub(crate) fn judge(&mut self) -> Vec<Bytes> {
@@ -253,12 +248,10 @@ impl Live<'_> {
             return Ok(());
         };
         let foreign = copy.judge();
-        let through = copy.judged_through();
-        let w = self.writer;
         if foreign.is_empty() {
-            w.marks.checked.fetch_max(through, Relaxed);
             return Ok(());
         }
+        let w = self.writer;
         w.stats.out_of_band.fetch_add(foreign.len() as u64, Relaxed);
         if !self.fresh.is_out_of_band() {
             tracing::warn!(peer = %w.region, keys = foreign.len(), first = %String::from_utf8_lossy(&foreign[0]), "the copy was changed out of band: not current until repaired");
@@ -268,9 +261,6 @@ impl Live<'_> {
             self.heartbeat_dirty = true;
         }
         self.to_repair.extend(foreign);
-        // Only now, with the alarm in the marks the next state write
-        // reads: a successor resumes the watch from past `checked`.
-        w.marks.checked.fetch_max(through, Relaxed);
         if self.to_repair.len() > MAX_REPAIR_KEYS {
             return Err(Error::CopyChanged {
                 peer: w.region.clone(),

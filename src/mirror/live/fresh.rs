@@ -639,6 +639,12 @@ mod tests {
         let t0 = Instant::now();
         let mut f = Freshness::new(HB, TTL, 0, Duration::from_secs(60));
         probed(&mut f, t0, Some((100, 100)));
+        // Probes that count when due, and stand on the last count between.
+        let probe = |f: &mut Freshness| {
+            let sent = f.send(t0, 0, 0, 0);
+            f.probed(sent, read(20, sent.counting.then_some((100, 100))))
+                .unwrap();
+        };
         // A pass already running when the gap opened does not cover it.
         f.pass_started();
         f.gap();
@@ -650,11 +656,11 @@ mod tests {
         // One begun since that could not finish does not either.
         f.pass_started();
         f.pass_ended(false);
-        probed(&mut f, t0, Some((100, 100)));
+        probe(&mut f);
         assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, None);
         f.pass_started();
         f.pass_ended(true);
-        probed(&mut f, t0, Some((100, 100)));
+        probe(&mut f);
         assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, Some(t0));
     }
 }

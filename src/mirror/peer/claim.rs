@@ -144,15 +144,22 @@ impl Peer {
                 (grant.id, false)
             }
         };
+        // What this engine's own last session on the peer left owing: a
+        // change to the copy it saw and did not repair, or a gap in its
+        // copy watch not yet verified. Its marks say so even when the
+        // session ended before a state write could.
+        let owed = !self.fresh && !self.writer.marks.synced.load(Relaxed);
         let resume = match stored.state {
             Some(st)
                 if adopted
                     && st.lease == lease
                     && st.revision > 0
-                    // A copy its writer left not synced (an out-of-band
-                    // change it had not repaired, a sync cut short) is
-                    // re-synced: what it still owed is not in the key.
+                    // A copy its writer left not synced (see `owed`, or a
+                    // sync cut short) is re-synced: what it still owed is
+                    // not in the key, and the next copy watch starts past
+                    // the change that caused it.
                     && st.synced
+                    && !owed
                     && source_changed.is_none()
                     && self.force_sync.is_none() =>
             {
@@ -173,6 +180,7 @@ impl Peer {
                 // A sync of this engine's, or of a predecessor's, that never
                 // completed (its claim still records no revision).
                 None if self.sync_pending
+                    || owed
                     || stored
                         .state
                         .is_some_and(|st| st.revision == 0 || (adopted && !st.synced)) =>
@@ -227,22 +235,12 @@ impl Peer {
         // from this claim's read on (the sync compares what came before,
         // and a change during the sync is the watch's). Our own txns are
         // booked from here on.
-        // A predecessor's own copy watch ran behind its writes: from past
-        // what it had judged (`checked` in the state key), if it says.
-        let copy_from = match resume {
-            _ if sync.is_some() || stored.create_revision == 0 => peer_header.revision + 1,
-            Some(st) if st.checked > 0 => st.checked.min(stored.mod_revision) + 1,
-            _ => stored.mod_revision + 1,
+        let copy_from = if sync.is_none() && stored.create_revision != 0 {
+            stored.mod_revision + 1
+        } else {
+            peer_header.revision + 1
         };
         self.copy_from = copy_from;
-        // Judged through the watch's start: what came before is the
-        // predecessor's judgement, or the sync's to compare.
-        let checked = if self.cfg.copy_watch {
-            copy_from - 1
-        } else {
-            0
-        };
-        w.marks.checked.store(checked, Relaxed);
         if self.cfg.copy_watch {
             w.own.arm(copy_from);
         }

@@ -72,9 +72,6 @@ pub(crate) struct Marks {
     pub(crate) lease_ttl: AtomicI64,
     /// The wall clock the heartbeat is read from.
     pub(crate) clock: Clock,
-    /// The peer revision through which the copy watch has judged the copy
-    /// (0: no copy watch), written as the state key's `checked`.
-    pub(crate) checked: AtomicI64,
 }
 
 impl Marks {
@@ -240,7 +237,6 @@ impl FencedWriter {
             heartbeat_unix_ms: self.marks.heartbeat_unix_ms(),
             synced: self.marks.synced.load(Relaxed),
             lease_ttl: self.marks.lease_ttl.load(Relaxed),
-            checked: self.marks.checked.load(Relaxed),
         }
     }
 
