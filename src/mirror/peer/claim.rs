@@ -179,15 +179,15 @@ impl Peer {
                 None if ttl_changed => ResyncReason::LeaseTtl,
                 // A sync of this engine's, or of a predecessor's, that never
                 // completed (its claim still records no revision).
-                None if self.sync_pending
-                    || owed
-                    || stored
-                        .state
-                        .is_some_and(|st| st.revision == 0 || (adopted && !st.synced)) =>
-                {
+                None if self.sync_pending || stored.state.is_some_and(|st| st.revision == 0) => {
                     ResyncReason::Interrupted
                 }
+                // The copy went with its lease: whatever it owed went too.
                 None if !adopted && !self.fresh => ResyncReason::LeaseLost,
+                // Left not synced: a change not repaired, a gap not verified.
+                None if owed || stored.state.is_some_and(|st| adopted && !st.synced) => {
+                    ResyncReason::Interrupted
+                }
                 None if self.fresh => ResyncReason::Initial,
                 // The state key was removed or replaced under this engine.
                 None => ResyncReason::Fenced,
