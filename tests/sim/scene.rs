@@ -262,9 +262,8 @@ fn finish(mut regions: Vec<Region>, trace: Trace, mut out: Outcome) -> Outcome {
     let (hash, lines) = trace.hash();
     out.hash = hash;
     out.lines = lines;
-    if !out.violations.is_empty() {
-        out.tail = trace.tail(usize::MAX);
-    }
+    // Kept for a violation's report, and for a replay's comparison.
+    out.tail = trace.tail(usize::MAX);
     out
 }
 

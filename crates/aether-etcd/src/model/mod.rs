@@ -374,7 +374,10 @@ async fn expiry_task(shared: Weak<Shared>, wake: Arc<Notify>) {
         };
         match next {
             Some(at) => {
+                // Biased: an unbiased select draws from the runtime's
+                // random source, and a simulation must replay exactly.
                 tokio::select! {
+                    biased;
                     () = tokio::time::sleep_until(at) => {}
                     () = wake.notified() => {}
                 }
