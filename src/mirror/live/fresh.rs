@@ -234,11 +234,13 @@ impl Freshness {
     }
 
     /// A verification pass ended: completed (every value compared and
-    /// repaired), or not.
-    pub(crate) fn pass_ended(&mut self, completed: bool) {
-        if self.gap == Gap::Covering {
-            self.gap = if completed { Gap::None } else { Gap::Open };
+    /// repaired), or not. Whether it closed a gap.
+    pub(crate) fn pass_ended(&mut self, completed: bool) -> bool {
+        if self.gap != Gap::Covering {
+            return false;
         }
+        self.gap = if completed { Gap::None } else { Gap::Open };
+        completed
     }
 
     /// The copy watch saw a change that was not ours: the copy is not

@@ -512,22 +512,7 @@ impl<'a> Live<'a> {
     fn verified(&mut self, report: Result<verify::Report>) -> Result<()> {
         let now = Instant::now();
         let completed = report.is_ok();
-        let gap = self.fresh.gap_open();
-        self.fresh.pass_ended(completed);
-        let result = self.book_pass(report, now);
-        if gap && !self.fresh.gap_open() {
-            self.resynced();
-        }
-        if completed && self.fresh.needs_pass() {
-            // A gap in the copy watch opened while this pass ran: the
-            // next one runs now, not an interval on (one that could not
-            // finish is tried again after its retry).
-            self.verify.run_now(now);
-        }
-        result
-    }
-
-    fn book_pass(&mut self, report: Result<verify::Report>, now: Instant) -> Result<()> {
+        let closed_gap = self.fresh.pass_ended(completed);
         let stats = &self.writer.stats;
         match report {
             Ok(report) => {
@@ -537,7 +522,6 @@ impl<'a> Live<'a> {
                 if was_overdue {
                     stats.set_synced(true);
                 }
-                Ok(())
             }
             Err(Error::Etcd(etcd::Error::Compacted { .. })) => {
                 tracing::info!(peer = %self.writer.region, "verification skipped: its pinned revision was compacted; the next pass pins a newer one");
@@ -548,10 +532,19 @@ impl<'a> Live<'a> {
                     tracing::warn!(peer = %self.writer.region, "verification could not finish several times in a row: the copy is reported not synced until a pass does");
                     stats.set_synced(false);
                 }
-                Ok(())
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
         }
+        if closed_gap {
+            self.resynced();
+        }
+        if completed && self.fresh.needs_pass() {
+            // A gap in the copy watch opened while this pass ran: the
+            // next one runs now, not an interval on (one that could not
+            // finish is tried again after its retry).
+            self.verify.run_now(now);
+        }
+        Ok(())
     }
 
     /// Asks [`Freshness`] whether the pending probe settles now, and
