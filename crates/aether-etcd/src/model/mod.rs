@@ -339,8 +339,12 @@ struct Shared {
     state: Mutex<State>,
     /// Wakes the expiry task: a new deadline, or the cluster is gone.
     expiry: Arc<Notify>,
-    /// Bumped on every release, for requests waiting on a held member.
-    released: tokio::sync::watch::Sender<u64>,
+    /// Wakes the requests waiting on a held member at each release. A
+    /// `Notify`, not a `watch`: a watch channel parks its receivers on one
+    /// of eight lists drawn at random, so the order they wake in would
+    /// differ from run to run, and a simulation on the model would not
+    /// replay.
+    released: Notify,
 }
 
 impl Shared {
@@ -446,7 +450,7 @@ impl Cluster {
                 raft_index: 1,
             }),
             expiry: expiry.clone(),
-            released: tokio::sync::watch::Sender::new(0),
+            released: Notify::new(),
         });
         tokio::spawn(expiry_task(Arc::downgrade(&shared), expiry));
         Cluster { shared }
@@ -493,7 +497,7 @@ impl Cluster {
         st.members[i].held = false;
         st.pump();
         drop(st);
-        self.shared.released.send_modify(|n| *n += 1);
+        self.shared.released.notify_waiters();
     }
 
     /// The current revision.
@@ -587,11 +591,16 @@ impl Client {
 
     /// Waits while the member is held: what needs it to apply.
     async fn wait_released(&self) {
-        let mut rx = self.shared.released.subscribe();
-        while self.shared.lock().members[self.member].held {
-            if rx.changed().await.is_err() {
+        loop {
+            // Registered before the check, so a release between the two
+            // is not missed.
+            let released = self.shared.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !self.shared.lock().members[self.member].held {
                 return;
             }
+            released.await;
         }
     }
 
