@@ -392,25 +392,31 @@ impl PeerStats {
         let now = mono_us(Instant::now());
         Duration::from_micros(now.saturating_sub(self.current_mono_us.load(Relaxed)))
     }
-    /// The peer held everything the source did at `at` (Unix ms `at_unix_ms`).
+    /// The peer held everything the source did at `at` (Unix ms `at_unix_ms`
+    /// by the engine's clock, never ahead of it).
+    ///
+    /// Every wall time here comes from the caller, read off the engine's
+    /// [`Clock`](super::clock::Clock), never from the system: the lapse
+    /// decision compares it with the engine's own, and a simulation's
+    /// clock is not the system's.
     pub(crate) fn mark_current(&self, at: Instant, at_unix_ms: i64) {
         self.current_mono_us.fetch_max(mono_us(at), Relaxed);
         // Stored, not the max: a wall clock stepped back must not leave a
         // heartbeat ahead of it.
-        self.current_unix_ms
-            .store(at_unix_ms.min(unix_ms()), Relaxed);
+        self.current_unix_ms.store(at_unix_ms, Relaxed);
     }
-    /// Starts the staleness count now (a new engine, or a new leader).
-    pub(crate) fn reset_current(&self) {
+    /// Starts the staleness count now (a new engine, or a new leader), at
+    /// `now_unix_ms` by the engine's clock.
+    pub(crate) fn reset_current(&self, now_unix_ms: i64) {
         self.current_mono_us.store(mono_us(Instant::now()), Relaxed);
-        self.current_unix_ms.store(unix_ms(), Relaxed);
+        self.current_unix_ms.store(now_unix_ms, Relaxed);
     }
     /// Takes a predecessor's heartbeat (Unix ms, by its clock): the copy
-    /// is as old as that says. A heartbeat ahead of this clock is of
-    /// unknown age and changes nothing: the count runs on from this
-    /// engine's own last mark, or its start.
-    pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64) {
-        let now_ms = unix_ms();
+    /// is as old as that says by this engine's clock, which reads
+    /// `now_ms`. A heartbeat ahead of this clock is of unknown age and
+    /// changes nothing: the count runs on from this engine's own last
+    /// mark, or its start.
+    pub(crate) fn adopt_heartbeat(&self, heartbeat_unix_ms: i64, now_ms: i64) {
         if heartbeat_unix_ms > now_ms {
             return;
         }

@@ -24,7 +24,6 @@ use super::live::Opened;
 use super::live::batch::STATE_RESERVE_BYTES;
 use super::send::writer::FencedWriter;
 use super::send::{Link, Pipeline};
-use super::stats::unix_ms;
 use crate::error::Result;
 use crate::etcd::{Delete, Op, Range, TxnBatcher};
 use crate::store::Store;
@@ -39,7 +38,6 @@ pub(crate) struct Pinned {
     /// Just before S was read: the copy will hold everything the source
     /// held then (a heartbeat may not claim a later moment).
     started: Instant,
-    started_ms: i64,
     merge: Merge,
     /// The source and its subtree, for the progress log's count.
     local: Store,
@@ -77,7 +75,6 @@ pub(crate) async fn pin(
             slots.acquire_owned().await.ok()
         }
     };
-    let started_ms = unix_ms();
     let started = Instant::now();
     let at = local
         .range(Range::key(prefix.clone()).count_only())
@@ -90,7 +87,6 @@ pub(crate) async fn pin(
         at,
         live,
         started,
-        started_ms,
         merge,
         local,
         prefix,
@@ -105,7 +101,7 @@ pub(crate) async fn run(
     pinned: &mut Pinned,
     splits: &mut CountSplits,
 ) -> Result<()> {
-    let (at, started, started_ms) = (pinned.at, pinned.started, pinned.started_ms);
+    let (at, started) = (pinned.at, pinned.started);
     // Every source key goes by in order: the probe's count pieces come out
     // even, however the subtree was written.
     splits.restart();
@@ -191,6 +187,8 @@ pub(crate) async fn run(
     writer.marks.synced.store(true, Relaxed);
     writer.marks.mark_current(started);
     writer.write(Vec::new(), Some(at)).await?;
+    // Its Unix time by the engine's clock now, never ahead of it.
+    let started_ms = writer.marks.clock.unix_ms() - started.elapsed().as_millis() as i64;
     writer.stats.mark_current(started, started_ms);
     writer.stats.sync_puts.fetch_add(puts, Relaxed);
     writer.stats.sync_deletes.fetch_add(deletes, Relaxed);

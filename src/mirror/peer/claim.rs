@@ -201,7 +201,9 @@ impl Peer {
         marks.adopt_heartbeat(resume.map_or(0, |st| st.heartbeat_unix_ms));
         if let Some(st) = resume.filter(|st| st.heartbeat_unix_ms > 0) {
             // The store's word on when this copy was last current.
-            self.writer.stats.adopt_heartbeat(st.heartbeat_unix_ms);
+            self.writer
+                .stats
+                .adopt_heartbeat(st.heartbeat_unix_ms, self.cfg.clock.unix_ms());
         }
         marks
             .synced

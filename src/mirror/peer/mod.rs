@@ -105,7 +105,7 @@ impl Peer {
         // better (a resumed state key's heartbeat, or a probe): counters
         // kept across leadership terms must not make a new leader's copy
         // look as old as the process.
-        stats.reset_current();
+        stats.reset_current(cfg.clock.unix_ms());
         let link = Link {
             pacer: Pacer::new(cfg.max_inflight, cfg.max_inflight_bytes, Instant::now()),
             limits: Limits::new(cfg.limits, cfg.limit_reprobe),
