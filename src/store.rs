@@ -304,3 +304,76 @@ impl Lease for LeaseHandle {
         LeaseHandle::subscribe(self)
     }
 }
+
+/// The in-memory model as a store, for the engine's unit tests: every call
+/// answered at once as etcd would, no faults. What the tests here do not
+/// need (watches, keep-alives) fails as an unreachable etcd would; the
+/// simulation (`tests/sim`) puts its own backend, with faults, in front of
+/// the model.
+#[cfg(test)]
+impl Backend for aether_etcd::model::Client {
+    fn range(&self, req: Range) -> BoxFuture<'_, etcd::Result<RangeResponse>> {
+        Box::pin(aether_etcd::model::Client::range(self, req))
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, etcd::Result<TxnResponse>> {
+        Box::pin(aether_etcd::model::Client::txn(self, txn))
+    }
+
+    fn scan(&self, from: Bytes, end: Bytes, page_size: usize, revision: i64) -> Scan {
+        let model = self.clone();
+        Scan::with_range(
+            move |req| {
+                let model = model.clone();
+                async move { model.range(req).await }
+            },
+            from,
+            end,
+            page_size,
+            revision,
+        )
+    }
+
+    fn watch(
+        &self,
+        _opts: WatchOptions,
+    ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
+        Err(etcd::Error::Unavailable(
+            "no watches in the unit tests' model".into(),
+        ))
+    }
+
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+        Box::pin(aether_etcd::model::Client::lease_grant(self, ttl))
+    }
+
+    fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {
+        Box::pin(aether_etcd::model::Client::lease_revoke(self, id))
+    }
+
+    fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> BoxFuture<'_, etcd::Result<LeaseTtl>> {
+        Box::pin(aether_etcd::model::Client::lease_time_to_live(
+            self, id, keys,
+        ))
+    }
+
+    fn keep_alive(
+        &self,
+        _id: LeaseId,
+        _ttl: Duration,
+    ) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
+        Box::pin(async {
+            Err(etcd::Error::Unavailable(
+                "no keep-alives in the unit tests' model".into(),
+            ))
+        })
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        vec!["model".into()]
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+}

@@ -335,4 +335,133 @@ mod tests {
             [vec!["k0", "k1"], vec!["k2"]]
         );
     }
+
+    // The pipeline's error paths, on the in-memory model of etcd: each txn
+    // the peer refuses, and what the session is told.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use aether_etcd::model::{self, Cluster, ModelConfig};
+
+    use crate::etcd::{Put, Range, Txn};
+    use crate::mirror::clock::Clock;
+    use crate::mirror::state::State;
+    use crate::mirror::stats::PeerStats;
+    use crate::store::Store;
+
+    const STATE_KEY: &str = "/state/a";
+
+    /// A peer on the model, a writer to it (holder 9, fencing on a state
+    /// key not created yet) and a link that knows nothing of its limits.
+    fn peer(cfg: ModelConfig) -> (model::Client, FencedWriter, Link) {
+        let model = Cluster::new(cfg).client(0);
+        let writer = FencedWriter::new(
+            "b".into(),
+            Store::new(model.clone()),
+            Bytes::from_static(STATE_KEY.as_bytes()),
+            9,
+            Arc::new(PeerStats::new("b")),
+            Clock::system(),
+        );
+        let link = Link {
+            pacer: Pacer::new(16, 1 << 20, Instant::now()),
+            limits: Limits::new(TxnLimits::default(), Duration::from_secs(600)),
+        };
+        (model, writer, link)
+    }
+
+    /// Sends `ops` and settles the one txn.
+    async fn send_one(writer: &FencedWriter, link: &mut Link, ops: Vec<Op>) -> Result<()> {
+        let mut pipeline = Pipeline::new(writer, link);
+        pipeline.send(ops, None, ());
+        let done = pipeline.next().await.expect("one txn in flight");
+        pipeline.settle(done).await
+    }
+
+    async fn value(model: &model::Client, key: &str) -> Option<Bytes> {
+        let resp = model.range(Range::key(key.to_owned())).await.unwrap();
+        resp.kvs().first().map(|kv| kv.value().clone())
+    }
+
+    fn puts(n: usize) -> Vec<Op> {
+        (0..n)
+            .map(|i| Put::new(format!("k{i}"), "v").into())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_txn_over_the_peers_op_limit_goes_in_pieces_and_the_limit_is_learnt() {
+        let (model, writer, mut link) = peer(ModelConfig::default().with_max_txn_ops(4));
+        send_one(&writer, &mut link, puts(10)).await.unwrap();
+        for i in 0..10 {
+            assert_eq!(
+                value(&model, &format!("k{i}")).await.as_deref(),
+                Some(&b"v"[..])
+            );
+        }
+        assert!(
+            link.limits.current().max_ops <= 4,
+            "{:?}",
+            link.limits.current()
+        );
+        assert_eq!(writer.stats.errors(ErrorKind::TooManyOps), 1);
+    }
+
+    #[tokio::test]
+    async fn a_value_too_large_for_the_peer_is_deleted_there_never_left_old() {
+        let (model, writer, mut link) = peer(ModelConfig::default().with_max_request_bytes(2_048));
+        model.put(Put::new("k", "old")).await.unwrap();
+        let big = Put::new("k", vec![b'x'; 3_000]).into();
+        send_one(&writer, &mut link, vec![big]).await.unwrap();
+        assert_eq!(value(&model, "k").await, None);
+        assert!(writer.is_oversized(b"k"));
+        assert_eq!(writer.stats.errors(ErrorKind::TooLarge), 1);
+    }
+
+    /// A repair's guarded write is a nested txn: no key of its own to
+    /// delete instead, so the session ends and a re-sync decides.
+    #[tokio::test]
+    async fn a_repairs_write_too_large_for_the_peer_ends_the_session_for_a_resync() {
+        let (model, writer, mut link) = peer(ModelConfig::default().with_max_request_bytes(2_048));
+        model.put(Put::new("k", "old")).await.unwrap();
+        let guarded = Op::from(Txn::new().and_then([Put::new("k", vec![b'x'; 3_000])]));
+        let err = send_one(&writer, &mut link, vec![guarded])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::CopyChanged { .. }), "{err:?}");
+        assert_eq!(value(&model, "k").await.as_deref(), Some(&b"old"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_state_key_another_engine_wrote_fences_this_one() {
+        let (model, writer, mut link) = peer(ModelConfig::default());
+        let theirs = State {
+            revision: 1,
+            lease: crate::etcd::LeaseId::NONE,
+            holder: 7,
+            source_cluster: 0,
+            source_id: 0,
+            heartbeat_unix_ms: 0,
+            synced: true,
+            lease_ttl: 0,
+        };
+        model
+            .put(Put::new(STATE_KEY, theirs.encode()))
+            .await
+            .unwrap();
+        let err = send_one(&writer, &mut link, puts(1)).await.unwrap_err();
+        assert!(matches!(err, Error::Fenced { .. }), "{err:?}");
+        assert_eq!(value(&model, "k0").await, None);
+    }
+
+    #[tokio::test]
+    async fn a_state_key_deleted_under_the_writer_is_state_gone() {
+        let (model, mut writer, mut link) = peer(ModelConfig::default());
+        // The claim created the key at revision 5; it is gone now.
+        writer.fence = 5;
+        let err = send_one(&writer, &mut link, puts(1)).await.unwrap_err();
+        assert!(matches!(err, Error::StateGone { .. }), "{err:?}");
+        assert_eq!(value(&model, "k0").await, None);
+    }
 }
