@@ -61,6 +61,44 @@ async fn a_peer_restored_from_an_older_snapshot_is_repaired() {
     assert!(engine.stats()[0].resyncs(ResyncReason::PeerChanged) >= 1);
 }
 
+/// The source restored twice: first from an older snapshot (its revision
+/// falls below the copy's, which the engine sees), then from a snapshot of
+/// the timeline that restore abandoned, whose revision is ahead of the
+/// copy's. Only the history tells the second apart from a store that moved
+/// on; the keys written between the two restores must not keep their
+/// values on the peer (the soak's find 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_restored_onto_an_abandoned_timeline_is_re_synced() {
+    let mut scene = Scene::start();
+    let (src, peer) = scene.clients();
+    let dir = tempfile::tempdir().unwrap();
+    let (early, late) = (dir.path().join("early.db"), dir.path().join("late.db"));
+    put_each(&src, 0..10, "v").await;
+    // Running already: both snapshots hold the source id it keeps there.
+    let cfg = fast(10);
+    let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
+    scene.src_etcd.snapshot_save(&early);
+    // The timeline the first restore abandons: other keys only.
+    for round in 0..3 {
+        put_each(&src, 10..20, &format!("old{round}-")).await;
+    }
+    converged(&src, &peer, &cfg).await;
+    scene.src_etcd.snapshot_save(&late);
+
+    scene.src_etcd.restore_snapshot(&early);
+    put_each(&src, 0..3, "new").await;
+    converged(&src, &peer, &cfg).await;
+    let stats = &engine.stats()[0];
+    let resyncs = stats.resyncs(ResyncReason::SourceChanged);
+    assert!(resyncs >= 1, "the first restore went unseen");
+
+    // Keys 0-2 are "v" again at the source; the watch resumes into the
+    // abandoned timeline's events, which touch only keys 10-19.
+    scene.src_etcd.restore_snapshot(&late);
+    converged(&src, &peer, &cfg).await;
+    assert!(stats.resyncs(ResyncReason::SourceChanged) > resyncs);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_with_a_lower_txn_op_limit_gets_smaller_txns() {
     let src_etcd = Etcd::start();

@@ -22,6 +22,7 @@ use super::count::CountSplits;
 use super::diff::{Diff, Merge};
 use super::live::Opened;
 use super::live::batch::STATE_RESERVE_BYTES;
+use super::live::source::Newest;
 use super::send::writer::FencedWriter;
 use super::send::{Link, Pipeline};
 use crate::error::Result;
@@ -39,6 +40,9 @@ pub(crate) struct Pinned {
     /// held then (a heartbeat may not claim a later moment).
     started: Instant,
     merge: Merge,
+    /// The newest source put the sync read: where the copy's history is
+    /// anchored (`live::source`).
+    pub(crate) newest: Newest,
     /// The source and its subtree, for the progress log's count.
     local: Store,
     prefix: Bytes,
@@ -88,6 +92,7 @@ pub(crate) async fn pin(
         live,
         started,
         merge,
+        newest: Newest::default(),
         local,
         prefix,
         _slot: slot,
@@ -119,6 +124,7 @@ pub(crate) async fn run(
     while let Some(diff) = merge.next().await? {
         if let Diff::Missing(src) | Diff::Both(src, _) = &diff {
             splits.offer(src.key());
+            pinned.newest.offer(src);
             if let Some(report) = progress.seen(Instant::now()) {
                 if progress.total.is_none() {
                     let handle = counting.get_or_insert_with(|| {

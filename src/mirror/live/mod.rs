@@ -14,6 +14,7 @@ pub mod batch;
 mod copy;
 mod fresh;
 mod inflight;
+pub(crate) mod source;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -29,6 +30,7 @@ use self::batch::{Batch, Batcher};
 use self::copy::CopyWatch;
 use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
+use self::source::Continuity;
 use super::config::MirrorConfig;
 use super::count::{self, CountSplits};
 use super::send::limits::ProbeResult;
@@ -52,6 +54,8 @@ pub(crate) struct Parts<'a> {
     pub(crate) link: &'a mut Link,
     pub(crate) verify: &'a mut VerifySchedule,
     pub(crate) splits: &'a mut CountSplits,
+    /// The source's history, checked across reconnects and sessions.
+    pub(crate) continuity: &'a mut Continuity,
     /// See `Peer::replay_horizon`.
     pub(crate) replay_horizon: i64,
     /// Where the copy watch starts (see `Peer::copy_from`).
@@ -71,6 +75,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         link,
         verify,
         splits,
+        continuity,
         replay_horizon,
         copy_from,
         cancel,
@@ -85,6 +90,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         Some(opened) => opened,
         None => open_watch(local, prefix, from)?,
     };
+    continuity.start(health.reconnects());
     let stats = &writer.stats;
     stats.applied_revision.store(from - 1, Relaxed);
     stats.source_revision.fetch_max(from - 1, Relaxed);
@@ -121,6 +127,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         local,
         prefix,
         source_id_key,
+        continuity,
         health,
         batcher: Batcher::new(link.limits.current(), writer.lease_id()),
         inflight: Sequencer::new(from - 1),
@@ -214,6 +221,8 @@ struct ProbeRead {
     /// The watermark when the probe was sent, before the source was read:
     /// a source revision below it means the source went back.
     applied: i64,
+    /// The watch's last put before it reconnected, read again.
+    anchor: source::AnchorRead,
 }
 
 /// The live phase of one session: watch events in, fenced batches out
@@ -226,6 +235,9 @@ struct Live<'a> {
     source_id_key: &'a Bytes,
     /// The watch's stream, for whether it is connected.
     health: Box<dyn WatchHealth>,
+    /// Whether the source is still the history the copy came from, checked
+    /// after the watch reconnects.
+    continuity: &'a mut Continuity,
     batcher: Batcher,
     inflight: Sequencer,
     /// The txns in flight, each tagged with its sequence number in the
@@ -396,6 +408,7 @@ impl<'a> Live<'a> {
         let local = self.local;
         let prefix = self.prefix.clone();
         let id_key = self.source_id_key.clone();
+        let anchor = self.continuity.read(local, self.health.reconnects());
         let writer = self.writer;
         // Counted in pieces, never in one walk of the whole subtree: etcd
         // holds every write behind a count's index walk (src/mirror/count.rs).
@@ -416,7 +429,8 @@ impl<'a> Live<'a> {
                     Err(e) => Err(e),
                 }
             };
-            let (id, source_pieces) = tokio::join!(local.range(Range::key(id_key)), counted);
+            let (id, source_pieces, anchor) =
+                tokio::join!(local.range(Range::key(id_key)), counted, anchor);
             let id = id?;
             let source_pieces = source_pieces?;
             let source_count = source_pieces.as_ref().map(|each| each.iter().sum());
@@ -448,6 +462,7 @@ impl<'a> Live<'a> {
                 peer_count,
                 floor,
                 applied,
+                anchor,
             })
         })
     }
@@ -456,29 +471,18 @@ impl<'a> Live<'a> {
     /// belongs to, and this engine still holds the peer.
     fn probed(&mut self, read: ProbeRead) -> Result<()> {
         let w = self.writer;
-        let known = w.marks.source_cluster.load(Relaxed);
-        let went_back = read.source.revision < read.applied;
-        if (known != 0 && read.source.cluster_id != known) || went_back {
-            return Err(Error::SourceChanged {
+        let seen = source::Seen {
+            header: &read.source,
+            applied: read.applied,
+            id: read.source_id,
+            anchor: read.anchor,
+        };
+        self.continuity
+            .judge(seen, &w.marks)
+            .map_err(|why| Error::SourceChanged {
                 peer: w.region.clone(),
-                why: format!(
-                    "cluster {:016x} at revision {}, the copy came from {known:016x} and is applied through {}",
-                    read.source.cluster_id, read.source.revision, read.applied
-                ),
-            });
-        }
-        let id = w.marks.source_id.load(Relaxed);
-        if id != 0 && read.source_id != Some(id) {
-            return Err(Error::SourceChanged {
-                peer: w.region.clone(),
-                why: match read.source_id {
-                    Some(now) => format!("source id is {now:016x}, the copy came from {id:016x}"),
-                    None => format!(
-                        "the source id key is gone (the copy came from {id:016x}): the store was wiped or restored"
-                    ),
-                },
-            });
-        }
+                why,
+            })?;
         w.check_peer_read(&read.peer, read.floor)?;
         if read.stored.create_revision != w.fence {
             return Err(w.lost_claim(&read.stored));
@@ -705,6 +709,7 @@ impl<'a> Live<'a> {
                 for e in &resp.events {
                     self.splits.offer(e.kv.key());
                 }
+                self.continuity.saw(&resp.events, self.health.reconnects());
                 self.batcher.push(resp.events, Instant::now());
             } else if resp.is_progress_notify()
                 && self.batcher.is_idle()

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::MirrorConfig;
 use super::count::CountSplits;
+use super::live::source::Continuity;
 use super::send::Link;
 use super::send::limits::Limits;
 use super::send::pacer::Pacer;
@@ -84,6 +85,10 @@ pub(crate) struct Peer {
     /// Where the freshness probe splits its key counts: learnt from the
     /// keys written, so it outlives sessions like the copy does.
     pub(crate) splits: CountSplits,
+    /// The source's history as the last phase's watch delivered it, for
+    /// the next phase to check (a session that ends when the source's etcd
+    /// restarts is followed by one that resumes).
+    pub(crate) continuity: Continuity,
 }
 
 impl Peer {
@@ -140,6 +145,7 @@ impl Peer {
             verify,
             sync_slots,
             splits: CountSplits::default(),
+            continuity: Continuity::default(),
         }
     }
 

@@ -267,6 +267,8 @@ impl Peer {
             r = fut => r?,
         }
         self.sync_pending = false;
+        // The copy is the source's history as it is now.
+        self.continuity.synced(std::mem::take(&mut pinned.newest));
         // A sync compares every key: it counts as a verification pass.
         self.verify.done(Instant::now(), &self.writer.stats);
         // Every key is under our lease now: a predecessor's is no longer
@@ -310,6 +312,7 @@ impl Peer {
             link: &mut self.link,
             verify: &mut self.verify,
             splits: &mut self.splits,
+            continuity: &mut self.continuity,
             replay_horizon: self.replay_horizon,
             copy_from: self.copy_from,
             cancel: &self.cancel,

@@ -1,0 +1,300 @@
+//! Whether the source is still the store, and the history, the copy came
+//! from: the first thing each freshness probe judges.
+//!
+//! - **The same store**: the source's cluster id is the one the copy came
+//!   from, and so is the source id kept in it (a store wiped or rebuilt
+//!   has another, or none).
+//! - **Not gone back**: its revision is no lower than what the copy is
+//!   applied through (a restore from an older snapshot).
+//! - **The same history**, checked after the source watch reconnects. A
+//!   store restored from a snapshot keeps its cluster id, its member ids
+//!   and the source id key, and if the snapshot is of a timeline that an
+//!   earlier restore abandoned, even its revision can be ahead of the
+//!   copy's. The watch then resumes from the copy's revision into the
+//!   other timeline's events, and nothing above tells the two apart: keys
+//!   written in the abandoned timeline kept their values on the peer
+//!   under fresh claims (the soak's find 12, docs/reliability.md).
+//!
+//!   A restart of etcd breaks the watch, so the check waits for that: the
+//!   last put the watch delivered before the stream reconnected is the
+//!   anchor, and the first probe after the reconnect reads that key at
+//!   that revision. The same history answers with the same value,
+//!   modified at that revision; any other answer (another value, another
+//!   revision, the key absent, a revision the store has not reached) means
+//!   another history. A revision compacted since cannot be checked, so
+//!   that re-syncs too: a reconnect after the anchor's revision was
+//!   compacted is rare (the anchor is the newest put), and a re-sync of a
+//!   copy that matches writes nothing. A phase that has delivered no put
+//!   yet has no anchor, and checks nothing.
+//!
+//! Any of these failing ends the session with `SourceChanged`, and the
+//! next one re-syncs the copy in full.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+use crate::etcd::{self, Event, EventKind, Header, KeyValue, Range, RangeResponse};
+use crate::mirror::send::writer::Marks;
+use crate::store::Store;
+
+/// The anchor read again, and the stream's reconnects when it was (`None`:
+/// nothing to check).
+pub(super) type AnchorRead = Option<(etcd::Result<RangeResponse>, u64)>;
+
+/// What a probe read of the source.
+pub(super) struct Seen<'a> {
+    /// The header of the read of the source id key.
+    pub(super) header: &'a Header,
+    /// What the copy was applied through when the probe was sent.
+    pub(super) applied: i64,
+    /// The source id as it reads now (`None`: the key is gone).
+    pub(super) id: Option<u64>,
+    pub(super) anchor: AnchorRead,
+}
+
+/// The last put the watch delivered: its key, revision and value's hash.
+#[derive(Clone, Debug, PartialEq)]
+struct Put {
+    key: Bytes,
+    revision: i64,
+    value: u64,
+}
+
+fn hash(value: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
+/// The newest put a sync read (the highest modification revision).
+#[derive(Debug, Default)]
+pub(crate) struct Newest(Option<Put>);
+
+impl Newest {
+    pub(crate) fn offer(&mut self, kv: &KeyValue) {
+        if self
+            .0
+            .as_ref()
+            .is_none_or(|p| kv.mod_revision() > p.revision)
+        {
+            self.0 = Some(Put {
+                key: kv.key().clone(),
+                revision: kv.mod_revision(),
+                value: hash(kv.value()),
+            });
+        }
+    }
+}
+
+/// The anchor, and the watch stream's reconnects it was last checked at
+/// (`None`: not on this stream). A peer's task keeps it across sessions:
+/// a session that ends when the source's etcd restarts, and a next one
+/// that resumes the copy, check the history the same way as a stream
+/// that reconnected.
+#[derive(Debug, Default)]
+pub(crate) struct Continuity {
+    anchor: Option<Put>,
+    checked_at: Option<u64>,
+}
+
+impl Continuity {
+    /// A sync made the copy from the source as it is now, whose newest
+    /// put it read is `newest`: that anchors the history from here (a
+    /// phase that delivers no put must still notice a restore).
+    pub(crate) fn synced(&mut self, newest: Newest) {
+        *self = Continuity {
+            anchor: newest.0,
+            checked_at: None,
+        };
+    }
+
+    /// A live phase starts on a new stream that has reconnected
+    /// `reconnects` times: an anchor left by an earlier phase is checked
+    /// by the first probe.
+    pub(super) fn start(&mut self, reconnects: u64) {
+        self.checked_at = self.anchor.is_none().then_some(reconnects);
+    }
+
+    /// Events the watch delivered, the stream having reconnected
+    /// `reconnects` times: the newest put becomes the anchor, unless the
+    /// stream reconnected since the anchor was checked (these events may
+    /// be another history's; the anchor stays until the check).
+    pub(super) fn saw(&mut self, events: &[Event], reconnects: u64) {
+        if self.checked_at != Some(reconnects) && self.anchor.is_some() {
+            return;
+        }
+        self.checked_at = Some(reconnects);
+        if let Some(e) = events.iter().rev().find(|e| e.kind == EventKind::Put) {
+            self.anchor = Some(Put {
+                key: e.kv.key().clone(),
+                revision: e.revision(),
+                value: hash(e.kv.value()),
+            });
+        }
+    }
+
+    /// The read a probe makes beside its own, the stream being at
+    /// `reconnects`: the anchor at its revision, when the stream
+    /// reconnected since it was checked.
+    pub(super) fn read(&self, local: &Store, reconnects: u64) -> BoxFuture<'static, AnchorRead> {
+        let read = self.pending(reconnects);
+        let local = local.clone();
+        Box::pin(async move {
+            let read = read?;
+            Some((local.range(read).await, reconnects))
+        })
+    }
+
+    fn pending(&self, reconnects: u64) -> Option<Range> {
+        let a = self
+            .anchor
+            .as_ref()
+            .filter(|_| self.checked_at != Some(reconnects))?;
+        Some(Range::key(a.key.clone()).revision(a.revision))
+    }
+
+    /// Judges what a probe read of the source (module docs): `Err` with
+    /// why, when the source is not the store or the history the copy came
+    /// from (as `marks` know it).
+    pub(super) fn judge(&mut self, seen: Seen<'_>, marks: &Marks) -> Result<(), String> {
+        let known = marks.source_cluster.load(Relaxed);
+        let (now, applied) = (seen.header, seen.applied);
+        if (known != 0 && now.cluster_id != known) || now.revision < applied {
+            return Err(format!(
+                "cluster {:016x} at revision {}, the copy came from {known:016x} and is applied through {applied}",
+                now.cluster_id, now.revision
+            ));
+        }
+        if let Some((got, reconnects)) = seen.anchor {
+            self.history(got, reconnects)?;
+        }
+        let id = marks.source_id.load(Relaxed);
+        match seen.id {
+            _ if id == 0 => Ok(()),
+            Some(now) if now == id => Ok(()),
+            Some(now) => Err(format!(
+                "source id is {now:016x}, the copy came from {id:016x}"
+            )),
+            None => Err(format!(
+                "the source id key is gone (the copy came from {id:016x}): the store was wiped or restored"
+            )),
+        }
+    }
+
+    /// Judges the anchor as read again (the stream then at `reconnects`):
+    /// `Err` with why, when the history is another.
+    fn history(&mut self, got: etcd::Result<RangeResponse>, reconnects: u64) -> Result<(), String> {
+        let Some(a) = self.anchor.as_ref() else {
+            return Ok(());
+        };
+        let at = format!(
+            "{} at revision {}",
+            String::from_utf8_lossy(&a.key),
+            a.revision
+        );
+        let resp = match got {
+            Ok(resp) => resp,
+            Err(etcd::Error::Compacted { .. }) => {
+                return Err(format!(
+                    "the source watch reconnected and {at}, the last put it delivered, is compacted: the history cannot be checked"
+                ));
+            }
+            Err(etcd::Error::FutureRevision) => {
+                return Err(format!(
+                    "the source watch reconnected to a store that has not reached {at}, the last put it delivered: it was restored from a snapshot"
+                ));
+            }
+            Err(e) => return Err(format!("the source's history could not be read: {e}")),
+        };
+        let same = resp
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.mod_revision() == a.revision && hash(kv.value()) == a.value);
+        if !same {
+            return Err(format!(
+                "the source watch reconnected to a store whose {at} is not the put it delivered: it was restored from a snapshot of another history"
+            ));
+        }
+        self.checked_at = Some(reconnects);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aether_etcd::model::{Cluster, ModelConfig};
+
+    use crate::etcd::{Put as PutReq, WatchOptions};
+
+    /// The events of one store's history, as the watch delivers them.
+    async fn events(c: &aether_etcd::model::Client, from: i64) -> Vec<Event> {
+        let mut w = c
+            .watch(WatchOptions::prefix("k").start_revision(from))
+            .unwrap();
+        let resp = futures_util::StreamExt::next(&mut w)
+            .await
+            .unwrap()
+            .unwrap();
+        resp.events
+    }
+
+    #[tokio::test]
+    async fn the_same_history_passes_and_another_fails() {
+        let same = Cluster::new(ModelConfig::default()).client(0);
+        for v in ["a", "b", "c"] {
+            same.put(PutReq::new("k1", v)).await.unwrap();
+        }
+        let mut c = Continuity::default();
+        c.start(0);
+        c.saw(&events(&same, 1).await, 0);
+        assert!(
+            c.pending(0).is_none(),
+            "nothing to check before a reconnect"
+        );
+        // Reconnected: events from the new stream do not move the anchor.
+        let read = c.pending(1).expect("a check after a reconnect");
+        c.saw(&events(&same, 3).await, 1);
+        assert!(c.pending(1).is_some(), "the anchor waits for its check");
+        c.history(same.range(read).await, 1).unwrap();
+        assert!(c.pending(1).is_none(), "checked");
+
+        // Another history at the same revisions: same key, other values.
+        let other = Cluster::new(ModelConfig::default()).client(0);
+        for v in ["a", "b", "x"] {
+            other.put(PutReq::new("k1", v)).await.unwrap();
+        }
+        let read = c.pending(2).unwrap();
+        let why = c.history(other.range(read).await, 2).unwrap_err();
+        assert!(why.contains("another history"), "{why}");
+        // A store that has not reached the anchor's revision.
+        let short = Cluster::new(ModelConfig::default()).client(0);
+        short.put(PutReq::new("k1", "a")).await.unwrap();
+        let read = c.pending(2).unwrap();
+        let why = c.history(short.range(read).await, 2).unwrap_err();
+        assert!(why.contains("has not reached"), "{why}");
+
+        // A next phase, on a new stream, checks the anchor first; after a
+        // sync there is nothing to check.
+        c.start(0);
+        assert!(c.pending(0).is_some(), "a resumed phase checks first");
+        c.synced(Newest::default());
+        c.start(0);
+        assert!(
+            c.pending(0).is_none(),
+            "nothing to check after an empty sync"
+        );
+        let mut newest = Newest::default();
+        for kv in same.range(Range::prefix("k")).await.unwrap().kvs() {
+            newest.offer(kv);
+        }
+        c.synced(newest);
+        c.start(0);
+        let read = c.pending(0).expect("after a sync, its newest put");
+        c.history(same.range(read).await, 0).unwrap();
+    }
+}
