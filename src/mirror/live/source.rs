@@ -21,11 +21,13 @@
 //!   that revision. The same history answers with the same value,
 //!   modified at that revision; any other answer (another value, another
 //!   revision, the key absent, a revision the store has not reached) means
-//!   another history. A revision compacted since cannot be checked, so
-//!   that re-syncs too: a reconnect after the anchor's revision was
-//!   compacted is rare (the anchor is the newest put), and a re-sync of a
-//!   copy that matches writes nothing. A phase that has delivered no put
-//!   yet has no anchor, and checks nothing.
+//!   another history. The key is read as it is now first, and only a key
+//!   changed since is read at the anchor's revision: so an idle subtree,
+//!   whose newest put may be compacted away, is still checked. A key
+//!   changed since and a revision compacted since cannot be checked, and
+//!   that re-syncs too (rare: the anchor is the newest put; and a re-sync
+//!   of a copy that matches writes nothing). The anchor starts as the
+//!   newest put a sync read.
 //!
 //! Any of these failing ends the session with `SourceChanged`, and the
 //! next one re-syncs the copy in full.
@@ -62,6 +64,13 @@ struct Put {
     key: Bytes,
     revision: i64,
     value: u64,
+}
+
+impl Put {
+    /// Whether `kv` is this put: the same value, modified at its revision.
+    fn is(&self, kv: &KeyValue) -> bool {
+        kv.mod_revision() == self.revision && hash(kv.value()) == self.value
+    }
 }
 
 fn hash(value: &[u8]) -> u64 {
@@ -140,11 +149,24 @@ impl Continuity {
     /// The read a probe makes beside its own, the stream being at
     /// `reconnects`: the anchor at its revision, when the stream
     /// reconnected since it was checked.
+    ///
+    /// The key is read as it is now first: unchanged since the anchor's
+    /// revision, it answers for that revision without reading history,
+    /// which compaction may have removed (an idle subtree's newest put can
+    /// be hours old). Only a key changed or deleted since is read at the
+    /// anchor's revision.
     pub(super) fn read(&self, local: &Store, reconnects: u64) -> BoxFuture<'static, AnchorRead> {
         let read = self.pending(reconnects);
+        let anchor = self.anchor.clone();
         let local = local.clone();
         Box::pin(async move {
-            let read = read?;
+            let (read, a) = (read?, anchor?);
+            let now = local.range(Range::key(a.key.clone())).await;
+            if let Ok(resp) = &now
+                && resp.kvs().first().is_some_and(|kv| a.is(kv))
+            {
+                return Some((now, reconnects));
+            }
             Some((local.range(read).await, reconnects))
         })
     }
@@ -210,10 +232,7 @@ impl Continuity {
             }
             Err(e) => return Err(format!("the source's history could not be read: {e}")),
         };
-        let same = resp
-            .kvs()
-            .first()
-            .is_some_and(|kv| kv.mod_revision() == a.revision && hash(kv.value()) == a.value);
+        let same = resp.kvs().first().is_some_and(|kv| a.is(kv));
         if !same {
             return Err(format!(
                 "the source watch reconnected to a store whose {at} is not the put it delivered: it was restored from a snapshot of another history"
@@ -296,5 +315,27 @@ mod tests {
         c.start(0);
         let read = c.pending(0).expect("after a sync, its newest put");
         c.history(same.range(read).await, 0).unwrap();
+    }
+
+    /// An idle subtree's newest put, compacted away: the key as it is now
+    /// answers for it. Changed since and compacted, it cannot be checked.
+    #[tokio::test]
+    async fn a_compacted_anchor_is_checked_by_the_key_as_it_is_now() {
+        let m = Cluster::new(ModelConfig::default()).client(0);
+        m.put(PutReq::new("k1", "a")).await.unwrap();
+        let mut c = Continuity::default();
+        c.start(0);
+        c.saw(&events(&m, 1).await, 0);
+        let other = m.put(PutReq::new("other", "x")).await.unwrap();
+        m.compact(other.header.revision, false).await.unwrap();
+        let store = Store::new(m.clone());
+        let (got, at) = c.read(&store, 1).await.expect("a check after a reconnect");
+        c.history(got, at).unwrap();
+
+        let changed = m.put(PutReq::new("k1", "b")).await.unwrap();
+        m.compact(changed.header.revision, false).await.unwrap();
+        let (got, at) = c.read(&store, 2).await.expect("a check after a reconnect");
+        let why = c.history(got, at).unwrap_err();
+        assert!(why.contains("compacted"), "{why}");
     }
 }
