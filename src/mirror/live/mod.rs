@@ -471,18 +471,8 @@ impl<'a> Live<'a> {
     /// belongs to, and this engine still holds the peer.
     fn probed(&mut self, read: ProbeRead) -> Result<()> {
         let w = self.writer;
-        let seen = source::Seen {
-            header: &read.source,
-            applied: read.applied,
-            id: read.source_id,
-            anchor: read.anchor,
-        };
-        self.continuity
-            .judge(seen, &w.marks)
-            .map_err(|why| Error::SourceChanged {
-                peer: w.region.clone(),
-                why,
-            })?;
+        let (now, id) = (&read.source, read.source_id);
+        (self.continuity).judge(w, now, read.applied, id, read.anchor)?;
         w.check_peer_read(&read.peer, read.floor)?;
         if read.stored.create_revision != w.fence {
             return Err(w.lost_claim(&read.stored));

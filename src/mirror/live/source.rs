@@ -40,23 +40,12 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
 use crate::etcd::{self, Event, EventKind, Header, KeyValue, Range, RangeResponse};
-use crate::mirror::send::writer::Marks;
+use crate::mirror::send::writer::{FencedWriter, Marks};
 use crate::store::Store;
 
 /// The anchor read again, and the stream's reconnects when it was (`None`:
 /// nothing to check).
 pub(super) type AnchorRead = Option<(etcd::Result<RangeResponse>, u64)>;
-
-/// What a probe read of the source.
-pub(super) struct Seen<'a> {
-    /// The header of the read of the source id key.
-    pub(super) header: &'a Header,
-    /// What the copy was applied through when the probe was sent.
-    pub(super) applied: i64,
-    /// The source id as it reads now (`None`: the key is gone).
-    pub(super) id: Option<u64>,
-    pub(super) anchor: AnchorRead,
-}
 
 /// The last put the watch delivered: its key, revision and value's hash.
 #[derive(Clone, Debug, PartialEq)]
@@ -194,23 +183,46 @@ impl Continuity {
         Some(Range::key(a.key.clone()).revision(a.revision))
     }
 
-    /// Judges what a probe read of the source (module docs): `Err` with
-    /// why, when the source is not the store or the history the copy came
-    /// from (as `marks` know it).
-    pub(super) fn judge(&mut self, seen: Seen<'_>, marks: &Marks) -> Result<(), String> {
+    /// Judges what a probe read of the source (module docs): its header
+    /// `now`, its source id `id` (`None`: the key is gone) and the anchor
+    /// read again, the copy applied through `applied` when the probe was
+    /// sent. `SourceChanged` when the source is not the store or the
+    /// history the copy came from, as `w` knows it.
+    pub(super) fn judge(
+        &mut self,
+        w: &FencedWriter,
+        now: &Header,
+        applied: i64,
+        id: Option<u64>,
+        anchor: AnchorRead,
+    ) -> crate::error::Result<()> {
+        self.judged(&w.marks, now, applied, id, anchor)
+            .map_err(|why| crate::error::Error::SourceChanged {
+                peer: w.region.clone(),
+                why,
+            })
+    }
+
+    fn judged(
+        &mut self,
+        marks: &Marks,
+        now: &Header,
+        applied: i64,
+        seen_id: Option<u64>,
+        anchor: AnchorRead,
+    ) -> Result<(), String> {
         let known = marks.source_cluster.load(Relaxed);
-        let (now, applied) = (seen.header, seen.applied);
         if (known != 0 && now.cluster_id != known) || now.revision < applied {
             return Err(format!(
                 "cluster {:016x} at revision {}, the copy came from {known:016x} and is applied through {applied}",
                 now.cluster_id, now.revision
             ));
         }
-        if let Some((got, reconnects)) = seen.anchor {
+        if let Some((got, reconnects)) = anchor {
             self.history(got, reconnects)?;
         }
         let id = marks.source_id.load(Relaxed);
-        match seen.id {
+        match seen_id {
             _ if id == 0 => Ok(()),
             Some(now) if now == id => Ok(()),
             Some(now) => Err(format!(
