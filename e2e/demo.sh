@@ -16,7 +16,7 @@
 #
 # Ctrl-C (or TERM, HUP, or the end of the pipe it writes to) stops every
 # process it started (mesh.sh down, by pid), removes its state dir
-# and exits 0, under `| tee` too (e2e/demo-test.sh checks it).
+# and exits 0, under `| tee` too (`aether-e2e demo-test` checks it).
 # Environment: DEMO_ONESHOT=1 (see above), DEMO_TTL (mirror lease TTL in
 # seconds, default 6).
 set -euo pipefail

@@ -159,14 +159,14 @@ need_commands g++
 stage "fuzz targets build and run"
 bash fuzz/smoke.sh
 
-stage "the demo: demo.sh | tee, Ctrl-C, nothing left running"
-bash e2e/demo-test.sh 1
-
 # The multi-region harness, aether-e2e (crates/test-kit/src/bin/aether-e2e),
 # built once here; e2e/mesh.sh does the same for a run by hand.
 cargo build --release -p aether-test-kit --bin aether-e2e
 e2e_bin=${CARGO_TARGET_DIR:-target}/release/aether-e2e
 [[ $e2e_bin == /* ]] || e2e_bin=$PWD/$e2e_bin
+
+stage "the demo: demo.sh | tee, Ctrl-C, nothing left running"
+"$e2e_bin" demo-test --runs 1
 # The harness must not leave anything behind, whether verify passed or not:
 # every process it starts names its state dir on its command line.
 leftovers() {

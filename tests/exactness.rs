@@ -12,8 +12,8 @@ use aether_replicator::etcd::{Client, ClientConfig, Put, Range};
 use aether_replicator::mirror::{Engine, ErrorKind, MirrorConfig, ResyncReason};
 use common::Etcd;
 use common::mirror::{
-    CONVERGE, Lcg, PREFIX, Scene, backstop, client, config, contents, converged, eventually, fast,
-    key, put_each, start_synced, state_on,
+    CONVERGE, Lcg, PREFIX, Scene, backstop, client, config, contents, converged, fast, key,
+    put_each, start_synced, state_on, when,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,10 +132,9 @@ async fn a_peer_whose_op_limit_is_raised_gets_bigger_txns_back() {
     // The operator raises the peer's limit back to etcd's default.
     peer_etcd.set_extra_args(&[]);
     peer_etcd.restart();
-    eventually("the probe finds the configured limit again", async || {
-        s.txn_ops_limit.load(Relaxed) == 128
-    })
-    .await;
+    common::eventually("the probe finds the configured limit again")
+        .until_eq(128, async || s.txn_ops_limit.load(Relaxed))
+        .await;
     common::mirror::put_many(&src, (500..700).map(|i| (key(i), format!("w{i}")))).await;
     converged(&src, &peer, &cfg).await;
 }
@@ -190,15 +189,13 @@ async fn oversized_key_dropped() -> Oversized {
         .await
         .unwrap();
     src.put(Put::new(key(3), "after")).await.unwrap();
-    eventually(
-        "the oversized key is gone from the peer and later keys flow",
-        async || {
+    common::eventually("the oversized key is gone from the peer and later keys flow")
+        .until_eq((0, 1), async || {
             let k1 = peer.range(Range::key(key(1))).await.unwrap().count;
             let k3 = peer.range(Range::key(key(3))).await.unwrap().count;
-            k1 == 0 && k3 == 1
-        },
-    )
-    .await;
+            (k1, k3)
+        })
+        .await;
     Oversized {
         _etcds: (src_etcd, peer_etcd),
         peer,
@@ -233,15 +230,15 @@ async fn a_value_put_by_hand_where_the_source_is_too_large_for_the_peer_is_delet
     let stats = &engine.stats()[0];
     let seen = stats.out_of_band.load(Relaxed);
     peer.put(Put::new(key(1), "by hand")).await.unwrap();
-    eventually("the copy watch saw the change", async || {
-        stats.out_of_band.load(Relaxed) > seen
-    })
-    .await;
-    eventually(
-        "the key put by hand is deleted again and the copy synced",
-        async || peer.range(Range::key(key(1))).await.unwrap().count == 0 && stats.is_synced(),
-    )
-    .await;
+    common::eventually("the copy watch saw the change")
+        .until(async || when(stats.out_of_band.load(Relaxed) > seen, stats))
+        .await;
+    common::eventually("the key put by hand is deleted again and the copy synced")
+        .until(async || {
+            let held = peer.range(Range::key(key(1))).await.unwrap().count;
+            when(held == 0 && stats.is_synced(), stats).map_err(|s| format!("{held} keys; {s}"))
+        })
+        .await;
     assert_eq!(
         stats.resyncs(ResyncReason::CopyChanged),
         0,
@@ -318,14 +315,20 @@ async fn an_idle_subtree_stays_fresh_and_its_heartbeat_moves() {
             .header
             .revision;
     }
-    eventually(
-        "the heartbeat and the state revision move while idle",
-        async || {
+    common::eventually("the heartbeat and the state revision move while idle")
+        .until(async || {
             let st = state_on(&peer, &cfg).await.unwrap();
-            st.heartbeat_unix_ms > first.heartbeat_unix_ms + 500 && st.revision >= outside
-        },
-    )
-    .await;
+            if st.heartbeat_unix_ms > first.heartbeat_unix_ms + 500 && st.revision >= outside {
+                Ok(())
+            } else {
+                Err(format!(
+                    "heartbeat {} ms after the first, state revision {} (outside writes reach {outside})",
+                    st.heartbeat_unix_ms - first.heartbeat_unix_ms,
+                    st.revision
+                ))
+            }
+        })
+        .await;
     let stale = engine.stats()[0].staleness();
     assert!(stale < Duration::from_secs(3), "idle but {stale:?} stale");
 }
@@ -395,10 +398,10 @@ async fn values_too_large_for_a_page_of_keys_are_synced_in_smaller_pages() {
     peer.put(Put::new(key(8), value(8, "edited")))
         .await
         .unwrap();
-    eventually("verification repaired the peer", async || {
-        engine.stats()[0].verify_repairs.load(Relaxed) >= 2
-    })
-    .await;
+    let s = &engine.stats()[0];
+    common::eventually("verification repaired the peer")
+        .until(async || when(s.verify_repairs.load(Relaxed) >= 2, s))
+        .await;
     converged(&src, &peer, &cfg).await;
 }
 
@@ -455,10 +458,12 @@ async fn a_peer_that_cannot_be_made_current_lapses_and_says_so() {
     put_each(&src, 5..10, "after").await;
 
     let s = engine.stats()[0].clone();
-    eventually("the copy lapses and the engine says so", async || {
-        s.lapsed.load(Relaxed) && common::mirror::count(&peer, PREFIX).await == 0
-    })
-    .await;
+    common::eventually("the copy lapses and the engine says so")
+        .until(async || {
+            let held = common::mirror::count(&peer, PREFIX).await;
+            when(s.lapsed.load(Relaxed) && held == 0, &s).map_err(|s| format!("{held} keys; {s}"))
+        })
+        .await;
     assert!(s.lapses.load(Relaxed) >= 1);
     assert!(s.errors(ErrorKind::NoSpace) >= 1);
     assert!(

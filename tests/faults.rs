@@ -14,8 +14,8 @@ use std::time::Duration;
 use aether_replicator::etcd::{Client, Delete, Put, Range, Txn};
 use aether_replicator::mirror::{Engine, ErrorKind};
 use common::mirror::{
-    CONVERGE, PREFIX, Scene, client, config, config_for, contents, converged, count, eventually,
-    key, key_in, put_many, start_synced,
+    CONVERGE, PREFIX, Scene, client, config, config_for, contents, converged, count, key, key_in,
+    put_many, start_synced,
 };
 use common::{Etcd, FaultProxy};
 
@@ -370,11 +370,11 @@ async fn values_near_and_over_the_peer_limit() {
     // Txns complete out of order: one that failed as too large is split
     // and sent again after later ones landed, so wait for every key, not
     // for the last ones written.
-    eventually(
-        "the near-limit values and the writes behind the oversized one",
-        async || {
-            if count(&dst, &format!("{PREFIX}clusters/")).await < 10 {
-                return false;
+    common::eventually("the near-limit values and the writes behind the oversized one")
+        .until(async || {
+            let held = count(&dst, &format!("{PREFIX}clusters/")).await;
+            if held < 10 {
+                return Err(format!("{held} of 10 keys behind the oversized one"));
             }
             for (i, v) in near.iter().enumerate() {
                 let got = dst.range(Range::key(format!("{PREFIX}near/{i}"))).await;
@@ -383,13 +383,16 @@ async fn values_near_and_over_the_peer_limit() {
                         if r.kvs()
                             .first()
                             .is_some_and(|kv| kv.value().as_ref() == v.as_slice()) => {}
-                    _ => return false,
+                    Ok(r) => {
+                        let len = r.kvs().first().map(|kv| kv.value().len());
+                        return Err(format!("near-limit value {i}: {len:?} bytes held"));
+                    }
+                    Err(e) => return Err(format!("near-limit value {i}: {e}")),
                 }
             }
-            true
-        },
-    )
-    .await;
+            Ok(())
+        })
+        .await;
     assert!(
         dst.range(Range::key(format!("{PREFIX}too-big")))
             .await

@@ -645,10 +645,14 @@ async fn a_lease_granted_beside_the_claim_never_outlives_a_claim_that_does_not_u
     put_many(&other, (0..5).map(|i| (key(i), "other".to_string()))).await;
     let rival = Engine::start(other, vec![("b".into(), dst.clone())], cfg.clone()).unwrap();
     let rs = rival.stats()[0].clone();
-    common::mirror::eventually("the other site conflicted", async || {
-        rs.errors(aether_replicator::mirror::ErrorKind::Conflict) >= 1
-    })
-    .await;
+    common::eventually("the other site conflicted")
+        .until(async || {
+            common::mirror::when(
+                rs.errors(aether_replicator::mirror::ErrorKind::Conflict) >= 1,
+                &rs,
+            )
+        })
+        .await;
     only_leases(&scene.peer_etcd, &[lease], "after a conflict").await;
     rival.shutdown().await;
 

@@ -14,8 +14,8 @@ use aether_replicator::mirror::{
     Engine, ErrorKind, MirrorConfig, PeerStats, ResyncReason, VerifySkip,
 };
 use common::mirror::{
-    CONVERGE, Scene, backstop, client, converged, eventually, eventually_eq, fast, key, put_each,
-    put_in_revisions_of, put_many, start_synced,
+    CONVERGE, Scene, backstop, client, converged, fast, key, put_each, put_in_revisions_of,
+    put_many, start_synced, when,
 };
 use common::{Etcd, FaultProxy};
 
@@ -52,10 +52,9 @@ async fn two_sites_whose_etcds_share_a_cluster_id_never_mix_their_copies() {
     let s2 = second.stats()[0].clone();
     // The loser keeps retrying (once per lease TTL); each attempt must end
     // in the conflict, never in a takeover.
-    eventually("the second site retried and conflicted again", async || {
-        s2.errors(ErrorKind::Conflict) >= 2
-    })
-    .await;
+    common::eventually("the second site retried and conflicted again")
+        .until(async || when(s2.errors(ErrorKind::Conflict) >= 2, &s2))
+        .await;
     assert!(s2.conflicted.load(Relaxed));
     assert_eq!(s2.conflicts.load(Relaxed), 1, "one episode, counted once");
     assert!(!second.is_synced());
@@ -89,19 +88,17 @@ async fn a_copy_emptied_or_grown_on_the_peer_is_not_reported_fresh() {
     peer.delete(Delete::prefix(common::mirror::PREFIX))
         .await
         .unwrap();
-    eventually("the emptied copy is re-synced", async || {
-        s.resyncs(ResyncReason::CopyChanged) >= 1
-    })
-    .await;
+    common::eventually("the emptied copy is re-synced")
+        .until(async || when(s.resyncs(ResyncReason::CopyChanged) >= 1, &s))
+        .await;
     converged(&src, &peer, &cfg).await;
     // Grown by hand: keys the source never had.
     for i in 100..110 {
         peer.put(Put::new(key(i), "stray")).await.unwrap();
     }
-    eventually("the grown copy is re-synced", async || {
-        s.resyncs(ResyncReason::CopyChanged) >= 2
-    })
-    .await;
+    common::eventually("the grown copy is re-synced")
+        .until(async || when(s.resyncs(ResyncReason::CopyChanged) >= 2, &s))
+        .await;
     converged(&src, &peer, &cfg).await;
     assert!(s.errors(ErrorKind::Identity) >= 2);
 }
@@ -127,15 +124,17 @@ async fn verification_skips_a_value_too_large_for_the_peer_and_repairs_the_rest(
     // An operator's edit of another key: the pass must reach it.
     let runs = s.verify_runs.load(Relaxed);
     peer.put(Put::new(key(5), "edited")).await.unwrap();
-    eventually("verification repaired the edit", async || {
-        let v = peer.range(Range::key(key(5))).await.unwrap();
-        v.kvs().first().is_some_and(|kv| kv.value() == "v5")
-    })
-    .await;
-    eventually("passes keep completing", async || {
-        s.verify_runs.load(Relaxed) >= runs + 2
-    })
-    .await;
+    common::eventually("verification repaired the edit")
+        .until(async || {
+            let v = peer.range(Range::key(key(5))).await.unwrap();
+            let held = v.kvs().first().map(|kv| kv.value().clone());
+            when(held.as_deref() == Some(b"v5".as_slice()), &s)
+                .map_err(|s| format!("{held:?} held; {s}"))
+        })
+        .await;
+    common::eventually("passes keep completing")
+        .until(async || when(s.verify_runs.load(Relaxed) >= runs + 2, &s))
+        .await;
     assert!(s.verify_repairs.load(Relaxed) >= 1);
     assert!(engine.is_synced());
     assert_eq!(
@@ -243,15 +242,13 @@ async fn an_interrupted_sync_is_counted_as_interrupted() {
     let s = engine.stats()[0].clone();
     // The claim is made (the lease is on the stats) just before the sync
     // starts; at this bandwidth the sync then takes seconds.
-    eventually("the peer is claimed", async || {
-        s.lease_id.load(Relaxed) != 0
-    })
-    .await;
+    common::eventually("the peer is claimed")
+        .until(async || when(s.lease_id.load(Relaxed) != 0, &s))
+        .await;
     proxy.cut();
-    eventually("the cut ended the session", async || {
-        s.errors(ErrorKind::Unavailable) >= 1
-    })
-    .await;
+    common::eventually("the cut ended the session")
+        .until(async || when(s.errors(ErrorKind::Unavailable) >= 1, &s))
+        .await;
     proxy.set_bandwidth(None);
     proxy.heal();
     tokio::time::timeout(CONVERGE, engine.wait_synced())
@@ -325,10 +322,9 @@ async fn a_new_leader_does_not_report_an_adopted_emptied_copy_fresh() {
     let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
     let s = second.stats()[0].clone();
     // From the claim on (it adopts the predecessor's lease and heartbeat).
-    eventually("the successor claimed the peer", async || {
-        s.lease_status().is_some()
-    })
-    .await;
+    common::eventually("the successor claimed the peer")
+        .until(async || when(s.lease_status().is_some(), &s))
+        .await;
     let copy = async || {
         peer.range(Range::prefix(common::mirror::PREFIX).count_only())
             .await
@@ -410,10 +406,9 @@ async fn resynced_without(gone: &str, scene: &Scene, s: &PeerStats, cfg: &Mirror
     let before = s.resyncs(ResyncReason::CopyChanged);
     peer.delete(Delete::key(gone.to_string())).await.unwrap();
     let what = format!("the copy without {gone} is re-synced");
-    eventually(&what, async || {
-        s.resyncs(ResyncReason::CopyChanged) > before
-    })
-    .await;
+    common::eventually(&what)
+        .until(async || when(s.resyncs(ResyncReason::CopyChanged) > before, s))
+        .await;
     converged(&src, &peer, cfg).await;
 }
 
@@ -457,14 +452,15 @@ async fn a_base_synced_copy_is_counted_in_pieces_from_its_first_probe() {
     let s = engine.stats()[0].clone();
     let pieces = || s.count_pieces.load(Relaxed);
     // 9,000 keys at a boundary every 4,096th: three pieces.
-    eventually_eq("the probe counts the copy in three pieces", 3, async || {
-        pieces()
-    })
-    .await;
+    common::eventually("the probe counts the copy in three pieces")
+        .until_eq(3, async || pieces())
+        .await;
     // Each piece still counts: a key gone from the peer is noticed.
     resynced_without(&key(4500), &scene, &s, &cfg).await;
     // The re-sync started the pieces afresh rather than adding to them.
-    eventually_eq("three pieces again after the re-sync", 3, async || pieces()).await;
+    common::eventually("three pieces again after the re-sync")
+        .until_eq(3, async || pieces())
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -481,7 +477,9 @@ async fn a_large_copy_is_counted_every_few_heartbeats_and_reads_fresh_in_between
     let engine = start_synced(&src, peer.clone(), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
     let counts = || s.copy_counts.load(Relaxed);
-    eventually("the probe has counted the copy", async || counts() >= 1).await;
+    common::eventually("the probe has counted the copy")
+        .until(async || when(counts() >= 1, &s))
+        .await;
     // Every heartbeat that marks the copy current moves this on (ms, and
     // the heartbeats are 300 ms apart).
     let from = counts();
@@ -521,14 +519,12 @@ async fn a_copy_adopted_without_a_sync_is_counted_in_pieces_after_its_first_pass
     let s = second.stats()[0].clone();
     // The successor resumes without a sync and writes nothing live: only
     // its verification pass sees the subtree's keys.
-    eventually("the successor's first pass is done", async || {
-        s.verify_runs.load(Relaxed) >= 1
-    })
-    .await;
-    eventually_eq("the probe counts the copy in three pieces", 3, async || {
-        s.count_pieces.load(Relaxed)
-    })
-    .await;
+    common::eventually("the successor's first pass is done")
+        .until(async || when(s.verify_runs.load(Relaxed) >= 1, &s))
+        .await;
+    common::eventually("the probe counts the copy in three pieces")
+        .until_eq(3, async || s.count_pieces.load(Relaxed))
+        .await;
     assert_eq!(
         s.resyncs(ResyncReason::Initial) + s.resyncs(ResyncReason::Fenced),
         0,
@@ -573,10 +569,14 @@ async fn out_of_band_changes_are_seen_by_the_copy_watch_and_repaired_key_by_key(
         let (seen, repaired) = (s.out_of_band.load(Relaxed), s.repaired.load(Relaxed));
         let at = tokio::time::Instant::now();
         edit.apply(&peer).await;
-        eventually(&format!("{what}: seen and repaired"), async || {
-            s.out_of_band.load(Relaxed) > seen && s.repaired.load(Relaxed) > repaired
-        })
-        .await;
+        common::eventually(format!("{what}: seen and repaired"))
+            .until(async || {
+                when(
+                    s.out_of_band.load(Relaxed) > seen && s.repaired.load(Relaxed) > repaired,
+                    &s,
+                )
+            })
+            .await;
         converged(&src, &peer, &cfg).await;
         eprintln!("{what}: exact again after {:?}", at.elapsed());
     }
@@ -586,7 +586,9 @@ async fn out_of_band_changes_are_seen_by_the_copy_watch_and_repaired_key_by_key(
         "repaired, not re-synced"
     );
     // Exact, and current again once the repairs are done.
-    eventually("the copy reads synced again", async || s.is_synced()).await;
+    common::eventually("the copy reads synced again")
+        .until(async || when(s.is_synced(), &s))
+        .await;
 }
 
 /// One hand edit on a peer.
@@ -634,10 +636,9 @@ async fn a_copy_watch_the_peer_compacted_past_is_re_armed_with_a_count() {
         .with_lapse_after(None);
     let engine = start_synced(&src, client(&proxy.endpoint()), &peer, &cfg).await;
     let s = engine.stats()[0].clone();
-    eventually("the first probe counted the copy", async || {
-        s.copy_counts.load(Relaxed) >= 1
-    })
-    .await;
+    common::eventually("the first probe counted the copy")
+        .until(async || when(s.copy_counts.load(Relaxed) >= 1, &s))
+        .await;
     proxy.cut();
     peer.put(Put::new(key(9_999), "stray")).await.unwrap();
     let mut last = 0;
@@ -651,11 +652,9 @@ async fn a_copy_watch_the_peer_compacted_past_is_re_armed_with_a_count() {
     }
     peer.compact(last, true).await.unwrap();
     proxy.heal();
-    eventually(
-        "the re-armed watch's count found the stray key",
-        async || s.resyncs(ResyncReason::CopyChanged) >= 1,
-    )
-    .await;
+    common::eventually("the re-armed watch's count found the stray key")
+        .until(async || when(s.resyncs(ResyncReason::CopyChanged) >= 1, &s))
+        .await;
     converged(&src, &peer, &cfg).await;
 }
 
@@ -697,7 +696,9 @@ async fn measure_out_of_band() {
         ("value edit", Edit::Put(key(n / 3), "edited")),
         ("del --prefix", Edit::DeletePrefix(prefix.into())),
     ] {
-        eventually("synced before the edit", async || s.is_synced()).await;
+        common::eventually("synced before the edit")
+            .until(async || when(s.is_synced(), &s))
+            .await;
         let at = std::time::Instant::now();
         edit.apply(&peer).await;
         let limit = Duration::from_secs(900);
@@ -740,10 +741,14 @@ async fn a_change_made_while_no_engine_watched_is_seen_by_the_successor() {
         .unwrap();
     let second = Engine::start(src.clone(), vec![("b".into(), peer.clone())], cfg.clone()).unwrap();
     let s = second.stats()[0].clone();
-    eventually("the successor saw the edit and repaired it", async || {
-        s.out_of_band.load(Relaxed) >= 1 && s.repaired.load(Relaxed) >= 1
-    })
-    .await;
+    common::eventually("the successor saw the edit and repaired it")
+        .until(async || {
+            when(
+                s.out_of_band.load(Relaxed) >= 1 && s.repaired.load(Relaxed) >= 1,
+                &s,
+            )
+        })
+        .await;
     converged(&src, &peer, &cfg).await;
     assert_eq!(
         s.resyncs(ResyncReason::Initial) + s.resyncs(ResyncReason::Fenced),

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aether_replicator::etcd::{Client, ClientConfig, Put, Range, TxnBatcher, TxnLimits};
-use aether_replicator::mirror::MirrorConfig;
 use aether_replicator::mirror::state::State;
+use aether_replicator::mirror::{ErrorKind, MirrorConfig, PeerStats, ResyncReason};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Bound on every wait for convergence.
 pub(crate) const CONVERGE: Duration = Duration::from_secs(30);
@@ -114,32 +115,38 @@ pub(crate) async fn count(c: &Client, prefix: &str) -> i64 {
         .unwrap_or(-1)
 }
 
-/// Polls `cond` until it holds, for at most [`CONVERGE`]; panics naming `what`.
-/// The one place a test waits for the system to get somewhere.
-pub(crate) async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    while tokio::time::Instant::now() < deadline {
-        if cond().await {
-            return;
+/// What a peer's stats say, for a wait on them that gives up: the
+/// counters the tests here wait on, and the errors and re-syncs so far.
+pub(crate) fn saw(s: &PeerStats) -> String {
+    let mut out = format!(
+        "synced={} lapsed={} lease={} verify runs={} repairs={} out_of_band={} repaired={} copy_counts={} pieces={}",
+        s.is_synced(),
+        s.lapsed.load(Relaxed),
+        s.lease_id.load(Relaxed),
+        s.verify_runs.load(Relaxed),
+        s.verify_repairs.load(Relaxed),
+        s.out_of_band.load(Relaxed),
+        s.repaired.load(Relaxed),
+        s.copy_counts.load(Relaxed),
+        s.count_pieces.load(Relaxed),
+    );
+    for r in ResyncReason::ALL {
+        if s.resyncs(r) > 0 {
+            out += &format!(" resync[{}]={}", r.as_str(), s.resyncs(r));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("not within {CONVERGE:?}: {what}");
+    for k in ErrorKind::ALL {
+        if s.errors(k) > 0 {
+            out += &format!(" error[{}]={}", k.as_str(), s.errors(k));
+        }
+    }
+    out
 }
 
-/// Polls `get` until it returns `want`; panics with the last value seen.
-pub(crate) async fn eventually_eq<T: PartialEq + std::fmt::Debug>(
-    what: &str,
-    want: T,
-    mut get: impl AsyncFnMut() -> T,
-) {
-    let deadline = tokio::time::Instant::now() + CONVERGE;
-    let mut last = get().await;
-    while last != want && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        last = get().await;
-    }
-    assert_eq!(last, want, "not within {CONVERGE:?}: {what}");
+/// A probe on a peer's stats for the kit's `eventually`: done when `cond`
+/// holds, else what the stats say ([`saw`]).
+pub(crate) fn when(cond: bool, s: &PeerStats) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(saw(s)) }
 }
 
 /// What [`converged`] found once the copy matched.

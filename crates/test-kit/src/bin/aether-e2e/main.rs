@@ -16,6 +16,7 @@
 //! aether-e2e cut     REGION PEER [--state DIR]
 //! aether-e2e heal    REGION PEER [--state DIR]
 //! aether-e2e burst   [--state DIR] [--revisions N] [--writers W] [--rounds K]
+//! aether-e2e demo-test [--runs N] [--view-timeout SECONDS]
 //! ```
 //!
 //! `aether-e2e help SUBCOMMAND` says what each does; every line it prints
@@ -59,6 +60,7 @@
 mod alerts;
 mod burst;
 mod churn;
+mod demo_test;
 mod down;
 mod etcd;
 mod http;
@@ -161,6 +163,20 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         rounds: u64,
     },
+    /// The demo as a person runs it: one `DEMO_ONESHOT=1` run (3 frames,
+    /// exit 0), then RUNS runs of `e2e/demo.sh | tee FILE` in a process
+    /// group of their own, each pasting the `etcdctl put` the demo prints,
+    /// waiting for that key in region b, then Ctrl-C (SIGINT to the
+    /// group). Fails if any run leaves a process or a state dir behind.
+    /// Ignores --state: the demos run under a temp dir of their own.
+    DemoTest {
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        runs: u32,
+        /// How long to wait for the demo's view (the release build is made
+        /// before the clock starts).
+        #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+        view_timeout: u64,
+    },
     /// A loopback TCP proxy delaying every chunk by ONE_WAY_MS (plus
     /// 0..JITTER_MS, order kept) each way; prints "ready" once listening.
     #[command(hide = true)]
@@ -253,5 +269,6 @@ fn main() {
             jitter_ms,
         } => links::run_proxy(listen, upstream, one_way_ms, jitter_ms),
         Cmd::Churn { rate, targets } => churn::run_churn(rate, &targets),
+        Cmd::DemoTest { runs, view_timeout } => demo_test::cmd_demo_test(runs, view_timeout),
     }
 }
