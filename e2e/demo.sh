@@ -18,7 +18,8 @@
 # process it started (mesh.sh down, by pid), removes its state dir
 # and exits 0, under `| tee` too (`aether-e2e demo-test` checks it).
 # Environment: DEMO_ONESHOT=1 (see above), DEMO_TTL (mirror lease TTL in
-# seconds, default 6).
+# seconds, default 6), DEMO_BIN (an aether-replicator to run instead of
+# building one; CI passes its debug build).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -67,15 +68,19 @@ trap cleanup EXIT
 need_etcd
 need_commands python3 curl
 command -v cargo >/dev/null || { echo "cargo is needed to build the replicator (https://rustup.rs)" >&2; exit 1; }
-say "building (cargo build --release)"
-# Cargo says where the binary is: CARGO_TARGET_DIR or a .cargo/config may
-# put it anywhere.
-BIN=$(cd "$REPO" && cargo build --release --bin aether-replicator --message-format=json-render-diagnostics |
-  python3 -c 'import json, sys
+if [[ -n ${DEMO_BIN:-} ]]; then
+  BIN=$DEMO_BIN
+else
+  say "building (cargo build --release)"
+  # Cargo says where the binary is: CARGO_TARGET_DIR or a .cargo/config may
+  # put it anywhere.
+  BIN=$(cd "$REPO" && cargo build --release --bin aether-replicator --message-format=json-render-diagnostics |
+    python3 -c 'import json, sys
 for m in map(json.loads, sys.stdin):
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "aether-replicator" and m.get("executable"):
         print(m["executable"])')
-[[ -x $BIN ]] || { echo "cargo build named no aether-replicator executable" >&2; exit 1; }
+fi
+[[ -x $BIN ]] || { echo "no aether-replicator executable (cargo build named none, or DEMO_BIN is wrong): ${BIN:-none}" >&2; exit 1; }
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-demo.XXXXXX")
 "$MR" up --state "$STATE" --regions 2 --ttl "$TTL" --bin "$BIN"

@@ -8,7 +8,11 @@
 #   e2e/mesh.sh down --state DIR
 #
 # `e2e/mesh.sh help` lists the subcommands, `e2e/mesh.sh help up` the options.
+#
+# AETHER_E2E_BIN: an aether-e2e to run instead of building one (CI's
+# debug build).
 set -euo pipefail
+[[ -z ${AETHER_E2E_BIN:-} ]] || exec "$AETHER_E2E_BIN" "$@"
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cargo build --quiet --release --manifest-path "$repo/Cargo.toml" -p aether-test-kit --bin aether-e2e
 target=${CARGO_TARGET_DIR:-$repo/target}

@@ -275,10 +275,10 @@ fn read_file(path: &str) -> Result<Vec<u8>> {
 mod tests {
     use super::*;
 
-    /// Run in every feature set: `cargo test -p aether-etcd --lib` with
-    /// the defaults, `--no-default-features`, `--no-default-features
-    /// --features tls-ring`, and `--no-default-features --features
-    /// tls-ring,tls-webpki-roots` (roots compiled in: no host can lack them).
+    /// Right in every feature set. CI runs it with the defaults (ring and
+    /// the system's roots) and with `--no-default-features --features
+    /// tls-aws-lc,tls-webpki-roots` (roots compiled in: no host can lack
+    /// them); `--no-default-features` alone gives the no-provider error.
     #[tokio::test]
     async fn https_needs_a_provider_and_roots_or_it_is_a_one_line_error() {
         let config = ClientConfig::new(["https://127.0.0.1:2379"]);

@@ -56,14 +56,19 @@ fn last_lines(kids: Vec<std::io::Result<Child>>, what: &str) -> Vec<u64> {
     out
 }
 
-pub(crate) fn cmd_burst(dir: PathBuf, revisions: u64, writers: u64, rounds: u64) {
+pub(crate) fn cmd_burst(
+    dir: PathBuf,
+    revisions: u64,
+    writers: u64,
+    rounds: u64,
+    loadgen: Option<PathBuf>,
+) {
     let m = Mesh::load_or_die(dir, "");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| crate::repo().join("target"), PathBuf::from);
-    let mut load = target.join("release/examples/loadgen");
-    if !load.is_file() {
-        load = crate::up::loadgen_bin().unwrap_or_else(|e| crate::die(e));
-    }
+    let load = match loadgen {
+        Some(l) if l.is_file() => l,
+        Some(l) => crate::die(format!("--loadgen {}: not an executable", l.display())),
+        None => crate::up::loadgen_bin().unwrap_or_else(|e| crate::die(e)),
+    };
     let regions = m.st.regions.clone();
     if let Err(e) = m.wait_ready(30, &regions) {
         crate::die(format!("regions not ready: {e}"));

@@ -28,7 +28,7 @@ const VIEW_UP: &str = "Ctrl-C stops the demo";
 /// The key the demo's printed `etcdctl put` writes in region a.
 const PASTED_IP: &str = "10.1.9.9";
 
-pub(crate) fn cmd_demo_test(runs: u32, view_timeout: u64) {
+pub(crate) fn cmd_demo_test(runs: u32, bin: Option<PathBuf>, view_timeout: u64) {
     if runs == 0 {
         crate::die("--runs must be at least 1");
     }
@@ -50,13 +50,27 @@ pub(crate) fn cmd_demo_test(runs: u32, view_timeout: u64) {
         );
     }
     // Built first, so that the bounded waits below measure the demo, not
-    // rustc.
-    let built = Command::new("cargo")
-        .args(["build", "--release", "--bin", "aether-replicator"])
-        .current_dir(&repo)
-        .status();
-    if !built.is_ok_and(|s| s.success()) {
-        fail_now("cargo build --release --bin aether-replicator failed");
+    // rustc; or given, with this harness for the demo's own.
+    let mut env: Vec<(&str, PathBuf)> = Vec::new();
+    match bin {
+        Some(bin) => {
+            if !bin.is_file() {
+                crate::die(format!("--bin {}: not an executable", bin.display()));
+            }
+            let me = std::env::current_exe()
+                .unwrap_or_else(|e| crate::die(format!("cannot name this binary: {e}")));
+            env.push(("DEMO_BIN", std::path::absolute(&bin).unwrap_or(bin)));
+            env.push(("AETHER_E2E_BIN", me));
+        }
+        None => {
+            let built = Command::new("cargo")
+                .args(["build", "--release", "--bin", "aether-replicator"])
+                .current_dir(&repo)
+                .status();
+            if !built.is_ok_and(|s| s.success()) {
+                fail_now("cargo build --release --bin aether-replicator failed");
+            }
+        }
     }
     // The demos make their state dirs under TMPDIR: a dir of this test's
     // own, so that another demo on the machine is neither checked nor
@@ -67,6 +81,7 @@ pub(crate) fn cmd_demo_test(runs: u32, view_timeout: u64) {
         .unwrap_or_else(|e| crate::die(format!("cannot make a temp dir: {e}")));
     let t = DemoTest {
         demo,
+        env,
         work: work.path().to_path_buf(),
         view_timeout: Duration::from_secs(view_timeout),
     };
@@ -96,6 +111,8 @@ fn fail_now(msg: &str) -> ! {
 
 struct DemoTest {
     demo: PathBuf,
+    /// DEMO_BIN and AETHER_E2E_BIN when given.
+    env: Vec<(&'static str, PathBuf)>,
     work: PathBuf,
     view_timeout: Duration,
 }
@@ -216,6 +233,7 @@ impl DemoTest {
                 .arg("600")
                 .arg(&self.demo)
                 .env("TMPDIR", &self.work)
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .env("DEMO_ONESHOT", "1")
                 .stdin(Stdio::null())
                 .stdout(out)
@@ -252,6 +270,7 @@ impl DemoTest {
             .arg(&self.demo)
             .arg(&out_path)
             .env("TMPDIR", &self.work)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .process_group(0);
         // SAFETY: signal(2) is async-signal-safe. A foreground job's

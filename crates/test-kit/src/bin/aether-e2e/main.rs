@@ -15,8 +15,8 @@
 //! aether-e2e restart REGION [--state DIR]
 //! aether-e2e cut     REGION PEER [--state DIR]
 //! aether-e2e heal    REGION PEER [--state DIR]
-//! aether-e2e burst   [--state DIR] [--revisions N] [--writers W] [--rounds K]
-//! aether-e2e demo-test [--runs N] [--view-timeout SECONDS]
+//! aether-e2e burst   [--state DIR] [--revisions N] [--writers W] [--rounds K] [--loadgen PATH]
+//! aether-e2e demo-test [--runs N] [--bin PATH] [--view-timeout SECONDS]
 //! ```
 //!
 //! `aether-e2e help SUBCOMMAND` says what each does; every line it prints
@@ -162,6 +162,10 @@ enum Cmd {
         writers: u64,
         #[arg(long, default_value_t = 3)]
         rounds: u64,
+        /// The loadgen example to write with (default: the release build,
+        /// brought up to date with `cargo build --release`).
+        #[arg(long, value_name = "PATH")]
+        loadgen: Option<PathBuf>,
     },
     /// The demo as a person runs it: one `DEMO_ONESHOT=1` run (3 frames,
     /// exit 0), then RUNS runs of `e2e/demo.sh | tee FILE` in a process
@@ -172,6 +176,11 @@ enum Cmd {
     DemoTest {
         #[arg(long, default_value_t = 1, value_name = "N")]
         runs: u32,
+        /// An aether-replicator binary for the demo to run (DEMO_BIN), and
+        /// this aether-e2e for its harness, instead of the release builds
+        /// the demo makes: CI passes the debug build its suites made.
+        #[arg(long, value_name = "PATH")]
+        bin: Option<PathBuf>,
         /// How long to wait for the demo's view (the release build is made
         /// before the clock starts).
         #[arg(long, default_value_t = 120, value_name = "SECONDS")]
@@ -261,7 +270,8 @@ fn main() {
             revisions,
             writers,
             rounds,
-        } => burst::cmd_burst(dir, revisions, writers, rounds),
+            loadgen,
+        } => burst::cmd_burst(dir, revisions, writers, rounds, loadgen),
         Cmd::LinkProxy {
             listen,
             upstream,
@@ -269,6 +279,10 @@ fn main() {
             jitter_ms,
         } => links::run_proxy(listen, upstream, one_way_ms, jitter_ms),
         Cmd::Churn { rate, targets } => churn::run_churn(rate, &targets),
-        Cmd::DemoTest { runs, view_timeout } => demo_test::cmd_demo_test(runs, view_timeout),
+        Cmd::DemoTest {
+            runs,
+            bin,
+            view_timeout,
+        } => demo_test::cmd_demo_test(runs, bin, view_timeout),
     }
 }

@@ -20,8 +20,8 @@ pub(crate) struct UpArgs {
     /// twice the election TTL, which is a third of it and at least 2s.
     #[arg(long, default_value = "6", value_parser = parse_secs)]
     ttl: u64,
-    /// The aether-replicator binary (default target/release/aether-replicator,
-    /// brought up to date with `cargo build --release`); copied into the
+    /// The aether-replicator binary (default: the release build, brought up
+    /// to date with `cargo build --release`); copied into the
     /// state dir so every replica runs the same build.
     #[arg(long, value_name = "PATH")]
     bin: Option<PathBuf>,
@@ -66,23 +66,40 @@ fn parse_secs(s: &str) -> Result<u64, String> {
 
 /// Builds something of the repository with cargo (always: cargo returns
 /// at once when it is up to date, and a stale binary would test old code).
-pub(crate) fn cargo_build(args: &[&str]) -> Result<(), String> {
-    let st = Command::new("cargo")
-        .args(["build", "--release"])
+/// `cargo build --release ARGS` in the repository; the executable cargo
+/// names for the target `name`. Cargo says where it put it
+/// (CARGO_TARGET_DIR, a target-dir in a .cargo/config): a path assumed
+/// here broke the harness under another target dir once.
+pub(crate) fn cargo_build(args: &[&str], name: &str) -> Result<PathBuf, String> {
+    let out = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--message-format=json-render-diagnostics",
+        ])
         .args(args)
         .current_dir(crate::repo())
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
-    st.success()
-        .then_some(())
-        .ok_or_else(|| format!("cargo build --release {} failed", args.join(" ")))
+    if !out.status.success() {
+        return Err(format!("cargo build --release {} failed", args.join(" ")));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| {
+            format!(
+                "cargo build --release {} named no {name} executable",
+                args.join(" ")
+            )
+        })
 }
 
 pub(crate) fn loadgen_bin() -> Result<PathBuf, String> {
-    cargo_build(&["--quiet", "--example", "loadgen"])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| crate::repo().join("target"), PathBuf::from);
-    Ok(target.join("release/examples/loadgen"))
+    cargo_build(&["--quiet", "--example", "loadgen"], "loadgen")
 }
 
 pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
@@ -119,12 +136,9 @@ pub(crate) fn cmd_up(dir: PathBuf, a: UpArgs) {
             b
         }
         None => {
-            let b = crate::repo().join("target/release/aether-replicator");
-            println!("== building {} (cargo build --release)", b.display());
-            if let Err(e) = cargo_build(&[]) {
-                crate::die(e);
-            }
-            b
+            println!("== building aether-replicator (cargo build --release)");
+            cargo_build(&["--bin", "aether-replicator"], "aether-replicator")
+                .unwrap_or_else(|e| crate::die(e))
         }
     };
     let dirs = dir.display().to_string();
