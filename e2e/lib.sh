@@ -105,3 +105,11 @@ metric() {
       print $2; exit
     }' <<<"$1"
 }
+
+# stage TEXT: a stage's header, with how far into the run it starts
+# (TEST_ALL_START, set by test-all.sh; else this script's start), so that
+# a slow stage shows in any log.
+stage() {
+  local t=$(($(date +%s) - ${TEST_ALL_START:-$(date +%s)}))
+  printf '== [%dm%02ds] %s\n' $((t / 60)) $((t % 60)) "$*"
+}

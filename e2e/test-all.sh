@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . e2e/lib.sh
 # Each stage's header says how far into the run it starts, so a slow
 # stage shows in any log.
-stage() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+export TEST_ALL_START=${TEST_ALL_START:-$(date +%s)}
 need_etcd
 # The demo (e2e/demo.sh) reads the replicas' metrics with curl and renders
 # its view with python3.
@@ -53,22 +53,6 @@ stage "docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 bash e2e/check-docs.sh   # Markdown links and paths resolve in the repository; no tracker numbers
 
-stage "the client's dependency count, as crates/aether-etcd/README.md states it"
-bash e2e/client-deps.sh --check
-
-stage "the client's package holds only what builds and documents it"
-package_list=$(cargo package -p aether-etcd --list --allow-dirty)
-if ! grep -qx 'src/lib.rs' <<<"$package_list"; then
-  echo "FAIL: cargo package -p aether-etcd --list did not list src/lib.rs" >&2
-  exit 1
-fi
-stray=$(grep -vE '^(Cargo\.(toml|toml\.orig|lock)|LICENSE|README\.md|build\.rs|\.cargo_vcs_info\.json|proto/.*\.proto|proto/(LICENSE|README\.md)|src/.*\.rs|examples/.*\.rs)$' <<<"$package_list" || true)
-if [[ -n "$stray" ]]; then
-  echo "FAIL: stray files in the aether-etcd package:" >&2
-  echo "$stray" >&2
-  exit 1
-fi
-
 stage "the simulation's reverted fixes still apply (docs/reliability.md)"
 for p in tests/sim/reverts/*.patch; do
   git apply --check "$p"
@@ -77,28 +61,9 @@ done
 stage "deploy/: kustomize renders, promtool rules and tests, dashboard expressions"
 bash e2e/check-deploy.sh --no-cargo
 
-# The declared MSRV, checked with that toolchain: what a user builds, the
-# libraries and the binaries. Not the tests, benches and their dev-deps:
-# those are ours, built on the current toolchain, and checking them too
-# took a minute of CI for nothing a user meets. Its own artefacts sit
-# beside the others in target/ (another compiler, other hashes), so it
-# rebuilds nothing else.
-msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
-client_msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' crates/aether-etcd/Cargo.toml)
-if [[ -z $msrv || -z $client_msrv ]]; then
-  echo "FAIL: no rust-version = \"...\" line in Cargo.toml or crates/aether-etcd/Cargo.toml" >&2
-  exit 1
-fi
-stage "MSRV: cargo +$msrv check"
-need_toolchain "$msrv"
-cargo "+$msrv" check --locked --workspace --lib --bins
-# The client's own rust-version, if it claims an older one than the crate
-# that depends on it.
-if [[ $client_msrv != "$msrv" ]]; then
-  stage "MSRV of aether-etcd: cargo +$client_msrv check"
-  need_toolchain "$client_msrv"
-  cargo "+$client_msrv" check --locked -p aether-etcd --lib
-fi
+# The client crate as a user gets it: dependencies, package, MSRV, and
+# its TLS feature sets.
+bash e2e/check-client.sh
 
 # The whole suite against Debian's etcd 3.4.23, then against 3.5.1.
 suite() {
@@ -131,16 +96,6 @@ SEED=${SOAK_SEED_35:-8} DURATION=${SOAK_DURATION:-90s} \
   ETCD_BIN="$etcd35/etcd" ETCDCTL_BIN="$etcd35/etcdctl" soak
 stage "doc tests"
 cargo test --workspace --doc
-
-stage "the client crate alone, with each TLS provider and with none; the engine without the app"
-# Without TLS, then with aws-lc and Mozilla's roots compiled in (an
-# https:// endpoint without a CA builds on any host); the endpoint unit
-# test says which error each feature set gives. One build per feature set:
-# each recompiles the TLS stack, the costliest part of this stage.
-cargo check -p aether-etcd --no-default-features
-cargo test -p aether-etcd --lib --no-default-features --features tls-aws-lc,tls-webpki-roots https_needs
-cargo check -p aether-etcd
-cargo check --lib --no-default-features
 
 # The benches are not built here: clippy --all-targets above compiles them.
 
