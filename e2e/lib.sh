@@ -109,7 +109,8 @@ metric() {
 # stage TEXT: a stage's header, with how far into the run it starts
 # (TEST_ALL_START, set by test-all.sh; else this script's start), so that
 # a slow stage shows in any log.
+STAGE_START=${TEST_ALL_START:-$(date +%s)}
 stage() {
-  local t=$(($(date +%s) - ${TEST_ALL_START:-$(date +%s)}))
+  local t=$(($(date +%s) - STAGE_START))
   printf '== [%dm%02ds] %s\n' $((t / 60)) $((t % 60)) "$*"
 }
