@@ -133,12 +133,10 @@ impl Group {
         }
     }
 
-    /// Whether any process is left in the group.
+    /// The live processes left in the group.
     fn members(&self) -> Vec<i32> {
-        let Ok(dir) = fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        procs::all_pids()
+            .into_iter()
             .filter(|pid| pgrp(*pid) == Some(self.pgid) && procs::alive(*pid))
             .collect()
     }
@@ -369,7 +367,7 @@ impl DemoTest {
 
     /// Reports each process left of a demo (a recorded pid still naming
     /// `state`, or any process naming `state` or a state dir under the
-    /// work dir) and each state dir left; stops them (`down`, then SIGKILL
+    /// work dir) and each state dir left; stops them (as `down` does, then SIGKILL
     /// by pid) and removes them. True if there was nothing.
     fn leftovers(&self, state: Option<&str>, pids: &[i32]) -> bool {
         let mut clean = true;
@@ -401,15 +399,8 @@ impl DemoTest {
         if clean {
             return true;
         }
-        let me = std::env::current_exe().ok();
         for d in &dirs {
-            if let Some(me) = &me {
-                let _ = Command::new(me)
-                    .args(["down", "--state", d])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
+            crate::down::stop_all(d);
         }
         let work = self.work.to_string_lossy();
         for pid in stray {
@@ -450,11 +441,8 @@ fn recorded_pids(state: &str) -> Vec<i32> {
 /// Each live process (but this one) whose command line names `dir`.
 fn naming(dir: &str) -> Vec<(i32, String)> {
     let me = std::process::id() as i32;
-    let Ok(procs_dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut found: Vec<(i32, String)> = procs_dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+    let mut found: Vec<(i32, String)> = procs::all_pids()
+        .into_iter()
         .filter(|pid| *pid != me && procs::alive(*pid))
         .filter_map(|pid| {
             let line = procs::cmdline(pid)?.join(" ");

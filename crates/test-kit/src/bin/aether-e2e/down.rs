@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::procs::{cmdline, ours, stop_pids};
+use crate::procs::{all_pids, cmdline, ours, stop_pids};
 use crate::state::{Mesh, fmt_ms, now_ms};
 
 /// Every pid recorded in the state file, plus any process of ours whose
@@ -19,18 +19,13 @@ fn harness_pids(dir: &str) -> Vec<i32> {
         pids.extend(st.churn);
     }
     let me = std::process::id() as i32;
-    if let Ok(rd) = std::fs::read_dir("/proc") {
-        for e in rd.filter_map(Result::ok) {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-                continue;
-            };
-            if pid == me || pids.contains(&pid) {
-                continue;
-            }
-            let Some(argv) = cmdline(pid) else { continue };
-            if is_harness_process(dir, &argv) {
-                pids.push(pid);
-            }
+    for pid in all_pids() {
+        if pid == me || pids.contains(&pid) {
+            continue;
+        }
+        let Some(argv) = cmdline(pid) else { continue };
+        if is_harness_process(dir, &argv) {
+            pids.push(pid);
         }
     }
     pids.retain(|p| *p > 0);

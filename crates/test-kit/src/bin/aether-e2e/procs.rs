@@ -58,6 +58,15 @@ pub(crate) fn alive(pid: i32) -> bool {
     }
 }
 
+/// Every pid in /proc.
+pub(crate) fn all_pids() -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
 pub(crate) fn cmdline(pid: i32) -> Option<Vec<String>> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     Some(
