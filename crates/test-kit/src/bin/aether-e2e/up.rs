@@ -64,12 +64,11 @@ fn parse_secs(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("{s}: not a whole number of seconds"))
 }
 
-/// Builds something of the repository with cargo (always: cargo returns
-/// at once when it is up to date, and a stale binary would test old code).
-/// `cargo build --release ARGS` in the repository; the executable cargo
-/// names for the target `name`. Cargo says where it put it
-/// (CARGO_TARGET_DIR, a target-dir in a .cargo/config): a path assumed
-/// here broke the harness under another target dir once.
+/// `cargo build --release ARGS` in the repository (always: cargo returns
+/// at once when it is up to date, and a stale binary would test old code);
+/// the executable cargo names for the target `name`. Cargo says where it
+/// put it (CARGO_TARGET_DIR, a target-dir in a .cargo/config): a path
+/// assumed here broke the harness under another target dir once.
 pub(crate) fn cargo_build(args: &[&str], name: &str) -> Result<PathBuf, String> {
     let out = Command::new("cargo")
         .args([
