@@ -66,27 +66,19 @@ trap cleanup EXIT
 # ---------------------------------------------------------------- setup
 
 need_etcd
-need_commands python3 curl
 command -v cargo >/dev/null || { echo "cargo is needed to build the replicator (https://rustup.rs)" >&2; exit 1; }
+# Without DEMO_BIN, `up` builds the replicator (cargo build --release).
+BIN_ARGS=()
 if [[ -n ${DEMO_BIN:-} ]]; then
-  BIN=$DEMO_BIN
-else
-  say "building (cargo build --release)"
-  # Cargo says where the binary is: CARGO_TARGET_DIR or a .cargo/config may
-  # put it anywhere.
-  BIN=$(cd "$REPO" && cargo build --release --bin aether-replicator --message-format=json-render-diagnostics |
-    python3 -c 'import json, sys
-for m in map(json.loads, sys.stdin):
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "aether-replicator" and m.get("executable"):
-        print(m["executable"])')
+  [[ -x $DEMO_BIN ]] || { echo "DEMO_BIN is not an executable: $DEMO_BIN" >&2; exit 1; }
+  BIN_ARGS=(--bin "$DEMO_BIN")
 fi
-[[ -x $BIN ]] || { echo "no aether-replicator executable (cargo build named none, or DEMO_BIN is wrong): ${BIN:-none}" >&2; exit 1; }
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/aether-demo.XXXXXX")
-"$MR" up --state "$STATE" --regions 2 --ttl "$TTL" --bin "$BIN"
+say "building and starting regions a and b"
+"$MR" up --state "$STATE" --regions 2 --ttl "$TTL" "${BIN_ARGS[@]}"
 # shellcheck source=/dev/null
 source "$STATE/env"
-read -r -a REGIONS <<<"$E2E_REGIONS"
 getv() { printf '%s' "${!1-}"; }
 ectl() {
   local r=$1
@@ -114,69 +106,11 @@ EOF
 
 # ---------------------------------------------------------------- view
 
-render_region() {
-  local r=$1 s m leader="" lm="" standby="" p lag ttl synced
-  for s in 1 2; do
-    m=$(curl -s --max-time 1 "http://127.0.0.1:$(getv "REPLICA_PORT_${r}_$s")/metrics" 2>/dev/null) || m=
-    if [[ -z $m ]]; then
-      standby+="${standby:+, }$r/$s down"
-    elif [[ $(metric "$m" aether_replicator_is_leader) == 1 ]]; then
-      leader="$r/$s pid $(getv "REPLICA_PID_${r}_$s")" lm=$m
-    else
-      standby+="${standby:+, }$r/$s pid $(getv "REPLICA_PID_${r}_$s") standby"
-    fi
-  done
-  printf 'region %s  etcd :%s  leader %s%s\n' "$r" "$(getv "ETCD_CLIENT_PORT_$r")" "${leader:-NONE}" "${standby:+ ($standby)}"
-  for p in "${REGIONS[@]}"; do
-    [[ $p == "$r" ]] && continue
-    [[ -n $lm ]] || { printf '  %s -> %s: not replicating (no leader in %s)\n' "$r" "$p" "$r"; continue; }
-    lag=$(metric "$lm" "aether_replicator_lag_revisions{peer=\"$p\"}")
-    ttl=$(metric "$lm" "aether_replicator_lease_remaining_seconds{peer=\"$p\"}")
-    synced="NOT synced"
-    [[ $(metric "$lm" "aether_replicator_peer_synced{peer=\"$p\"}") == 1 ]] && synced=synced
-    printf '  %s -> %s: %s, lag %s revisions, peer lease %.1fs left\n' "$r" "$p" "$synced" "${lag:-?}" "${ttl:-0}"
-  done
-  printf '  as consumers in %s see it (aether-replicator endpoints --region %s):\n' "$r" "$r"
-  timeout 5 "$E2E_BIN" endpoints --local-etcd "$(getv "ETCD_URL_$r")" --region "$r" --output json 2>&1 |
-    python3 "$SCRIPT_DIR/demo-view.py" "${REGIONS[*]}" 4
-  echo
-}
-
-render() {
-  local r
-  # Re-read the state: `mesh.sh restart` changes pids and ports.
-  # shellcheck source=/dev/null
-  source "$STATE/env"
-  printf 'aether-replicator demo: regions %s, mirror lease TTL %ss    %s\n' "${REGIONS[*]}" "$TTL" "$(date +%T)"
-  printf '%.0s-' {1..79}
-  echo
-  for r in "${REGIONS[@]}"; do render_region "$r"; done
-  echo "Type a key into region a and see it arrive in b:"
-  echo "    etcdctl --endpoints=$(getv ETCD_URL_a) put ${KEY_ROOT}a/clusters/prod-a1/services/hello/protocols/http/endpoints/10.1.9.9 '{\"zone\":\"a-1\",\"port\":8080}'"
-  echo "Failover: stop region a's replicators; a's staleness in b grows, and a's"
-  echo "endpoints vanish from b once the lease (${TTL}s) runs out:"
-  echo "    kill $(getv REPLICA_PID_a_1) $(getv REPLICA_PID_a_2)"
-  echo "Bring them back:  $MR_SHOWN restart a --state $STATE"
-  echo "(b's: kill $(getv REPLICA_PID_b_1) $(getv REPLICA_PID_b_2))    logs: $STATE/logs"
-  if [[ $ONESHOT == 1 ]]; then echo "DEMO_ONESHOT: rendering 3 times"; else echo "Ctrl-C stops the demo."; fi
-}
-
 say "live view (state: $STATE)"
 ((TTY)) && printf '\033[?25l\033[2J'
-frames=0
-while :; do
-  t0=${EPOCHREALTIME//[!0-9]/}
-  frame=$(render 2>&1)
-  if ((TTY)); then
-    # Home, each line cleared to its end, then the rest of the screen.
-    printf '\033[H%s\033[K\033[J' "${frame//$'\n'/$'\033[K\n'}"
-  else
-    printf '%s\n' "$frame"
-  fi
-  frames=$((frames + 1))
-  [[ $ONESHOT == 1 ]] && ((frames >= 3)) && break
-  # One frame a second: sleep what rendering left of it.
-  spent=$(((${EPOCHREALTIME//[!0-9]/} - t0) / 1000))
-  if ((spent < 1000)); then sleep "$(printf '%d.%03d' $(((1000 - spent) / 1000)) $(((1000 - spent) % 1000)))"; fi
-done
+FRAMES=()
+[[ $ONESHOT == 1 ]] && FRAMES=(--frames 3)
+# The view (aether-e2e demo-view) ends at Ctrl-C, or quietly with exit 0
+# when the reader of its output goes away; the traps above clean up.
+"$MR" demo-view --state "$STATE" --mesh-cmd "$MR_SHOWN" "${FRAMES[@]}"
 exit 0

@@ -11,13 +11,14 @@ cd "$(dirname "$0")/.."
 # stage shows in any log.
 export TEST_ALL_START=${TEST_ALL_START:-$(date +%s)}
 need_etcd
-# The demo (e2e/demo.sh) reads the replicas' metrics with curl and renders
-# its view with python3.
-need_commands curl python3
+# python3: the docs check and the installers of etcd 3.5.1 and helm.
+need_commands python3
 # promtool: the suite's metrics test checks the page with it.
 need_promtool
 # libfaketime: the wall-clock step test preloads it into a replicator.
 need_faketime
+# libfuzzer-sys compiles libFuzzer with a C++ compiler (fuzz/smoke.sh).
+need_commands g++
 # sed, not head: head exits after one line and, under pipefail, etcd's
 # SIGPIPE on the next line failed the whole run (exit 141).
 etcd --version | sed -n 1p
@@ -51,7 +52,7 @@ cargo clippy --workspace --all-targets -- -D warnings
 # suites' half hour.
 stage "docs (broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-bash e2e/check-docs.sh   # Markdown links and paths resolve in the repository; no tracker numbers
+python3 e2e/check-docs.py   # Markdown links and paths resolve in the repository; no tracker numbers
 
 stage "the simulation's reverted fixes still apply (docs/reliability.md)"
 for p in tests/sim/reverts/*.patch; do
@@ -110,59 +111,6 @@ else
   SIM_SEEDS=200 SIM_FROM=1 cargo test --test sim -- --ignored explore
 fi
 
-# Every fuzz target built (instrumented, on stable: no cargo-fuzz needed)
-# and run for a few seconds on its corpus; fuzz/README.md has the numbers.
-# libfuzzer-sys compiles libFuzzer with a C++ compiler.
-need_commands g++
-stage "fuzz targets build and run"
-bash fuzz/smoke.sh
-
-# The demo and the multi-region harness run the debug builds the suites
-# made (debug assertions on, and no release build for CI to wait for);
-# the figures in BENCHMARKS.md come from release builds.
-cargo build --workspace --bins --examples
-debug=${CARGO_TARGET_DIR:-target}/debug
-[[ $debug == /* ]] || debug=$PWD/$debug
-e2e_bin=$debug/aether-e2e
-
-stage "the demo: demo.sh | tee, Ctrl-C, nothing left running"
-"$e2e_bin" demo-test --runs 1 --bin "$debug/aether-replicator"
-
-# The harness must not leave anything behind, whether verify passed or not:
-# every process it starts names its state dir on its command line.
-leftovers() {
-  if pgrep -f "$state" >/dev/null; then
-    echo "FAIL: processes left behind by the e2e harness:" >&2
-    pgrep -af "$state" >&2
-    return 1
-  fi
-}
-# One mesh of 3 regions with jittered links (5 ms + 0..20 ms each way, every
-# link through its own proxy) and first a quiet phase: 180 s of churn in
-# which no alert may fire (before verify, whose faults legitimately raise
-# alerts with 1h windows). It covers everything the 2-region run that used
-# to precede it checked (verify and alerts run the same steps on a, b and
-# c), so that run was dropped; direct links are covered by the demo and the
-# burst below.
-stage "multi-region e2e, 3 regions"
-state=$(mktemp -d)
-trap '"$e2e_bin" down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
-"$e2e_bin" up --state "$state" --regions 3 --prometheus --link-delay 5 --link-jitter 20 \
-  --bin "$debug/aether-replicator"
-"$e2e_bin" quiet --state "$state"
-"$e2e_bin" verify --state "$state"
-"$e2e_bin" alerts --state "$state"
-"$e2e_bin" down --state "$state"
-trap - EXIT
-leftovers
-# Many regions under load (docs/scale.md): five regions, one burst round in
-# every region at once; fails if a peer never holds a region's burst.
-stage "multi-region burst, 5 regions"
-state=$(mktemp -d)
-trap '"$e2e_bin" down --state "$state" >/dev/null 2>&1 || true; leftovers || true' EXIT
-"$e2e_bin" up --state "$state" --regions 5 --bin "$debug/aether-replicator"
-"$e2e_bin" burst --state "$state" --rounds 1 --loadgen "$debug/examples/loadgen"
-"$e2e_bin" down --state "$state"
-trap - EXIT
-leftovers
+# The demo, the multi-region e2e and the fuzz targets.
+bash e2e/check-e2e.sh
 stage "all tests passed"

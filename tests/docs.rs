@@ -3,7 +3,7 @@
 //! series `/metrics` serves, every alert of the rules file is documented,
 //! and every one-machine example in the README and docs/ runs (trycmd).
 //!
-//! Links, tracker numbers and paths are checked by `e2e/check-docs.sh`.
+//! Links, tracker numbers and paths are checked by `e2e/check-docs.py`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

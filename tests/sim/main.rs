@@ -28,7 +28,9 @@
 //!   lowest failing seed prints its violation and the trace's last lines.
 //!   `SIM_SEED=S` replays one (`SIM_TAIL=N`: the trace's last N lines, 400 by default). `SIM_COPY_WATCH=0` runs the engines without
 //!   their copy watches, as the reverted-fix checks of the gaps the copy
-//!   watch closed do (docs/reliability.md).
+//!   watch closed do (docs/reliability.md); `SIM_CHURN=1` changes every
+//!   region's leader every few seconds, faster than the verification
+//!   interval.
 
 mod link;
 mod rng;
@@ -115,6 +117,20 @@ fn seeds_that_found_holes_pass() {
     }
 }
 
+/// Leadership handed over every few seconds (`SIM_CHURN=1`), with the copy
+/// watch and without it.
+#[test]
+fn churn_holds_every_promise() {
+    for copy_watch in [true, false] {
+        let knobs = Knobs {
+            churn: true,
+            copy_watch,
+            ..Knobs::default()
+        };
+        check(1..3, 1, knobs);
+    }
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let a = run(3, Knobs::default());
@@ -147,6 +163,7 @@ fn explore() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let knobs = Knobs {
         copy_watch: env("SIM_COPY_WATCH") != Some(0),
+        churn: env("SIM_CHURN") == Some(1),
         ..Knobs::default()
     };
     if let Some(seed) = env("SIM_SEED") {

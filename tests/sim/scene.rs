@@ -37,6 +37,9 @@ const S_MS: i64 = 5_000;
 const OOB_GRACE_MS: i64 = 2_500;
 /// Without the copy watch, only counts and verification passes see a
 /// change: a pass every [`VERIFY_EVERY`], and a few seconds for it to run.
+/// A `del --prefix` that emptied a copy moves its key count, which every
+/// probe (one a heartbeat, below the count cadence's 20,000 keys) checks:
+/// it has [`OOB_GRACE_MS`] either way.
 const OOB_GRACE_UNWATCHED_MS: i64 = VERIFY_EVERY.as_millis() as i64 + 5_000;
 const VERIFY_EVERY: Duration = Duration::from_secs(20);
 /// The wall clock every engine starts on: Unix ms.
@@ -63,6 +66,12 @@ pub(crate) struct Knobs {
     /// default); off, the counts and verification passes are all that
     /// see a change made on a copy.
     pub(crate) copy_watch: bool,
+    /// Leadership churn: besides the nemesis, every region's leadership
+    /// is handed over every few seconds, faster than the
+    /// verification interval, so that a pass scheduled a whole interval
+    /// after a session's start would never run; and half the hand edits
+    /// change a value the copy holds, which no count sees.
+    pub(crate) churn: bool,
 }
 
 impl Default for Knobs {
@@ -70,9 +79,14 @@ impl Default for Knobs {
         Knobs {
             faults_for: FAULTS_FOR,
             copy_watch: true,
+            churn: false,
         }
     }
 }
+
+/// How often [`Knobs::churn`] hands a region's leadership over: every 5
+/// to 15 s, less than the verification interval.
+const CHURN_MS: (u64, u64) = (5_000, 10_000);
 
 /// The region whose etcd takes smaller requests than the others, and how
 /// small: a value of [`BIG`] bytes, which the load sometimes writes, fits
@@ -109,8 +123,9 @@ struct Region {
     /// that the successor can adopt them (`Engine::step_down`).
     stepped_down: Vec<SteppedDown>,
     links: Vec<Link>,
-    /// Out-of-band changes on this region's etcd: (ms, key).
-    oob: Vec<(i64, Bytes)>,
+    /// Out-of-band changes on this region's etcd: (ms, key or prefix,
+    /// whether it emptied a copy, which a count sees).
+    oob: Vec<(i64, Bytes, bool)>,
     knobs: Knobs,
 }
 
@@ -176,6 +191,9 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     let load = spawn_load(&regions, &rng);
     let until = tokio::time::Instant::now() + knobs.faults_for;
     let mut next_fault = tokio::time::Instant::now() + Duration::from_secs(3);
+    let churn_at =
+        || tokio::time::Instant::now() + Duration::from_millis(CHURN_MS.0 + rng.below(CHURN_MS.1));
+    let mut next_churn: Vec<_> = regions.iter().map(|_| churn_at()).collect();
     let mut heals: Vec<(tokio::time::Instant, Heal)> = Vec::new();
     loop {
         let now = tokio::time::Instant::now();
@@ -187,6 +205,16 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             *out.faults.entry(kind).or_default() += 1;
             heals.extend(heal);
             next_fault = now + Duration::from_millis(500 + rng.below(2500));
+        }
+        for (i, next) in next_churn.iter_mut().enumerate() {
+            if knobs.churn && now >= *next {
+                // Handovers: the successor starts at once and adopts the
+                // copies, so that they are claimed fresh again at once.
+                let (kind, heal) = handover(&mut regions, i, &rng, &trace);
+                *out.faults.entry(kind).or_default() += 1;
+                heals.extend(heal);
+                *next = churn_at();
+            }
         }
         heals.extend(fences(&mut regions, &rng, &trace));
         // Stable: heals due at one instant apply in the order scheduled.
@@ -218,6 +246,15 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     trace.note("healed".into());
     let deadline = tokio::time::Instant::now() + HEAL_FOR;
     while tokio::time::Instant::now() < deadline {
+        // An engine fenced by a deposed one in the last instants of the
+        // faults restarts as the replicator would, healed or not.
+        heals.extend(fences(&mut regions, &rng, &trace));
+        heals.sort_by_key(|h| h.0);
+        let now = tokio::time::Instant::now();
+        while heals.first().is_some_and(|h| h.0 <= now) {
+            let (_, h) = heals.remove(0);
+            h.apply(&mut regions, &rng, &trace);
+        }
         sample(&regions, &trace, &mut out);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -438,14 +475,7 @@ fn inject(
                 vec![(later(500, 8000), Heal::Weather(l.weather.clone()))],
             )
         }
-        2 => {
-            // A crash: no drain, no revoke.
-            if let Some(e) = regions[i].engine.take() {
-                trace.note(format!("fault: {name} engine killed"));
-                e.abort();
-            }
-            ("kill", vec![(later(200, 6000), Heal::Restart(i))])
-        }
+        2 => kill(regions, i, rng, trace),
         3 => {
             let c = regions[i].cluster.client(0);
             let rev = regions[i].cluster.revision() - rng.below(5) as i64;
@@ -459,23 +489,33 @@ fn inject(
             if origin == name {
                 return ("out-of-band", vec![]);
             }
-            let key = Bytes::from(format!(
+            let mut key = Bytes::from(format!(
                 "{}clusters/c1/services/s{}/protocols/http/endpoints/10.0.0.{}",
                 prefix(origin),
                 rng.below(6),
                 rng.below(14)
             ));
+            if regions[i].knobs.churn {
+                // A hand edit of a value the copy holds: no count sees it,
+                // only a pass or the copy watch. (Only with churn, so that
+                // the other seeds keep their draws.)
+                let held = regions[i].cluster.dump(prefix(origin));
+                if !held.is_empty() && rng.below(2) == 0 {
+                    key = held[rng.below(held.len() as u64) as usize].key().clone();
+                }
+            }
             let c = regions[i].cluster.client(0);
             let t = trace.now_ms();
-            regions[i].oob.push((t, key.clone()));
             let txn = if rng.below(6) == 0 {
                 // `del --prefix` of the whole copy.
                 trace.note(format!("fault: del --prefix on {name} of {origin}'s copy"));
-                regions[i].oob.push((t, Bytes::from(prefix(origin))));
+                regions[i].oob.push((t, Bytes::from(prefix(origin)), true));
                 Txn::new().and_then([Delete::prefix(prefix(origin))])
             } else if rng.below(2) == 0 {
+                regions[i].oob.push((t, key.clone(), false));
                 Txn::new().and_then([Delete::key(key.clone())])
             } else {
+                regions[i].oob.push((t, key.clone(), false));
                 Txn::new()
                     .when([Compare::version(key.clone(), CompareOp::Greater, -1)])
                     .and_then([Put::new(key.clone(), "out-of-band")])
@@ -519,29 +559,43 @@ fn inject(
             trace.note(format!("fault: {name} wall clock stepped {step} ms"));
             ("clock-step", vec![(later(1000, 8000), Heal::Skew(i))])
         }
-        _ => {
-            // A leadership change the leader has not noticed yet (its
-            // election session lapsed while it was cut from its etcd): the
-            // successor starts while the deposed engine writes on for up
-            // to two seconds, then steps down; its leases live a TTL more.
-            let Some(old) = regions[i].engine.take() else {
-                return ("handover", vec![]);
-            };
-            if let Some(e) = regions[i].deposed.replace(old) {
-                e.abort();
-            }
-            trace.note(format!("fault: {name} leadership handed over"));
-            start_engine(regions, i, rng, trace);
-            let step_down = later(0, 2000);
-            (
-                "handover",
-                vec![
-                    (step_down, Heal::StepDown(i)),
-                    (step_down + Duration::from_secs(10), Heal::GraceOver(i)),
-                ],
-            )
-        }
+        _ => handover(regions, i, rng, trace),
     }
+}
+
+type Fault = (&'static str, Vec<(tokio::time::Instant, Heal)>);
+
+/// A crash: no drain, no revoke; a replica takes over later.
+fn kill(regions: &mut [Region], i: usize, rng: &Rng, trace: &Trace) -> Fault {
+    if let Some(e) = regions[i].engine.take() {
+        trace.note(format!("fault: {} engine killed", regions[i].name));
+        e.abort();
+    }
+    let back = tokio::time::Instant::now() + Duration::from_millis(200 + rng.below(6000));
+    ("kill", vec![(back, Heal::Restart(i))])
+}
+
+/// A leadership change the leader has not noticed yet (its election
+/// session lapsed while it was cut from its etcd): the successor starts
+/// while the deposed engine writes on for up to two seconds, then steps
+/// down; its leases live a TTL more.
+fn handover(regions: &mut [Region], i: usize, rng: &Rng, trace: &Trace) -> Fault {
+    let Some(old) = regions[i].engine.take() else {
+        return ("handover", vec![]);
+    };
+    if let Some(e) = regions[i].deposed.replace(old) {
+        e.abort();
+    }
+    trace.note(format!("fault: {} leadership handed over", regions[i].name));
+    start_engine(regions, i, rng, trace);
+    let step_down = tokio::time::Instant::now() + Duration::from_millis(rng.below(2000));
+    (
+        "handover",
+        vec![
+            (step_down, Heal::StepDown(i)),
+            (step_down + Duration::from_secs(10), Heal::GraceOver(i)),
+        ],
+    )
 }
 
 /// Judges every copy now: a copy claimed fresh must hold, for every key,
@@ -587,10 +641,12 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
             keys.extend(h.keys().filter(|k| !copy.contains_key(*k)));
             // The instant the claim vouches for: its heartbeat.
             let as_of = now - staleness_ms;
-            let grace_ms = if origin.knobs.copy_watch {
-                OOB_GRACE_MS
-            } else {
-                OOB_GRACE_UNWATCHED_MS
+            let grace_ms = |emptied: bool| {
+                if origin.knobs.copy_watch || emptied {
+                    OOB_GRACE_MS
+                } else {
+                    OOB_GRACE_UNWATCHED_MS
+                }
             };
             for key in keys {
                 // A change made out of band must be seen within the grace:
@@ -601,7 +657,7 @@ fn sample(regions: &[Region], trace: &Trace, out: &mut Outcome) {
                 let excused = peer
                     .oob
                     .iter()
-                    .any(|(t, k)| key.starts_with(k) && *t > as_of - grace_ms);
+                    .any(|(t, k, emptied)| key.starts_with(k) && *t > as_of - grace_ms(*emptied));
                 if excused {
                     continue;
                 }

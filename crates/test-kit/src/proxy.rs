@@ -148,7 +148,9 @@ impl FaultProxy {
 
     /// Closes every live connection now and black-holes new ones: they are
     /// accepted but nothing is read or forwarded, and they stay open until
-    /// [`FaultProxy::heal`] (which then closes them).
+    /// [`FaultProxy::heal`] (which then closes them). Nothing the upstream
+    /// sends after `cut` returns reaches a client, and nothing still on
+    /// the delay line does either.
     pub fn cut(&self) {
         self.shared.state.send_modify(|s| {
             s.cut = true;
@@ -296,12 +298,16 @@ async fn connection(
         // Any error (reset, broken pipe) tears down both directions; a clean
         // EOF is propagated as a half-close.
         let _ = tokio::try_join!(
-            pipe(cr, sw, &shared, None, up_tap),
-            pipe(sr, cw, &shared, Some(&shared.to_client), down_tap)
+            pipe(cr, sw, &shared, st.cuts, None, up_tap),
+            pipe(sr, cw, &shared, st.cuts, Some(&shared.to_client), down_tap)
         );
     };
-    // Dropping `forward` (cut / proxy dropped) closes both sockets.
+    // Dropping `forward` (cut / proxy dropped) closes both sockets. Biased,
+    // the cut first: unbiased, a poll after a cut could still relay a chunk
+    // that arrived after it, and a test that cuts and then writes on the
+    // far side would see that write leak through.
     tokio::select! {
+        biased;
         _ = cancel.cancelled() => {}
         _ = rx.wait_for(|s| s.cut || s.cuts != st.cuts) => {}
         _ = forward => {}
@@ -310,11 +316,14 @@ async fn connection(
 
 /// Copies `r` to `w`, delaying each chunk by the current latency and pacing
 /// writes to the current bandwidth. Reading and writing run concurrently, so
-/// latency does not reduce throughput.
+/// latency does not reduce throughput. Stops before writing a chunk once a
+/// cut came after `born` (the connection's `cuts` when it opened): a chunk
+/// still on the delay line when the link is cut is lost, as on a wire.
 async fn pipe(
     mut r: OwnedReadHalf,
     mut w: OwnedWriteHalf,
     shared: &Shared,
+    born: u64,
     count: Option<&AtomicU64>,
     tap: Option<Tap>,
 ) -> std::io::Result<()> {
@@ -352,6 +361,12 @@ async fn pipe(
             let latency = shared.latency();
             if !latency.is_zero() {
                 sleep_until(read_at + latency).await;
+            }
+            if shared.state.borrow().cuts != born {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "the link was cut",
+                ));
             }
             if let Some(c) = count {
                 c.fetch_add(data.len() as u64, Ordering::Relaxed);

@@ -32,7 +32,7 @@ pub(crate) fn cmd_demo_test(runs: u32, bin: Option<PathBuf>, view_timeout: u64) 
     if runs == 0 {
         crate::die("--runs must be at least 1");
     }
-    for tool in ["etcd", "etcdctl", "python3", "curl", "timeout"] {
+    for tool in ["etcd", "etcdctl", "timeout"] {
         if !procs::on_path(tool) {
             crate::die(format!("{tool} is not on PATH (the demo needs it)"));
         }

@@ -17,6 +17,8 @@
 //! aether-e2e heal    REGION PEER [--state DIR]
 //! aether-e2e burst   [--state DIR] [--revisions N] [--writers W] [--rounds K] [--loadgen PATH]
 //! aether-e2e demo-test [--runs N] [--bin PATH] [--view-timeout SECONDS]
+//! aether-e2e bench-make-mirror [--keys N] [--burst N] [--writers N] [--rss-keys N] [--rss-only]
+//!                    [--rss-rtt MS] [--wan RTTS] [--wan-window S] [--wan-only]
 //! ```
 //!
 //! `aether-e2e help SUBCOMMAND` says what each does; every line it prints
@@ -58,9 +60,11 @@
 //! * Network traffic goes to 127.0.0.1 only.
 
 mod alerts;
+mod bench;
 mod burst;
 mod churn;
 mod demo_test;
+mod demo_view;
 mod down;
 mod etcd;
 mod http;
@@ -186,6 +190,25 @@ enum Cmd {
         #[arg(long, default_value_t = 120, value_name = "SECONDS")]
         view_timeout: u64,
     },
+    /// `etcdctl make-mirror` and aether-replicator (release build) side by
+    /// side on fresh etcd pairs: base sync rate, time to complete after a
+    /// live burst, CPU-seconds per 100k keys and events (the mirror's and
+    /// both etcds'), and with --rss-keys and --wan, peak RSS and keys per
+    /// second through delayed links. Ignores --state.
+    BenchMakeMirror(bench::BenchArgs),
+    /// The demo's live view of a mesh that is up (e2e/demo.sh runs it): per
+    /// region the leader, its replication, each origin's copy as consumers
+    /// see it and the newest keys, one frame a second.
+    #[command(hide = true)]
+    DemoView {
+        /// Render this many frames, then exit (DEMO_ONESHOT); default: until
+        /// Ctrl-C, or until the reader of its output goes away.
+        #[arg(long, value_name = "N")]
+        frames: Option<u32>,
+        /// How the view names the harness in the commands it prints.
+        #[arg(long, default_value = "e2e/mesh.sh", value_name = "CMD")]
+        mesh_cmd: String,
+    },
     /// A loopback TCP proxy delaying every chunk by ONE_WAY_MS (plus
     /// 0..JITTER_MS, order kept) each way; prints "ready" once listening.
     #[command(hide = true)]
@@ -259,6 +282,8 @@ fn main() {
     match cli.cmd {
         Cmd::Up(args) => up::cmd_up(dir, args),
         Cmd::Verify => verify::cmd_verify(dir),
+        Cmd::BenchMakeMirror(args) => bench::cmd_bench(args),
+        Cmd::DemoView { frames, mesh_cmd } => demo_view::cmd_demo_view(dir, frames, mesh_cmd),
         Cmd::Alerts => alerts::cmd_alerts(dir),
         Cmd::Quiet { seconds } => quiet::cmd_quiet(dir, seconds),
         Cmd::Record { scenario, out } => record::cmd_record(dir, scenario, out),

@@ -1,23 +1,24 @@
-#!/usr/bin/env bash
-# Checks that the docs cannot point outside the repository or at something gone:
-# - every relative Markdown link (and its #anchor) in README.md, BENCHMARKS.md, docs/**/*.md,
-#   deploy/**/*.md and crates/*/README.md resolves to a file inside the repository (a heading of it);
-# - every backticked repository path (src/..., crates/..., e2e/..., deploy/..., docs/..., tests/...,
-#   benches/...) in README.md, BENCHMARKS.md, docs/**/*.md and crates/*/README.md exists;
-# - no Markdown or Rust file (outside target/) links ../shared, names a tracker number ("issue 21") or
-#   says "this machine": a reader has neither the tracker nor the machine; name the hardware instead;
-# - no code block in README.md or docs/*.md opens without a language: trycmd (tests/docs.rs) would run
-#   it as a command;
-# - the README stays a first hour's read (at most README_MAX_LINES lines; the manual is docs/), and no
-#   doc speaks of a `/status` HTTP endpoint: the metrics server serves /metrics, /healthz and /readyz
-#   (`aether-replicator status` is the command).
-# One line per problem, file:line: what; exit 1 if there is any.
-#   e2e/check-docs.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
+#!/usr/bin/env python3
+"""Checks that the docs cannot point outside the repository or at something gone:
+- every relative Markdown link (and its #anchor) in README.md, BENCHMARKS.md, docs/**/*.md,
+  deploy/**/*.md and crates/*/README.md resolves to a file inside the repository (a heading of it);
+- every backticked repository path (src/..., crates/..., e2e/..., deploy/..., docs/..., tests/...,
+  benches/...) in README.md, BENCHMARKS.md, docs/**/*.md and crates/*/README.md exists;
+- no Markdown or Rust file (outside target/) links ../shared, names a tracker number ("issue 21") or
+  says "this machine": a reader has neither the tracker nor the machine; name the hardware instead;
+- no code block in README.md or docs/*.md opens without a language: trycmd (tests/docs.rs) would run
+  it as a command;
+- the README stays a first hour's read (at most README_MAX_LINES lines; the manual is docs/), and no
+  doc speaks of a `/status` HTTP endpoint: the metrics server serves /metrics, /healthz and /readyz
+  (`aether-replicator status` is the command).
+One line per problem, file:line: what; exit 1 if there is any.
+  python3 e2e/check-docs.py
 
-python3 - <<'PY'
+It moves to the repository root first, so it runs from anywhere.
+"""
 import glob, os, re, sys
+
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 root = os.path.realpath(".")
 problems = []
@@ -163,4 +164,3 @@ if problems:
     print(f"check-docs: {len(problems)} problem(s)", file=sys.stderr)
     sys.exit(1)
 print(f"check-docs: {len(linked)} Markdown files, links, paths and wording ok")
-PY
