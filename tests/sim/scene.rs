@@ -69,8 +69,9 @@ pub(crate) struct Knobs {
     /// Leadership churn: besides the nemesis, every region's leadership
     /// is handed over every few seconds, faster than the
     /// verification interval, so that a pass scheduled a whole interval
-    /// after a session's start would never run; and half the hand edits
-    /// change a value the copy holds, which no count sees.
+    /// after a session's start would never run; and each region holds
+    /// [`STABLE_KEYS`] keys that the load never rewrites, the target of
+    /// half the hand edits: a changed value no count sees.
     pub(crate) churn: bool,
 }
 
@@ -83,6 +84,10 @@ impl Default for Knobs {
         }
     }
 }
+
+/// Keys per region that [`Knobs::churn`] writes once, before the engines
+/// start, and the load never touches.
+const STABLE_KEYS: u32 = 12;
 
 /// How often [`Knobs::churn`] hands a region's leadership over: every 5
 /// to 15 s, less than the verification interval.
@@ -184,6 +189,20 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
                 }
             }
         });
+    }
+    if knobs.churn {
+        // Endpoints the load never touches, as most of a real registry:
+        // a hand edit of one is repaired by nothing but the engine.
+        for r in &regions {
+            let c = r.cluster.client(0);
+            for ip in 0..STABLE_KEYS {
+                let key = format!(
+                    "{}clusters/c1/services/stable/protocols/http/endpoints/10.9.0.{ip}",
+                    prefix(r.name)
+                );
+                c.put(Put::new(key, "stable")).await.expect("stable key");
+            }
+        }
     }
     for i in 0..regions.len() {
         start_engine(&mut regions, i, &rng, &trace);
@@ -496,12 +515,18 @@ fn inject(
                 rng.below(14)
             ));
             if regions[i].knobs.churn {
-                // A hand edit of a value the copy holds: no count sees it,
-                // only a pass or the copy watch. (Only with churn, so that
-                // the other seeds keep their draws.)
-                let held = regions[i].cluster.dump(prefix(origin));
+                // A hand edit of a stable value the copy holds: no count
+                // sees it, only a pass or the copy watch, and no write at
+                // the source repairs it by accident. (Only with churn, so
+                // that the other seeds keep their draws.)
+                let held: Vec<_> = regions[i]
+                    .cluster
+                    .dump(format!("{}clusters/c1/services/stable/", prefix(origin)))
+                    .into_iter()
+                    .map(|kv| kv.key().clone())
+                    .collect();
                 if !held.is_empty() && rng.below(2) == 0 {
-                    key = held[rng.below(held.len() as u64) as usize].key().clone();
+                    key = held[rng.below(held.len() as u64) as usize].clone();
                 }
             }
             let c = regions[i].cluster.client(0);
