@@ -60,6 +60,7 @@ if ! wait "$fuzz_pid"; then
 fi
 fuzz_pid=
 grep '^fuzz ' "$fuzz_log"
+rm -f "$fuzz_log"
 "$e2e_bin" verify --state "$state"
 "$e2e_bin" alerts --state "$state"
 "$e2e_bin" down --state "$state"
