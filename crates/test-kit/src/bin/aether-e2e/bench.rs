@@ -311,7 +311,7 @@ impl Bench {
         f.sync_keys_per_s = a.keys * 1000 / took;
         // Since the mirror started: it did nothing but this sync.
         f.sync_cpu = per_100k(procs::cpu_ticks(m.pid()), a.keys);
-        f.sync_etcd_cpu = per_100k(etcd_ticks() - e0, a.keys);
+        f.sync_etcd_cpu = per_100k(etcd_ticks().saturating_sub(e0), a.keys);
         println!(
             "base sync  {}: {} keys in {took} ms = {} keys/s; {} CPU-s per 100k keys",
             tool.name(),
@@ -340,9 +340,9 @@ impl Bench {
             .parse()
             .map_err(|_| "loadgen burst printed no time".to_string())?;
         let conv = self.wait_keys(&dst.endpoint(), a.burst + 1, 600)?;
-        f.live_cpu = per_100k(procs::cpu_ticks(m.pid()) - c0, a.burst);
+        f.live_cpu = per_100k(procs::cpu_ticks(m.pid()).saturating_sub(c0), a.burst);
         // The etcds' figure includes the burst's own writes at the source.
-        f.live_etcd_cpu = per_100k(etcd_ticks() - e0, a.burst);
+        f.live_etcd_cpu = per_100k(etcd_ticks().saturating_sub(e0), a.burst);
         f.live_ms = conv.saturating_sub(end);
         println!(
             "live burst {}: {} revisions at ~{} rev/s; peer complete {} ms after the last write; {} CPU-s per 100k events",
