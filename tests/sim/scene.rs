@@ -210,14 +210,6 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
     let load = spawn_load(&regions, &rng);
     let until = tokio::time::Instant::now() + knobs.faults_for;
     let mut next_fault = tokio::time::Instant::now() + Duration::from_secs(3);
-    // With churn, the handovers are the main fault, and the nemesis's
-    // re-syncs (each compares every value) spaced out, so that a hand
-    // edit may outlive the checker's grace when nothing else sees it.
-    let spacing = if knobs.churn {
-        (2_000, 6_000)
-    } else {
-        (500, 2_500)
-    };
     let churn_at =
         || tokio::time::Instant::now() + Duration::from_millis(CHURN_MS.0 + rng.below(CHURN_MS.1));
     let mut next_churn: Vec<_> = regions.iter().map(|_| churn_at()).collect();
@@ -231,7 +223,7 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             let (kind, heal) = inject(&mut regions, &rng, &trace);
             *out.faults.entry(kind).or_default() += 1;
             heals.extend(heal);
-            next_fault = now + Duration::from_millis(spacing.0 + rng.below(spacing.1));
+            next_fault = now + Duration::from_millis(500 + rng.below(2500));
         }
         for (i, next) in next_churn.iter_mut().enumerate() {
             if knobs.churn && now >= *next {
