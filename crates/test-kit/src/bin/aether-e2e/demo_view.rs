@@ -11,11 +11,10 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::http;
 use crate::state::{KEY_ROOT, Mesh, now_ms, utc_hms};
+use crate::{http, procs};
 
 /// Keys listed as the newest in each region.
 const NEWEST: usize = 4;
@@ -159,20 +158,22 @@ fn region(mesh: &Mesh, r: &str, f: &mut String) {
 /// `aether-replicator endpoints --output json` of region `r`, as tables:
 /// each origin's copy, then the newest keys.
 fn consumers(mesh: &Mesh, r: &str, port: u16) -> String {
-    let out = Command::new("timeout")
-        .arg("5")
-        .arg(mesh.path("bin/aether-replicator"))
-        .args(["endpoints", "--local-etcd"])
-        .arg(format!("http://127.0.0.1:{port}"))
-        .args(["--region", r, "--output", "json"])
-        .stdin(Stdio::null())
-        .output();
-    let (text, err) = match out {
-        Ok(o) => (
+    let bin = mesh.path("bin/aether-replicator");
+    let args = [
+        "endpoints".to_string(),
+        "--local-etcd".into(),
+        format!("http://127.0.0.1:{port}"),
+        "--region".into(),
+        r.into(),
+        "--output".into(),
+        "json".into(),
+    ];
+    let (text, err) = match procs::run_timeout(5, &bin.to_string_lossy(), &args) {
+        Some(o) => (
             String::from_utf8_lossy(&o.stdout).into_owned(),
             String::from_utf8_lossy(&o.stderr).into_owned(),
         ),
-        Err(e) => (String::new(), e.to_string()),
+        None => (String::new(), format!("cannot run {}", bin.display())),
     };
     let Ok(doc) = serde_json::from_str::<serde_json::Value>(&text) else {
         let last = format!("{text}{err}");
