@@ -236,12 +236,7 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
             }
         }
         heals.extend(fences(&mut regions, &rng, &trace));
-        // Stable: heals due at one instant apply in the order scheduled.
-        heals.sort_by_key(|h| h.0);
-        while heals.first().is_some_and(|h| h.0 <= now) {
-            let (_, h) = heals.remove(0);
-            h.apply(&mut regions, &rng, &trace);
-        }
+        apply_due(&mut heals, &mut regions, &rng, &trace);
         sample(&regions, &trace, &mut out);
         if !out.violations.is_empty() {
             // The trace's tail is the story of the first violation.
@@ -268,18 +263,29 @@ pub(crate) async fn run(seed: u64, knobs: Knobs) -> Outcome {
         // An engine fenced by a deposed one in the last instants of the
         // faults restarts as the replicator would, healed or not.
         heals.extend(fences(&mut regions, &rng, &trace));
-        heals.sort_by_key(|h| h.0);
-        let now = tokio::time::Instant::now();
-        while heals.first().is_some_and(|h| h.0 <= now) {
-            let (_, h) = heals.remove(0);
-            h.apply(&mut regions, &rng, &trace);
-        }
+        apply_due(&mut heals, &mut regions, &rng, &trace);
         sample(&regions, &trace, &mut out);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Converged: every copy exact now, and claimed fresh.
     final_check(&regions, &trace, &mut out);
     finish(regions, trace, out)
+}
+
+/// Applies the heals that are due now. Stable: heals due at one instant
+/// apply in the order scheduled.
+fn apply_due(
+    heals: &mut Vec<(tokio::time::Instant, Heal)>,
+    regions: &mut [Region],
+    rng: &Rng,
+    trace: &Trace,
+) {
+    heals.sort_by_key(|h| h.0);
+    let now = tokio::time::Instant::now();
+    while heals.first().is_some_and(|h| h.0 <= now) {
+        let (_, h) = heals.remove(0);
+        h.apply(regions, rng, trace);
+    }
 }
 
 /// What the replicator does when another engine fences its own (see

@@ -25,11 +25,12 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use aether_test_kit::{Etcd, etcdctl_command};
 
 use crate::procs;
+use crate::state::now_ms;
 
 /// The source region's subtree, which both tools mirror.
 const PREFIX: &str = "/aether/v1/regions/a/";
@@ -113,12 +114,6 @@ struct Figures {
     live_ms: u64,
     live_cpu: f64,
     live_etcd_cpu: f64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// CPU ticks as CPU-seconds per 100k of `n`.
