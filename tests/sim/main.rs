@@ -87,11 +87,19 @@ fn check(seeds: std::ops::Range<u64>, threads: usize, knobs: Knobs) {
                         out.faults.values().sum::<u64>(),
                         started.elapsed().as_secs_f64()
                     );
-                    // A run that judged nothing proves nothing, nor one
+                    // A run that judged little proves little, nor one
                     // whose nemesis drew a few kinds of fault only: five
                     // of the eight at least (two seeds of the first 150
-                    // with SIM_CHURN=1 drew five).
-                    if !out.violations.is_empty() || out.claims <= 100 || out.faults.len() < 5 {
+                    // with SIM_CHURN=1 drew five). At least half the
+                    // samples must be fresh claims (59 % was the lowest
+                    // of seeds 1-1,000 in every mode): when engines
+                    // started later read a wall clock behind the
+                    // checker's, 7-40 % were, and reverted fix 4 went
+                    // unfound for it.
+                    if !out.violations.is_empty()
+                        || out.claims * 2 < out.samples
+                        || out.faults.len() < 5
+                    {
                         let mut f = failed.lock().unwrap();
                         if f.as_ref().is_none_or(|f| f.0 > seed) {
                             *f = Some((seed, report(seed, &out)));

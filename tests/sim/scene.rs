@@ -129,7 +129,8 @@ struct Region {
     stepped_down: Vec<SteppedDown>,
     links: Vec<Link>,
     /// Out-of-band changes on this region's etcd: (ms, key or prefix,
-    /// whether it emptied a copy, which a count sees).
+    /// whether it emptied a copy, which a count sees); `i64::MAX` while
+    /// it waits on a held member.
     oob: Vec<(i64, Bytes, bool)>,
     knobs: Knobs,
 }
@@ -336,14 +337,23 @@ fn quiet(w: &Weather) {
     w.cut.store(false, Relaxed);
 }
 
-fn config(region: &'static str, skew: Arc<AtomicI64>, rng: &Rng, knobs: Knobs) -> MirrorConfig {
+fn config(
+    region: &'static str,
+    skew: Arc<AtomicI64>,
+    rng: &Rng,
+    trace: &Trace,
+    knobs: Knobs,
+) -> MirrorConfig {
     let ids = rng.clone();
-    let start = tokio::time::Instant::now();
+    // The run's clock, not the engine's: an engine started later must read
+    // the same wall time as the checker, or its heartbeats would read as
+    // old as its start and none of its copies would ever be claimed fresh.
+    let run = trace.clone();
     let mut cfg = MirrorConfig::new(region)
         .with_heartbeat_interval(Duration::from_secs(1))
         .with_verify_interval(Some(VERIFY_EVERY))
         .with_clock(Clock::supplied(
-            move || WALL_BASE_MS + start.elapsed().as_millis() as i64 + skew.load(Relaxed),
+            move || WALL_BASE_MS + run.now_ms() + skew.load(Relaxed),
             move || ids.next(),
         ));
     cfg.lease_ttl = Duration::from_secs(10);
@@ -370,7 +380,7 @@ fn start_engine(regions: &mut [Region], i: usize, rng: &Rng, trace: &Trace) {
         .collect();
     let mut links = vec![local.clone()];
     links.extend(peers.iter().map(|(_, l)| l.clone()));
-    let cfg = config(name, regions[i].skew.clone(), rng, regions[i].knobs);
+    let cfg = config(name, regions[i].skew.clone(), rng, trace, regions[i].knobs);
     let engine = Engine::start(
         Store::new(local),
         peers.into_iter().map(|(r, l)| (r, Store::new(l))).collect(),
@@ -438,6 +448,13 @@ impl Heal {
             Heal::Release(i) => {
                 trace.note(format!("{} member 0 released", regions[i].name));
                 regions[i].cluster.release(0);
+                // Out-of-band changes sent to the held member land now.
+                let now = trace.now_ms();
+                for oob in &mut regions[i].oob {
+                    if oob.0 == i64::MAX {
+                        oob.0 = now;
+                    }
+                }
             }
             Heal::Failback(i) => {
                 for r in regions.iter() {
@@ -552,6 +569,11 @@ fn inject(
                     .and_then([Put::new(key.clone(), "out-of-band")])
             };
             let done = futures_util::FutureExt::now_or_never(c.txn(txn));
+            if done.is_none() {
+                // Member 0 is held: the change lands when it is released,
+                // and only then can anything see it (`Heal::Release`).
+                regions[i].oob.last_mut().expect("pushed above").0 = i64::MAX;
+            }
             trace.note(format!(
                 "fault: out-of-band change on {name} ({key:?} unless del --prefix) at revision {:?}",
                 done.and_then(Result::ok).map(|r| r.header.revision)
