@@ -320,3 +320,149 @@ impl Peer {
         live::run(parts, opened).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use aether_etcd::model::ModelConfig;
+
+    use super::super::fixture::{HOLDER, Held, PEER_CLUSTER, Rig, TTL, predecessor, rig};
+    use super::*;
+    use crate::etcd::Header;
+    use crate::mirror::state::State;
+
+    #[test]
+    fn classify_counts_each_session_ending_error_in_its_class() {
+        let peer = || "b".to_owned();
+        let why = || "x".to_owned();
+        let cases = [
+            (Error::Fenced { peer: peer() }, ErrorKind::Fenced),
+            (Error::LeaseLost { peer: peer() }, ErrorKind::LeaseLost),
+            (Error::StateGone { peer: peer() }, ErrorKind::Other),
+            (Error::ClaimRaced { peer: peer() }, ErrorKind::Other),
+            (
+                Error::Conflict {
+                    peer: peer(),
+                    other: 1,
+                },
+                ErrorKind::Conflict,
+            ),
+            (
+                Error::SourceChanged {
+                    peer: peer(),
+                    why: why(),
+                },
+                ErrorKind::Identity,
+            ),
+            (
+                Error::PeerChanged {
+                    peer: peer(),
+                    why: why(),
+                },
+                ErrorKind::Identity,
+            ),
+            (
+                Error::CopyChanged {
+                    peer: peer(),
+                    why: why(),
+                },
+                ErrorKind::Identity,
+            ),
+            (
+                Error::Etcd(etcd::Error::Unavailable(why())),
+                ErrorKind::Unavailable,
+            ),
+            (
+                Error::Etcd(etcd::Error::Timeout(Duration::from_secs(1))),
+                ErrorKind::Unavailable,
+            ),
+            (
+                Error::Etcd(etcd::Error::Compacted {
+                    compact_revision: Some(3),
+                }),
+                ErrorKind::Compacted,
+            ),
+            (
+                Error::Etcd(etcd::Error::RequestTooLarge),
+                ErrorKind::TooLarge,
+            ),
+            (Error::Etcd(etcd::Error::NoSpace), ErrorKind::NoSpace),
+            (Error::Etcd(etcd::Error::TooManyOps), ErrorKind::TooManyOps),
+        ];
+        for (err, kind) in cases {
+            assert_eq!(classify(&err), kind, "{err:?}");
+        }
+    }
+
+    /// Gives the peer task a live lease of its own on the peer, as a
+    /// session that claimed before would have left it.
+    async fn hold_lease(peer: &mut Peer, rig: &Rig) -> etcd::LeaseId {
+        let lease = rig.grant(TTL).await;
+        peer.writer.lease = Some(Box::new(Held::new(lease, TTL)));
+        lease
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fenced_ends_the_loop_for_good_and_drops_the_lease() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        // Another engine of this region claimed the peer after this one's
+        // first session.
+        peer.fresh = false;
+        hold_lease(&mut peer, &rig).await;
+        let theirs = rig.grant(TTL).await;
+        rig.put_state(predecessor(1, theirs)).await;
+        let ended = tokio::time::timeout(Duration::from_secs(60), peer.replicate())
+            .await
+            .expect("the loop ends by itself");
+        let err = ended.unwrap_err();
+        assert!(matches!(err, Error::Fenced { .. }), "{err:?}");
+        assert!(peer.writer.lease.is_none());
+        assert_eq!(peer.stats().errors(ErrorKind::Fenced), 1);
+        assert_eq!(rig.state().await.unwrap().holder, 7);
+    }
+
+    /// A second writer would fight the incumbent: the loop gives its lease
+    /// up and looks again only once the other's lease could have lapsed,
+    /// not at the backoff's pace, and counts the conflict once.
+    #[tokio::test(start_paused = true)]
+    async fn a_conflict_drops_the_lease_and_waits_a_lease_ttl_before_looking_again() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        hold_lease(&mut peer, &rig).await;
+        let theirs = rig.grant(Duration::from_secs(600)).await;
+        rig.put_state(State {
+            source_id: 0x77,
+            ..predecessor(1, theirs)
+        })
+        .await;
+        let running = tokio::time::timeout(TTL + TTL / 2, peer.replicate()).await;
+        assert!(running.is_err(), "still retrying");
+        assert_eq!(peer.stats().errors(ErrorKind::Conflict), 2);
+        assert_eq!(peer.stats().conflicts.load(Relaxed), 1);
+        assert!(peer.stats().conflicted.load(Relaxed));
+        assert!(peer.writer.lease.is_none());
+        assert_eq!(rig.state().await.unwrap().source_id, 0x77);
+    }
+
+    /// The peer answered below a revision a txn of ours committed at (it
+    /// was restored): the identity learnt is forgotten and the next claim
+    /// re-syncs for that reason, not as a first sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_went_back_forces_the_next_claims_resync_as_peer_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let mut seen = Header::default();
+        seen.cluster_id = PEER_CLUSTER;
+        seen.revision = 1_000;
+        peer.writer.check_peer(&seen).unwrap();
+        // The model has no watches, so every sync ends at its pin: the
+        // loop retries until the timeout.
+        let running = tokio::time::timeout(Duration::from_secs(1), peer.replicate()).await;
+        assert!(running.is_err(), "still retrying");
+        let stats = peer.stats();
+        assert_eq!(stats.errors(ErrorKind::Identity), 1);
+        assert_eq!(stats.resyncs(ResyncReason::PeerChanged), 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 0);
+        assert!(peer.writer.peer_revision() < 1_000);
+        assert_eq!(rig.state().await.unwrap().holder, HOLDER);
+    }
+}
