@@ -2,7 +2,7 @@
 //! tests: a source and a peer etcd of their own, a fixed wall clock and
 //! fixed ids, so that every claim decides the same way on every run.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aether_etcd::model::{self, Cluster, ModelConfig};
@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Peer, Shared};
 use crate::etcd::{
     self, LeaseGrant, LeaseId, LeaseStatus, LeaseTtl, Put, Range, RangeResponse, Scan, Txn,
-    TxnResponse, WatchOptions,
+    TxnResponse, WatchOptions, WatchResponse,
 };
 use crate::mirror::clock::Clock;
 use crate::mirror::config::MirrorConfig;
@@ -30,19 +30,55 @@ pub(crate) const PEER_CLUSTER: u64 = 0xb0;
 pub(crate) const NOW_MS: i64 = 1_800_000_000_000;
 pub(crate) const TTL: Duration = Duration::from_secs(10);
 
-/// The model, with keep-alives: the claim takes a handle on every lease
-/// it uses, and the model's own backend refuses them.
-struct KeptAlive(Store);
+/// Every keep-alive handed out, for a test to report them lost.
+type KeptAlives = Arc<Mutex<Vec<Arc<watch::Sender<LeaseStatus>>>>>;
 
-/// A keep-alive that is never lost.
-pub(crate) struct Held(watch::Sender<LeaseStatus>, LeaseId);
+/// The model, with keep-alives and watches: the claim takes a handle on
+/// every lease it uses, a sync opens its watch first, and the model's own
+/// backend refuses both.
+struct KeptAlive {
+    model: model::Client,
+    store: Store,
+    kept: KeptAlives,
+}
+
+/// A keep-alive that is never lost unless a test says so.
+pub(crate) struct Held(Arc<watch::Sender<LeaseStatus>>, LeaseId);
 
 impl Held {
     pub(crate) fn new(id: LeaseId, ttl: Duration) -> Held {
         let mut status = LeaseStatus::default();
         status.last_ok = Some(tokio::time::Instant::now());
         status.ttl = ttl;
-        Held(watch::Sender::new(status), id)
+        Held(Arc::new(watch::Sender::new(status)), id)
+    }
+}
+
+struct Health(u64);
+
+impl WatchHealth for Health {
+    fn member_id(&self) -> Option<u64> {
+        Some(self.0)
+    }
+
+    fn reconnects(&self) -> u64 {
+        0
+    }
+
+    fn is_connected(&self) -> bool {
+        true
+    }
+}
+
+struct Events(model::Watcher);
+
+impl WatchEvents for Events {
+    fn next_response(&mut self) -> BoxFuture<'_, Option<etcd::Result<WatchResponse>>> {
+        Box::pin(futures_util::StreamExt::next(&mut self.0))
+    }
+
+    fn next_buffered(&mut self) -> Option<etcd::Result<WatchResponse>> {
+        self.0.next_buffered()
     }
 }
 
@@ -58,34 +94,35 @@ impl Lease for Held {
 
 impl Backend for KeptAlive {
     fn range(&self, req: Range) -> BoxFuture<'_, etcd::Result<RangeResponse>> {
-        Box::pin(self.0.range(req))
+        Box::pin(self.store.range(req))
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, etcd::Result<TxnResponse>> {
-        Box::pin(self.0.txn(txn))
+        Box::pin(self.store.txn(txn))
     }
 
     fn scan(&self, from: Bytes, end: Bytes, page_size: usize, revision: i64) -> Scan {
-        self.0.scan(from, end, page_size, revision)
+        self.store.scan(from, end, page_size, revision)
     }
 
     fn watch(
         &self,
         opts: WatchOptions,
     ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
-        self.0.watch(opts)
+        let w = self.model.watch(opts)?;
+        Ok((Box::new(Health(w.member_id())), Box::new(Events(w))))
     }
 
     fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(self.0.lease_grant(ttl))
+        Box::pin(self.store.lease_grant(ttl))
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {
-        Box::pin(self.0.lease_revoke(id))
+        Box::pin(self.store.lease_revoke(id))
     }
 
     fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> BoxFuture<'_, etcd::Result<LeaseTtl>> {
-        Box::pin(self.0.lease_time_to_live(id, keys))
+        Box::pin(self.store.lease_time_to_live(id, keys))
     }
 
     fn keep_alive(
@@ -93,23 +130,27 @@ impl Backend for KeptAlive {
         id: LeaseId,
         ttl: Duration,
     ) -> BoxFuture<'_, etcd::Result<Box<dyn Lease>>> {
-        Box::pin(async move { Ok(Box::new(Held::new(id, ttl)) as Box<dyn Lease>) })
+        let held = Held::new(id, ttl);
+        self.kept.lock().unwrap().push(held.0.clone());
+        Box::pin(async move { Ok(Box::new(held) as Box<dyn Lease>) })
     }
 
     fn endpoints(&self) -> Vec<String> {
-        self.0.endpoints()
+        self.store.endpoints()
     }
 
     fn timeout(&self) -> Duration {
-        self.0.timeout()
+        self.store.timeout()
     }
 }
 
 /// The two etcds a peer's task talks to.
 pub(crate) struct Rig {
+    pub(crate) source_cluster: Cluster,
     pub(crate) source: model::Client,
     pub(crate) peer: model::Client,
     pub(crate) state_key: String,
+    kept: KeptAlives,
 }
 
 impl Rig {
@@ -141,6 +182,14 @@ impl Rig {
         // Revokes go in tasks of their own, through the model's latency.
         tokio::time::sleep(Duration::from_secs(1)).await;
         self.peer.lease_list().await.unwrap().ids
+    }
+
+    /// Every keep-alive handed out reports its lease lost, as the client's
+    /// does once the peer answers TTL 0.
+    pub(crate) fn lose_leases(&self) {
+        for kept in self.kept.lock().unwrap().iter() {
+            kept.send_modify(|s| s.lost = true);
+        }
     }
 
     /// Moves the source `n` revisions on.
@@ -175,7 +224,8 @@ pub(crate) fn rig(
     cfg: impl FnOnce(MirrorConfig) -> MirrorConfig,
     peer: ModelConfig,
 ) -> (Peer, Rig) {
-    let source = Cluster::new(ModelConfig::default().with_cluster_id(SOURCE_CLUSTER)).client(0);
+    let source_cluster = Cluster::new(ModelConfig::default().with_cluster_id(SOURCE_CLUSTER));
+    let source = source_cluster.client(0);
     let peer_model = Cluster::new(peer.with_cluster_id(PEER_CLUSTER)).client(0);
     let base = MirrorConfig {
         lease_ttl: TTL,
@@ -183,11 +233,19 @@ pub(crate) fn rig(
         ..MirrorConfig::new("a")
     };
     let cfg = cfg(base);
+    let kept = KeptAlives::default();
+    let store = |model: &model::Client| {
+        Store::new(KeptAlive {
+            model: model.clone(),
+            store: Store::new(model.clone()),
+            kept: kept.clone(),
+        })
+    };
     let state_key = cfg.state_key();
     let task = Peer::new(
         "b".into(),
-        Store::new(source.clone()),
-        Store::new(KeptAlive(Store::new(peer_model.clone()))),
+        store(&source),
+        store(&peer_model),
         Arc::new(cfg),
         Arc::new(PeerStats::new("b")),
         HOLDER,
@@ -198,9 +256,11 @@ pub(crate) fn rig(
         },
     );
     let rig = Rig {
+        source_cluster,
         source,
         peer: peer_model,
         state_key,
+        kept,
     };
     (task, rig)
 }

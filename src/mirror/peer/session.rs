@@ -329,7 +329,7 @@ mod tests {
 
     use super::super::fixture::{HOLDER, Held, PEER_CLUSTER, Rig, TTL, predecessor, rig};
     use super::*;
-    use crate::etcd::Header;
+    use crate::etcd::{Delete, Header, Put, Range};
     use crate::mirror::state::State;
 
     #[test]
@@ -454,15 +454,141 @@ mod tests {
         seen.cluster_id = PEER_CLUSTER;
         seen.revision = 1_000;
         peer.writer.check_peer(&seen).unwrap();
-        // The model has no watches, so every sync ends at its pin: the
-        // loop retries until the timeout.
         let running = tokio::time::timeout(Duration::from_secs(1), peer.replicate()).await;
-        assert!(running.is_err(), "still retrying");
+        assert!(running.is_err(), "still mirroring");
         let stats = peer.stats();
         assert_eq!(stats.errors(ErrorKind::Identity), 1);
         assert_eq!(stats.resyncs(ResyncReason::PeerChanged), 1);
         assert_eq!(stats.resyncs(ResyncReason::Initial), 0);
         assert!(peer.writer.peer_revision() < 1_000);
         assert_eq!(rig.state().await.unwrap().holder, HOLDER);
+    }
+
+    /// The lease ran out on the peer (its keys went with it) and the
+    /// keep-alive said so: the session ends, the handle is dropped, and the
+    /// next claim grants a new lease and re-syncs as `LeaseLost`.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_is_dropped_and_the_next_claim_resyncs_lease_lost() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let stop = peer.cancel.clone();
+        let (ended, first) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let first = rig.state().await.expect("claimed").lease;
+            // Both at once, as far as the session can tell.
+            rig.lose_leases();
+            rig.peer.lease_revoke(first).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            stop.cancel();
+            first
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.errors(ErrorKind::LeaseLost), 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::LeaseLost), 1);
+        let st = rig.state().await.expect("claimed again");
+        assert_ne!(st.lease, first);
+        assert_eq!(peer.writer.lease_id(), st.lease);
+    }
+
+    /// A key of the copy deleted out of band, with no copy watch to repair
+    /// it: the next count ends the session, and the next claim re-syncs
+    /// as `CopyChanged` rather than resuming the copy it holds.
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_copy_forces_the_next_claims_resync_as_copy_changed() {
+        let recount = Duration::from_secs(10);
+        let (mut peer, rig) = rig(
+            |c| c.without_copy_watch().with_recount_interval(recount),
+            ModelConfig::default(),
+        );
+        let key = format!("{}k", peer.cfg.prefix());
+        rig.source.put(Put::new(key.clone(), "v")).await.unwrap();
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let copied = rig.peer.delete(Delete::key(key.clone())).await.unwrap();
+            assert_eq!(copied.deleted, 1, "the sync copied it");
+            tokio::time::sleep(recount * 6).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.errors(ErrorKind::Identity), 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::CopyChanged), 1);
+        let back = rig.peer.range(Range::key(key)).await.unwrap();
+        assert_eq!(back.kvs().len(), 1, "the re-sync put it back");
+    }
+
+    /// The source was restored from an older snapshot while the copy was
+    /// live: the copy holds revisions the source no longer has, and the
+    /// next claim re-syncs it as `SourceChanged` rather than resuming.
+    #[tokio::test(start_paused = true)]
+    async fn a_source_restored_to_an_older_snapshot_is_resynced_as_source_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let prefix = peer.cfg.prefix();
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let older = rig.source_cluster.snapshot();
+            for i in 0..5 {
+                let put = Put::new(format!("{prefix}k{i}"), "v");
+                rig.source.put(put).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            rig.source_cluster.restore(&older);
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert!(stats.errors(ErrorKind::Identity) >= 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::SourceChanged), 1);
+        let copy = rig.peer.range(Range::prefix(prefix)).await.unwrap();
+        assert_eq!(
+            copy.kvs().len(),
+            0,
+            "the re-sync emptied the copy as the source is"
+        );
+    }
+
+    /// As above, but the restored source moves past the revision the copy
+    /// was applied through before the next claim reads it: only the live
+    /// phase's continuity check can tell, and its `SourceChanged` must
+    /// force the re-sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_restored_source_that_moved_past_the_copy_is_still_resynced_as_source_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let prefix = peer.cfg.prefix();
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let older = rig.source_cluster.snapshot();
+            for i in 0..5 {
+                let put = Put::new(format!("{prefix}old{i}"), "v");
+                rig.source.put(put).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            rig.source_cluster.restore(&older);
+            for i in 0..10 {
+                let put = Put::new(format!("{prefix}new{i}"), "v");
+                rig.source.put(put).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::SourceChanged), 1);
+        let copy = rig.peer.range(Range::prefix(prefix)).await.unwrap();
+        let keys: Vec<_> = copy
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect();
+        assert_eq!(keys.len(), 10, "{keys:?}");
+        assert!(keys.iter().all(|k| k.contains("new")), "{keys:?}");
     }
 }
