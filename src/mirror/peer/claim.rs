@@ -426,3 +426,256 @@ fn ttl(secs: i64) -> Duration {
 fn secs(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use aether_etcd::model::ModelConfig;
+
+    use super::super::fixture::{
+        HOLDER, NOW_MS, Rig, SOURCE_CLUSTER, SOURCE_ID, TTL, predecessor, rig,
+    };
+    use super::*;
+    use crate::mirror::config::MirrorConfig;
+
+    /// The re-sync a claim asked for; `None` for a resume.
+    fn resync(start: &Start) -> Option<ResyncReason> {
+        match start {
+            Start::Sync(reason, _) => Some(*reason),
+            Start::Resume(_) => None,
+        }
+    }
+
+    fn resumed(start: &Start) -> Option<i64> {
+        match start {
+            Start::Resume(revision) => Some(*revision),
+            Start::Sync(..) => None,
+        }
+    }
+
+    /// Claims a peer that holds `st` under a live lease of `TTL`, the
+    /// source 6 revisions on; returns the claim and the lease.
+    async fn claim_over(
+        st: impl FnOnce(LeaseId) -> State,
+        cfg: impl FnOnce(MirrorConfig) -> MirrorConfig,
+    ) -> (Result<(Option<Box<dyn Lease>>, Start)>, LeaseId, Rig, Peer) {
+        let (mut peer, rig) = rig(cfg, ModelConfig::default());
+        rig.write_source(6).await;
+        let lease = rig.grant(TTL).await;
+        rig.put_state(st(lease)).await;
+        let claimed = peer.claim().await;
+        (claimed, lease, rig, peer)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_engine_with_no_state_key_grants_a_lease_and_syncs_initial() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let (handle, start) = peer.claim().await.unwrap();
+        let handle = handle.expect("a lease granted");
+        assert_eq!(resync(&start), Some(ResyncReason::Initial));
+        let st = rig.state().await.expect("claimed");
+        assert_eq!(st.holder, HOLDER);
+        assert_eq!(st.lease, handle.id());
+        assert_eq!((st.revision, st.synced), (0, false));
+        assert_eq!(st.lease_ttl, TTL.as_secs() as i64);
+        assert_eq!(
+            (st.source_id, st.source_cluster),
+            (SOURCE_ID, SOURCE_CLUSTER)
+        );
+        assert_eq!(rig.leases().await, vec![handle.id()]);
+    }
+
+    /// The lease granted beside the reads is not needed: it is revoked, and
+    /// the predecessor's heartbeat is written back as the copy's age.
+    #[tokio::test(start_paused = true)]
+    async fn a_live_synced_state_key_of_the_same_source_is_adopted_and_resumed() {
+        let (claimed, lease, rig, _peer) = claim_over(|l| predecessor(6, l), |c| c).await;
+        let (handle, start) = claimed.unwrap();
+        assert_eq!(resumed(&start), Some(6));
+        assert_eq!(
+            handle.expect("a keep-alive on the adopted lease").id(),
+            lease
+        );
+        assert_eq!(rig.leases().await, vec![lease]);
+        let st = rig.state().await.expect("claimed");
+        assert_eq!(
+            (st.holder, st.lease, st.revision, st.synced),
+            (HOLDER, lease, 6, true)
+        );
+        assert_eq!(st.heartbeat_unix_ms, NOW_MS - 2_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_state_key_at_revision_0_resyncs_interrupted_on_the_adopted_lease() {
+        let (claimed, lease, rig, _peer) = claim_over(|l| predecessor(0, l), |c| c).await;
+        let (handle, start) = claimed.unwrap();
+        assert_eq!(resync(&start), Some(ResyncReason::Interrupted));
+        assert_eq!(handle.unwrap().id(), lease);
+        let st = rig.state().await.unwrap();
+        assert_eq!((st.holder, st.revision, st.synced), (HOLDER, 0, false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_state_key_its_writer_left_not_synced_resyncs_interrupted() {
+        let unsynced = |l| State {
+            synced: false,
+            ..predecessor(6, l)
+        };
+        let (claimed, _, rig, _peer) = claim_over(unsynced, |c| c).await;
+        assert_eq!(resync(&claimed.unwrap().1), Some(ResyncReason::Interrupted));
+        assert_eq!(rig.state().await.unwrap().revision, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_of_another_cluster_resyncs_source_changed() {
+        let other = |l| State {
+            source_cluster: 0x99,
+            ..predecessor(6, l)
+        };
+        let (claimed, _, _rig, peer) = claim_over(other, |c| c).await;
+        assert_eq!(
+            resync(&claimed.unwrap().1),
+            Some(ResyncReason::SourceChanged)
+        );
+        assert_eq!(peer.stats().errors(ErrorKind::Identity), 1);
+    }
+
+    /// The source went back (restored from a snapshot): the copy holds
+    /// revisions the source no longer has.
+    #[tokio::test(start_paused = true)]
+    async fn a_source_revision_below_the_state_keys_resyncs_source_changed() {
+        let (claimed, _, _rig, peer) = claim_over(|l| predecessor(100, l), |c| c).await;
+        assert_eq!(
+            resync(&claimed.unwrap().1),
+            Some(ResyncReason::SourceChanged)
+        );
+        assert_eq!(peer.stats().errors(ErrorKind::Identity), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_lagging_more_than_resync_lag_resyncs_lag() {
+        let lagging = |c| MirrorConfig { resync_lag: 3, ..c };
+        let (claimed, lease, _rig, _peer) = claim_over(|l| predecessor(1, l), lagging).await;
+        let (handle, start) = claimed.unwrap();
+        assert_eq!(resync(&start), Some(ResyncReason::Lag));
+        // Lag is no reason to give the lease up.
+        assert_eq!(handle.unwrap().id(), lease);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_live_lease_of_another_ttl_is_kept_until_a_resync_reputs_the_subtree() {
+        let longer = |l| State {
+            lease_ttl: 30,
+            ..predecessor(6, l)
+        };
+        let (claimed, lease, rig, peer) = claim_over(longer, |c| c).await;
+        let (handle, start) = claimed.unwrap();
+        assert_eq!(resync(&start), Some(ResyncReason::LeaseTtl));
+        let ours = handle.unwrap().id();
+        assert_ne!(ours, lease);
+        assert_eq!(peer.prev_lease.as_ref().map(|l| l.id()), Some(lease));
+        let st = rig.state().await.unwrap();
+        assert_eq!((st.lease, st.lease_ttl), (ours, TTL.as_secs() as i64));
+    }
+
+    /// The claim refuses before it writes anything, and the lease it
+    /// granted beside its reads is revoked.
+    #[tokio::test(start_paused = true)]
+    async fn a_state_key_of_another_source_under_a_live_lease_is_a_conflict() {
+        let theirs = |l| State {
+            source_id: 0x77,
+            ..predecessor(6, l)
+        };
+        let (claimed, lease, rig, _peer) = claim_over(theirs, |c| c).await;
+        let err = claimed.err().expect("refused");
+        assert!(
+            matches!(err, Error::Conflict { other: 0x77, .. }),
+            "{err:?}"
+        );
+        assert_eq!(rig.state().await.unwrap().holder, 7);
+        assert_eq!(rig.leases().await, vec![lease]);
+    }
+
+    /// A predecessor whose txns were in flight moved the state key between
+    /// the claim's read and its compare-and-delete.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_whose_compare_and_delete_loses_to_another_write_is_claim_raced() {
+        let latency = Duration::from_millis(20);
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default().with_latency(latency));
+        let lease = rig.grant(TTL).await;
+        rig.put_state(predecessor(0, lease)).await;
+        let moved = predecessor(1, lease);
+        // Sent after the claim's read, it lands before its delete.
+        let (claimed, ()) = tokio::join!(peer.claim(), async {
+            tokio::time::sleep(latency / 2).await;
+            rig.put_state(moved).await;
+        });
+        let err = claimed.err().expect("raced");
+        assert!(matches!(err, Error::ClaimRaced { .. }), "{err:?}");
+        assert_eq!(rig.state().await, Some(moved));
+    }
+
+    /// The `Unclaimed` guard: a lease granted for a claim that then fails
+    /// would otherwise hold its id on the peer for a whole TTL.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_granted_for_a_claim_that_loses_the_create_is_revoked() {
+        let latency = Duration::from_millis(20);
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default().with_latency(latency));
+        let rival = predecessor(0, LeaseId::NONE);
+        let (claimed, ()) = tokio::join!(peer.claim(), async {
+            tokio::time::sleep(latency / 2).await;
+            rig.put_state(rival).await;
+        });
+        let err = claimed.err().expect("raced");
+        assert!(matches!(err, Error::ClaimRaced { .. }), "{err:?}");
+        assert_eq!(rig.state().await, Some(rival));
+        assert_eq!(rig.leases().await, Vec::<LeaseId>::new());
+    }
+
+    /// A heartbeat in this clock's future is of unknown age: the claim
+    /// writes the copy as never current rather than as current now.
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_stored_from_a_clock_ahead_is_not_adopted() {
+        let ahead = |l| State {
+            heartbeat_unix_ms: NOW_MS + 3_600_000,
+            ..predecessor(6, l)
+        };
+        let (claimed, _, rig, peer) = claim_over(ahead, |c| c).await;
+        assert_eq!(resumed(&claimed.unwrap().1), Some(6));
+        assert_eq!(rig.state().await.unwrap().heartbeat_unix_ms, 0);
+        assert_eq!(peer.writer.marks.heartbeat_unix_ms(), 0);
+    }
+
+    /// What a session's error handling leaves for the next claim wins over
+    /// a copy that could otherwise be resumed.
+    #[tokio::test(start_paused = true)]
+    async fn a_forced_resync_overrides_an_adoptable_copy_with_its_reason() {
+        for reason in [
+            ResyncReason::SourceChanged,
+            ResyncReason::PeerChanged,
+            ResyncReason::CopyChanged,
+            ResyncReason::Stale,
+        ] {
+            let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+            rig.write_source(6).await;
+            let lease = rig.grant(TTL).await;
+            rig.put_state(predecessor(6, lease)).await;
+            peer.force_sync = Some(reason);
+            let (_, start) = peer.claim().await.unwrap();
+            assert_eq!(resync(&start), Some(reason));
+            assert_eq!(peer.force_sync, None, "taken by the claim");
+        }
+    }
+
+    /// After a session that dropped the lease (it was lost), the copy went
+    /// with it: nothing to adopt, and not a first sync either.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_after_the_lease_was_dropped_resyncs_lease_lost() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        peer.fresh = false;
+        let (handle, start) = peer.claim().await.unwrap();
+        assert_eq!(resync(&start), Some(ResyncReason::LeaseLost));
+        assert_eq!(rig.state().await.unwrap().lease, handle.unwrap().id());
+    }
+}

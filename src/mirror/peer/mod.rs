@@ -7,6 +7,8 @@
 //! discovered txn limits: [`super::send::Link`]) outlives sessions.
 
 mod claim;
+#[cfg(test)]
+mod fixture;
 mod session;
 
 use std::sync::Arc;

@@ -320,3 +320,275 @@ impl Peer {
         live::run(parts, opened).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use aether_etcd::model::ModelConfig;
+
+    use super::super::fixture::{HOLDER, Held, PEER_CLUSTER, Rig, TTL, predecessor, rig};
+    use super::*;
+    use crate::etcd::{Delete, Header, Put, Range};
+    use crate::mirror::state::State;
+
+    #[test]
+    fn classify_counts_each_session_ending_error_in_its_class() {
+        let peer = || "b".to_owned();
+        let why = || "x".to_owned();
+        let cases = [
+            (Error::Fenced { peer: peer() }, ErrorKind::Fenced),
+            (Error::LeaseLost { peer: peer() }, ErrorKind::LeaseLost),
+            (Error::StateGone { peer: peer() }, ErrorKind::Other),
+            (Error::ClaimRaced { peer: peer() }, ErrorKind::Other),
+            (
+                Error::Conflict {
+                    peer: peer(),
+                    other: 1,
+                },
+                ErrorKind::Conflict,
+            ),
+            (
+                Error::SourceChanged {
+                    peer: peer(),
+                    why: why(),
+                },
+                ErrorKind::Identity,
+            ),
+            (
+                Error::PeerChanged {
+                    peer: peer(),
+                    why: why(),
+                },
+                ErrorKind::Identity,
+            ),
+            (
+                Error::CopyChanged {
+                    peer: peer(),
+                    why: why(),
+                },
+                ErrorKind::Identity,
+            ),
+            (
+                Error::Etcd(etcd::Error::Unavailable(why())),
+                ErrorKind::Unavailable,
+            ),
+            (
+                Error::Etcd(etcd::Error::Timeout(Duration::from_secs(1))),
+                ErrorKind::Unavailable,
+            ),
+            (
+                Error::Etcd(etcd::Error::Compacted {
+                    compact_revision: Some(3),
+                }),
+                ErrorKind::Compacted,
+            ),
+            (
+                Error::Etcd(etcd::Error::RequestTooLarge),
+                ErrorKind::TooLarge,
+            ),
+            (Error::Etcd(etcd::Error::NoSpace), ErrorKind::NoSpace),
+            (Error::Etcd(etcd::Error::TooManyOps), ErrorKind::TooManyOps),
+        ];
+        for (err, kind) in cases {
+            assert_eq!(classify(&err), kind, "{err:?}");
+        }
+    }
+
+    /// Gives the peer task a live lease of its own on the peer, as a
+    /// session that claimed before would have left it.
+    async fn hold_lease(peer: &mut Peer, rig: &Rig) -> etcd::LeaseId {
+        let lease = rig.grant(TTL).await;
+        peer.writer.lease = Some(Box::new(Held::new(lease, TTL)));
+        lease
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fenced_ends_the_loop_for_good_and_drops_the_lease() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        // Another engine of this region claimed the peer after this one's
+        // first session.
+        peer.fresh = false;
+        hold_lease(&mut peer, &rig).await;
+        let theirs = rig.grant(TTL).await;
+        rig.put_state(predecessor(1, theirs)).await;
+        let ended = tokio::time::timeout(Duration::from_secs(60), peer.replicate())
+            .await
+            .expect("the loop ends by itself");
+        let err = ended.unwrap_err();
+        assert!(matches!(err, Error::Fenced { .. }), "{err:?}");
+        assert!(peer.writer.lease.is_none());
+        assert_eq!(peer.stats().errors(ErrorKind::Fenced), 1);
+        assert_eq!(rig.state().await.unwrap().holder, 7);
+    }
+
+    /// A second writer would fight the incumbent: the loop gives its lease
+    /// up and looks again only once the other's lease could have lapsed,
+    /// not at the backoff's pace, and counts the conflict once.
+    #[tokio::test(start_paused = true)]
+    async fn a_conflict_drops_the_lease_and_waits_a_lease_ttl_before_looking_again() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        hold_lease(&mut peer, &rig).await;
+        let theirs = rig.grant(Duration::from_secs(600)).await;
+        rig.put_state(State {
+            source_id: 0x77,
+            ..predecessor(1, theirs)
+        })
+        .await;
+        let running = tokio::time::timeout(TTL + TTL / 2, peer.replicate()).await;
+        assert!(running.is_err(), "still retrying");
+        assert_eq!(peer.stats().errors(ErrorKind::Conflict), 2);
+        assert_eq!(peer.stats().conflicts.load(Relaxed), 1);
+        assert!(peer.stats().conflicted.load(Relaxed));
+        assert!(peer.writer.lease.is_none());
+        assert_eq!(rig.state().await.unwrap().source_id, 0x77);
+    }
+
+    /// The peer answered below a revision a txn of ours committed at (it
+    /// was restored): the identity learnt is forgotten and the next claim
+    /// re-syncs for that reason, not as a first sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_went_back_forces_the_next_claims_resync_as_peer_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let mut seen = Header::default();
+        seen.cluster_id = PEER_CLUSTER;
+        seen.revision = 1_000;
+        peer.writer.check_peer(&seen).unwrap();
+        let running = tokio::time::timeout(Duration::from_secs(1), peer.replicate()).await;
+        assert!(running.is_err(), "still mirroring");
+        let stats = peer.stats();
+        assert_eq!(stats.errors(ErrorKind::Identity), 1);
+        assert_eq!(stats.resyncs(ResyncReason::PeerChanged), 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 0);
+        assert!(peer.writer.peer_revision() < 1_000);
+        assert_eq!(rig.state().await.unwrap().holder, HOLDER);
+    }
+
+    /// The lease ran out on the peer (its keys went with it) and the
+    /// keep-alive said so: the session ends, the handle is dropped, and the
+    /// next claim grants a new lease and re-syncs as `LeaseLost`.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_is_dropped_and_the_next_claim_resyncs_lease_lost() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let stop = peer.cancel.clone();
+        let (ended, first) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let first = rig.state().await.expect("claimed").lease;
+            // Both at once, as far as the session can tell.
+            rig.lose_leases();
+            rig.peer.lease_revoke(first).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            stop.cancel();
+            first
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.errors(ErrorKind::LeaseLost), 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::LeaseLost), 1);
+        let st = rig.state().await.expect("claimed again");
+        assert_ne!(st.lease, first);
+        assert_eq!(peer.writer.lease_id(), st.lease);
+    }
+
+    /// A key of the copy deleted out of band, with no copy watch to repair
+    /// it: the next count ends the session, and the next claim re-syncs
+    /// as `CopyChanged` rather than resuming the copy it holds.
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_copy_forces_the_next_claims_resync_as_copy_changed() {
+        let recount = Duration::from_secs(10);
+        let (mut peer, rig) = rig(
+            |c| c.without_copy_watch().with_recount_interval(recount),
+            ModelConfig::default(),
+        );
+        let key = format!("{}k", peer.cfg.prefix());
+        rig.source.put(Put::new(key.clone(), "v")).await.unwrap();
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let copied = rig.peer.delete(Delete::key(key.clone())).await.unwrap();
+            assert_eq!(copied.deleted, 1, "the sync copied it");
+            tokio::time::sleep(recount * 6).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.errors(ErrorKind::Identity), 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::CopyChanged), 1);
+        let back = rig.peer.range(Range::key(key)).await.unwrap();
+        assert_eq!(back.kvs().len(), 1, "the re-sync put it back");
+    }
+
+    /// The source was restored from an older snapshot while the copy was
+    /// live: the copy holds revisions the source no longer has, and the
+    /// next claim re-syncs it as `SourceChanged` rather than resuming.
+    #[tokio::test(start_paused = true)]
+    async fn a_source_restored_to_an_older_snapshot_is_resynced_as_source_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let prefix = peer.cfg.prefix();
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let older = rig.source_cluster.snapshot();
+            for i in 0..5 {
+                let put = Put::new(format!("{prefix}k{i}"), "v");
+                rig.source.put(put).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            rig.source_cluster.restore(&older);
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert!(stats.errors(ErrorKind::Identity) >= 1);
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::SourceChanged), 1);
+        let copy = rig.peer.range(Range::prefix(prefix)).await.unwrap();
+        assert_eq!(
+            copy.kvs().len(),
+            0,
+            "the re-sync emptied the copy as the source is"
+        );
+    }
+
+    /// As above, but the restored source moves past the revision the copy
+    /// was applied through before the next claim reads it: only the live
+    /// phase's continuity check can tell, and its `SourceChanged` must
+    /// force the re-sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_restored_source_that_moved_past_the_copy_is_still_resynced_as_source_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let prefix = peer.cfg.prefix();
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let older = rig.source_cluster.snapshot();
+            for i in 0..5 {
+                let put = Put::new(format!("{prefix}old{i}"), "v");
+                rig.source.put(put).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            rig.source_cluster.restore(&older);
+            for i in 0..10 {
+                let put = Put::new(format!("{prefix}new{i}"), "v");
+                rig.source.put(put).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::SourceChanged), 1);
+        let copy = rig.peer.range(Range::prefix(prefix)).await.unwrap();
+        let keys: Vec<_> = copy
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect();
+        assert_eq!(keys.len(), 10, "{keys:?}");
+        assert!(keys.iter().all(|k| k.contains("new")), "{keys:?}");
+    }
+}
