@@ -60,6 +60,8 @@ pub(crate) struct Parts<'a> {
     pub(crate) replay_horizon: i64,
     /// Where the copy watch starts (see `Peer::copy_from`).
     pub(crate) copy_from: i64,
+    /// The copy was resumed from another engine (see `Peer::inherited`).
+    pub(crate) inherited: bool,
     pub(crate) cancel: &'a CancellationToken,
 }
 
@@ -78,6 +80,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         continuity,
         replay_horizon,
         copy_from,
+        inherited,
         cancel,
     } = parts;
     let Some(lease_status) = writer.lease.as_ref().map(|l| l.subscribe()) else {
@@ -115,12 +118,23 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     } else {
         Duration::ZERO
     };
-    let fresh = Freshness::new(
+    let mut fresh = Freshness::new(
         cfg.heartbeat_interval,
         cfg.lease_ttl,
         replay_horizon,
         recount,
     );
+    // What the predecessor's copy watch saw and left unrepaired is behind
+    // ours: a gap, which only a pass (due at once) closes. With
+    // verification off, nothing can; the copy is vouched for by its
+    // counts, as a copy always is then.
+    let inherited_gap = inherited && copy.is_some() && verify.is_on();
+    if inherited_gap {
+        fresh.gap();
+        verify.run_now(Instant::now());
+        writer.marks.synced.store(false, Relaxed);
+        stats.set_synced(false);
+    }
     let mut live = Live {
         writer,
         cfg,
@@ -141,7 +155,8 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         settled_ahead: Ahead::default(),
         fresh,
         lease_status,
-        heartbeat_dirty: false,
+        // The state key says synced until written otherwise.
+        heartbeat_dirty: inherited_gap,
         copy,
         to_repair: copy::Pending::new(),
         repair_reading: HashSet::new(),

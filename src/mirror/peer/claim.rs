@@ -243,6 +243,7 @@ impl Peer {
             peer_header.revision + 1
         };
         self.copy_from = copy_from;
+        self.inherited = resume.is_some() && stored.state.is_some_and(|st| st.holder != w.holder);
         if self.cfg.copy_watch {
             w.own.arm(copy_from);
         }

@@ -70,6 +70,12 @@ pub(crate) struct Peer {
     pub(crate) replay_horizon: i64,
     /// Where the session's copy watch starts, as the claim decided.
     pub(crate) copy_from: i64,
+    /// The session resumed a copy another engine wrote last: a change on
+    /// it that engine's copy watch saw and did not repair lies before
+    /// `copy_from`, where this session's watch cannot see it, so the copy
+    /// is current again only after a verification pass begun since (a gap,
+    /// `live/fresh.rs` rule 4). Cleared by a sync, which compares every key.
+    pub(crate) inherited: bool,
     /// `<state_root><region>/source-id` in the local etcd: the source's
     /// own id ([`super::state::source_id`]).
     pub(crate) source_id_key: Bytes,
@@ -143,6 +149,7 @@ impl Peer {
             sync_pending: false,
             replay_horizon: 0,
             copy_from: 0,
+            inherited: false,
             source_id_key,
             verify,
             sync_slots,
