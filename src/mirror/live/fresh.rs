@@ -39,7 +39,9 @@
 //!    watch the peer compacted past missed part of the copy's history: an
 //!    edit in that gap only a comparison of every value can see (a count
 //!    sees a delete or a stray key, not an edit), so after a gap only a
-//!    verification pass begun after it lets the copy be current again.
+//!    verification pass begun after it lets the copy be current again. A
+//!    copy resumed from another engine starts with such a gap: what that
+//!    engine's copy watch saw and had not repaired lies before ours.
 //!
 //! ```text
 //!                  probe sent at T          read back: S, member, count
