@@ -225,13 +225,7 @@ impl Live<'_> {
                     from,
                     self.writer.own.clone(),
                 )?);
-                // Not synced until the pass: a successor (which resumes the
-                // watch from past what this one judged) re-syncs instead.
-                self.fresh.gap();
-                self.verify.run_now(Instant::now());
-                self.writer.marks.synced.store(false, Relaxed);
-                self.writer.stats.set_synced(false);
-                self.heartbeat_dirty = true;
+                self.open_gap();
                 Ok(true)
             }
             Some(Err(e)) => Err(Error::Etcd(e)),
@@ -316,6 +310,18 @@ impl Live<'_> {
         }
         self.fresh.repaired();
         self.resynced();
+    }
+
+    /// Part of the copy's history is unseen: not current until a pass,
+    /// started now, has compared every value; `synced=0` is written at
+    /// once, so that a successor (which resumes the watch from past what
+    /// this one judged) re-syncs instead of trusting the copy.
+    pub(super) fn open_gap(&mut self) {
+        self.fresh.gap();
+        self.verify.run_now(Instant::now());
+        self.writer.marks.synced.store(false, Relaxed);
+        self.writer.stats.set_synced(false);
+        self.heartbeat_dirty = true;
     }
 
     /// The copy is whole again, unless a gap in the copy watch still waits

@@ -30,7 +30,8 @@ use self::batch::{Batch, Batcher};
 use self::copy::CopyWatch;
 use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
-use self::source::Continuity;
+pub(crate) use self::source::Opened;
+use self::source::{Continuity, open_watch};
 use super::config::MirrorConfig;
 use super::count::{self, CountSplits};
 use super::send::limits::ProbeResult;
@@ -40,7 +41,7 @@ use super::state::{self, Stored};
 use super::stats::VerifySkip;
 use super::verify::{self, VerifySchedule};
 use crate::error::{Error, Result};
-use crate::etcd::{self, Header, LeaseStatus, Range, WatchOptions};
+use crate::etcd::{self, Header, LeaseStatus, Range};
 use crate::store::{Store, WatchEvents, WatchHealth};
 
 /// What a live phase borrows from its peer's task for its length.
@@ -118,23 +119,12 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     } else {
         Duration::ZERO
     };
-    let mut fresh = Freshness::new(
+    let fresh = Freshness::new(
         cfg.heartbeat_interval,
         cfg.lease_ttl,
         replay_horizon,
         recount,
     );
-    // What the predecessor's copy watch saw and left unrepaired is behind
-    // ours: a gap, which only a pass (due at once) closes. With
-    // verification off, nothing can; the copy is vouched for by its
-    // counts, as a copy always is then.
-    let inherited_gap = inherited && copy.is_some() && verify.is_on();
-    if inherited_gap {
-        fresh.gap();
-        verify.run_now(Instant::now());
-        writer.marks.synced.store(false, Relaxed);
-        stats.set_synced(false);
-    }
     let mut live = Live {
         writer,
         cfg,
@@ -155,8 +145,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         settled_ahead: Ahead::default(),
         fresh,
         lease_status,
-        // The state key says synced until written otherwise.
-        heartbeat_dirty: inherited_gap,
+        heartbeat_dirty: false,
         copy,
         to_repair: copy::Pending::new(),
         repair_reading: HashSet::new(),
@@ -164,6 +153,12 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         repair_ready: None,
         repair_seqs: HashSet::new(),
     };
+    // What the predecessor's copy watch saw and left unrepaired is behind
+    // ours: a gap. With verification off nothing can close one; the copy
+    // is vouched for by its counts, as a copy always is then.
+    if inherited && live.copy.is_some() && live.verify.is_on() {
+        live.open_gap();
+    }
     let result = live.run(watcher, cancel).await;
     if live.verifying {
         let retry = cfg.heartbeat_interval * 2;
@@ -175,42 +170,6 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         );
     }
     result
-}
-
-/// The source watch a live phase reads, from revision `from`: opened
-/// already (before a sync), or to be opened when the phase starts.
-pub(crate) struct Opened {
-    pub(crate) from: i64,
-    watch: Option<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>,
-}
-
-impl Opened {
-    pub(crate) fn later(from: i64) -> Opened {
-        Opened { from, watch: None }
-    }
-
-    pub(crate) fn now(local: &Store, prefix: &Bytes, from: i64) -> Result<Opened> {
-        Ok(Opened {
-            from,
-            watch: Some(open_watch(local, prefix, from)?),
-        })
-    }
-}
-
-/// A watch stream of the session's own (a slow peer holds back only its
-/// own watch), watching the subtree from `from`. progress_notify: an idle
-/// subtree still advances the state revision when the local etcd sends
-/// per-watcher notices.
-fn open_watch(
-    local: &Store,
-    prefix: &Bytes,
-    from: i64,
-) -> Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
-    Ok(local.watch(
-        WatchOptions::prefix(prefix.clone())
-            .start_revision(from)
-            .progress_notify(),
-    )?)
 }
 
 /// What a probe read: the source's header, the peer's state key and header,

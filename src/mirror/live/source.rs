@@ -31,6 +31,8 @@
 //!
 //! Any of these failing ends the session with `SourceChanged`, and the
 //! next one re-syncs the copy in full.
+//!
+//! The source watch itself is opened here too ([`Opened`]).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
@@ -39,9 +41,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
-use crate::etcd::{self, Event, EventKind, Header, KeyValue, Range, RangeResponse};
+use crate::error::Result;
+use crate::etcd::{self, Event, EventKind, Header, KeyValue, Range, RangeResponse, WatchOptions};
 use crate::mirror::send::writer::{FencedWriter, Marks};
-use crate::store::Store;
+use crate::store::{Store, WatchEvents, WatchHealth};
 
 /// The anchor read again, and the stream's reconnects when it was (`None`:
 /// nothing to check).
@@ -283,6 +286,42 @@ impl Continuity {
             self.anchor = Some(put);
         }
     }
+}
+
+/// The source watch a live phase reads, from revision `from`: opened
+/// already (before a sync), or to be opened when the phase starts.
+pub(crate) struct Opened {
+    pub(crate) from: i64,
+    pub(super) watch: Option<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>,
+}
+
+impl Opened {
+    pub(crate) fn later(from: i64) -> Opened {
+        Opened { from, watch: None }
+    }
+
+    pub(crate) fn now(local: &Store, prefix: &Bytes, from: i64) -> Result<Opened> {
+        Ok(Opened {
+            from,
+            watch: Some(open_watch(local, prefix, from)?),
+        })
+    }
+}
+
+/// A watch stream of the session's own (a slow peer holds back only its
+/// own watch), watching the subtree from `from`. progress_notify: an idle
+/// subtree still advances the state revision when the local etcd sends
+/// per-watcher notices.
+pub(super) fn open_watch(
+    local: &Store,
+    prefix: &Bytes,
+    from: i64,
+) -> Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)> {
+    Ok(local.watch(
+        WatchOptions::prefix(prefix.clone())
+            .start_revision(from)
+            .progress_notify(),
+    )?)
 }
 
 #[cfg(test)]

@@ -580,6 +580,20 @@ mod tests {
         assert_eq!(stats.resyncs(ResyncReason::Interrupted), 0);
     }
 
+    /// A second into the session: five keys `<prefix><name>N` written to
+    /// the source and mirrored for 10 s, then the source restored from a
+    /// snapshot taken before them.
+    async fn restore_older(rig: &Rig, prefix: &str, name: &str) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let older = rig.source_cluster.snapshot();
+        for i in 0..5 {
+            let put = Put::new(format!("{prefix}{name}{i}"), "v");
+            rig.source.put(put).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        rig.source_cluster.restore(&older);
+    }
+
     /// The source was restored from an older snapshot while the copy was
     /// live: the copy holds revisions the source no longer has, and the
     /// next claim re-syncs it as `SourceChanged` rather than resuming.
@@ -589,14 +603,7 @@ mod tests {
         let prefix = peer.cfg.prefix();
         let stop = peer.cancel.clone();
         let (ended, ()) = tokio::join!(peer.replicate(), async {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let older = rig.source_cluster.snapshot();
-            for i in 0..5 {
-                let put = Put::new(format!("{prefix}k{i}"), "v");
-                rig.source.put(put).await.unwrap();
-            }
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            rig.source_cluster.restore(&older);
+            restore_older(&rig, &prefix, "k").await;
             tokio::time::sleep(Duration::from_secs(30)).await;
             stop.cancel();
         });
@@ -623,14 +630,7 @@ mod tests {
         let prefix = peer.cfg.prefix();
         let stop = peer.cancel.clone();
         let (ended, ()) = tokio::join!(peer.replicate(), async {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let older = rig.source_cluster.snapshot();
-            for i in 0..5 {
-                let put = Put::new(format!("{prefix}old{i}"), "v");
-                rig.source.put(put).await.unwrap();
-            }
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            rig.source_cluster.restore(&older);
+            restore_older(&rig, &prefix, "old").await;
             for i in 0..10 {
                 let put = Put::new(format!("{prefix}new{i}"), "v");
                 rig.source.put(put).await.unwrap();
