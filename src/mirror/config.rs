@@ -77,8 +77,14 @@ pub const DEFAULT_LAPSE_AFTER: Duration = Duration::from_secs(300);
 /// (a peer run with a lower `--max-txn-ops` or `--max-request-bytes`) are
 /// probed again, so a peer whose limits were raised gets them back.
 pub const DEFAULT_LIMIT_REPROBE: Duration = Duration::from_secs(60);
-/// Default interval of the verification pass (anti-entropy).
-pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(600);
+/// Default interval of the verification pass (anti-entropy). An hour: the
+/// copy watch (`live/copy.rs`) sees every change to the copy as it happens,
+/// and a gap in it brings a pass at once, so the scheduled pass is only the
+/// backstop for what no watch shows. Each pass reads the whole subtree on
+/// both etcds: at 10 minutes, ten regions of 100k keys spent about 0.5
+/// CPU-seconds a second of their etcds on passes alone
+/// (docs/benchmarks-log.md §10).
+pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(3600);
 /// Default interval of the backstop count: how often, at most, the probe
 /// compares the copy's key count with the source's once a count matched
 /// and the copy watch sees every change (`live/copy.rs`). A few minutes:

@@ -943,7 +943,7 @@ impl Checker {
         // SLACK_MS for the watch that brings it: the engine watches its
         // copy on the peer and takes it out of currency at the first event
         // that is not its own, so no change waits for a verification pass
-        // (whose interval is the default 10 min here, as in production).
+        // (whose interval is the default hour here, as in production).
         // One key gets no more time than a whole copy.
         let latest_claim = claims.iter().copied().max();
         if let Some(c) = latest_claim {

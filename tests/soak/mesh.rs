@@ -74,7 +74,7 @@ impl Profile {
     /// `ttl` the region's lease TTL now (`TtlRestart` changes it).
     fn flags(self, ttl: u64) -> Vec<String> {
         match self {
-            // The verification pass keeps its default interval (10 min):
+            // The verification pass keeps its default interval (1 h):
             // nothing here may lean on a pass coming round soon.
             Profile::Ci => vec![
                 format!("--lease-ttl={ttl}s"),

@@ -176,7 +176,7 @@ pub struct Settings {
 
     /// How often to compare each peer's copy with the source and repair
     /// differences (anti-entropy); "off" never does.
-    /// [default: 10m]
+    /// [default: 1h]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_VERIFY_INTERVAL",
