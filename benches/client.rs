@@ -185,6 +185,8 @@ fn bench(c: &mut Criterion) {
     // checks the key count and, for etcd-client, the request count.
     #[cfg(feature = "bench-etcd-client")]
     let scan_requests = rt.block_on(check_same_scan(&s.ours, &theirs));
+    #[cfg(feature = "bench-etcd-client")]
+    println!("REPORT range keys={RANGE_KEYS} page={PAGE} requests_each_side={scan_requests}");
     let mut g = c.benchmark_group("range_100k_pages_of_1000");
     g.sample_size(10)
         .throughput(Throughput::Elements(RANGE_KEYS as u64));
