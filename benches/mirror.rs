@@ -871,10 +871,32 @@ fn fanout(c: &mut Criterion) {
             let took = start.elapsed();
             rates.push((n * peers) as f64 / took.as_secs_f64());
             // A saturated burst through the same engine: 10k
-            // single-put revisions, until every peer has them.
-            let (_, tail, rate) =
-                rt.block_on(burst(&s, &clients[peers - 1].1, base, 10_000, 64, None));
-            base += 10_000;
+            // single-put revisions, until every peer has them. `burst`
+            // follows the last peer; the others are followed by
+            // `all_arrived`, each from its revision before the burst, and
+            // the burst counts as done when the slowest peer holds it all.
+            let burst_keys = 10_000;
+            let (tail, rate) = rt.block_on(async {
+                let mut others = Vec::new();
+                for (_, d) in &clients[..peers - 1] {
+                    // Read before the first write, so the watch misses
+                    // nothing however late its create lands.
+                    let rev = d.range(Range::key("x")).await.expect("rev").header.revision;
+                    others.push(tokio::spawn(all_arrived(d.clone(), rev, base, burst_keys)));
+                }
+                let (_, tail, rate) =
+                    burst(&s, &clients[peers - 1].1, base, burst_keys, 64, None).await;
+                // `burst` returns as the last peer completes, `tail` after
+                // the last write.
+                let last_write = Instant::now() - tail;
+                let mut slowest = tail;
+                for o in others {
+                    let done = o.await.expect("peer watch");
+                    slowest = slowest.max(done.saturating_duration_since(last_write));
+                }
+                (slowest, rate)
+            });
+            base += burst_keys;
             live.push((rate, tail.as_secs_f64()));
             rt.block_on(engine.shutdown());
             took
@@ -892,6 +914,34 @@ fn fanout(c: &mut Criterion) {
             median(&mut tails) * 1e3
         );
     }
+}
+
+/// When `peer` holds keys `base..base + n`, watched from after revision
+/// `rev` (read before the burst's first write): the arrival of the last.
+async fn all_arrived(peer: Client, rev: i64, base: usize, n: usize) -> Instant {
+    let (_stream, mut w) = peer
+        .watch(WatchOptions::prefix(PREFIX).start_revision(rev + 1))
+        .expect("watch");
+    let mut seen = vec![false; n];
+    let mut remaining = n;
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(120);
+    while remaining > 0 {
+        let r = tokio::time::timeout_at(give_up, w.message())
+            .await
+            .unwrap_or_else(|_| panic!("fanout: {remaining} of {n} keys never reached a peer"))
+            .expect("watch")
+            .expect("watch open");
+        for e in r.events {
+            let k = String::from_utf8_lossy(e.kv.key());
+            if let Some(i) = index_of(&k, base, n)
+                && !seen[i]
+            {
+                seen[i] = true;
+                remaining -= 1;
+            }
+        }
+    }
+    Instant::now()
 }
 
 /// End-to-end latency against offered load, as p50/p99 per rate, drawn as

@@ -3,9 +3,10 @@
 use crate::error::Result;
 use crate::header::Header;
 use crate::pb::PbKvClient;
-use crate::pb::{PbCompactionRequest, PbPutResponse, PbTxnResponse};
+use crate::pb::{PbCompactionRequest, PbPutResponse};
 use crate::transport::{SharedRequest, Svc, Transport};
 
+use super::answer::TxnAnswer;
 use super::types::{
     Delete, DeleteResponse, Put, PutResponse, Range, RangeResponse, Txn, TxnResponse,
 };
@@ -63,13 +64,14 @@ impl KvClient {
     }
 
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        let resp: PbTxnResponse = self
+        // Decoded straight into the typed answer (`answer.rs`).
+        let resp: TxnAnswer = self
             .transport
             .unary(SharedRequest::new(txn.0), |svc, r| {
                 self.transport.call(svc, "/etcdserverpb.KV/Txn", r)
             })
             .await?;
-        Ok(resp.into())
+        Ok(resp.into_response())
     }
 
     pub(crate) async fn compact(&self, revision: i64, physical: bool) -> Result<Header> {
