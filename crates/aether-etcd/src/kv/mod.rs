@@ -4,7 +4,6 @@
 //! transport, so batching (`batch`) and namespacing build them without a
 //! client; only `service` sends them.
 
-mod answer;
 mod range_opts;
 mod scan;
 mod service;

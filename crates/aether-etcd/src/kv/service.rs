@@ -3,10 +3,9 @@
 use crate::error::Result;
 use crate::header::Header;
 use crate::pb::PbKvClient;
-use crate::pb::{PbCompactionRequest, PbPutResponse};
+use crate::pb::{PbCompactionRequest, PbPutResponse, PbTxnResponse};
 use crate::transport::{SharedRequest, Svc, Transport};
 
-use super::answer::TxnAnswer;
 use super::types::{
     Delete, DeleteResponse, Put, PutResponse, Range, RangeResponse, Txn, TxnResponse,
 };
@@ -64,14 +63,13 @@ impl KvClient {
     }
 
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        // Decoded straight into the typed answer (`answer.rs`).
-        let resp: TxnAnswer = self
+        let resp: PbTxnResponse = self
             .transport
             .unary(SharedRequest::new(txn.0), |svc, r| {
                 self.transport.call(svc, "/etcdserverpb.KV/Txn", r)
             })
             .await?;
-        Ok(resp.into_response())
+        Ok(resp.into())
     }
 
     pub(crate) async fn compact(&self, revision: i64, physical: bool) -> Result<Header> {

@@ -588,19 +588,13 @@ impl From<PbTxnResponse> for TxnResponse {
                 .responses
                 .into_iter()
                 .filter_map(|o| o.response)
-                .map(OpResponse::from)
+                .map(|o| match o {
+                    PbOpResponse::ResponseRange(r) => OpResponse::Range(r.into()),
+                    PbOpResponse::ResponsePut(p) => OpResponse::Put(p.into()),
+                    PbOpResponse::ResponseDeleteRange(d) => OpResponse::Delete(d.into()),
+                    PbOpResponse::ResponseTxn(t) => OpResponse::Txn(Box::new((t).into())),
+                })
                 .collect(),
-        }
-    }
-}
-
-impl From<PbOpResponse> for OpResponse {
-    fn from(o: PbOpResponse) -> Self {
-        match o {
-            PbOpResponse::ResponseRange(r) => OpResponse::Range(r.into()),
-            PbOpResponse::ResponsePut(p) => OpResponse::Put(p.into()),
-            PbOpResponse::ResponseDeleteRange(d) => OpResponse::Delete(d.into()),
-            PbOpResponse::ResponseTxn(t) => OpResponse::Txn(Box::new(t.into())),
         }
     }
 }
