@@ -22,8 +22,12 @@
 //! 2. **the copy checked out**: its key count on the peer matched the
 //!    source's at the watermark, by this probe or by the session's last
 //!    count, which matched (a mismatch ends the session:
-//!    `Error::CopyChanged`). Counts come at the session's start, then as
-//!    a backstop to the copy watch (`count::Cadence`).
+//!    `Error::CopyChanged`, unless the copy watch has seen a change not
+//!    ours since the probe was sent, or one waits for repair: that change
+//!    explains the mismatch and its repair is under way, so the count says
+//!    nothing and the next probe counts again). Counts come at the
+//!    session's start, then as a backstop to the copy watch
+//!    (`count::Cadence`).
 //! 3. **its lease has at least a heartbeat left** (or a third of its TTL,
 //!    if that is less: keep-alives go every third of it, so a healthy
 //!    lease never has less; a heartbeat longer than that would otherwise
@@ -93,6 +97,8 @@ pub(crate) struct Freshness {
     cadence: Cadence,
     /// Keys the copy watch found changed out of band and not yet repaired.
     out_of_band: bool,
+    /// Out-of-band changes the copy watch has seen in the session.
+    changes_seen: u64,
     /// The copy watch missed part of the copy's history (rule 4).
     gap: Gap,
 }
@@ -125,6 +131,8 @@ pub(crate) struct Sent {
     ahead: u64,
     /// Whether it counts the copy.
     pub(crate) counting: bool,
+    /// Out-of-band changes seen when it was sent.
+    changes_seen: u64,
 }
 
 /// What a probe read back, as far as freshness is concerned.
@@ -205,6 +213,7 @@ impl Freshness {
             pending: None,
             cadence: Cadence::new(u64::try_from(gap).unwrap_or(u64::MAX)),
             out_of_band: false,
+            changes_seen: 0,
             gap: Gap::None,
         }
     }
@@ -250,6 +259,7 @@ impl Freshness {
     /// hand, sent before it, vouches for nothing.
     pub(crate) fn out_of_band(&mut self) {
         self.out_of_band = true;
+        self.changes_seen += 1;
         self.pending = None;
     }
 
@@ -284,6 +294,7 @@ impl Freshness {
             unsettled_from,
             ahead,
             counting: self.cadence.due(),
+            changes_seen: self.changes_seen,
         }
     }
 
@@ -304,6 +315,16 @@ impl Freshness {
                 let slack =
                     (read.launched_ops.saturating_sub(sent.unsettled_from) + sent.ahead) as i64;
                 if (peer - expected).abs() > slack {
+                    if self.out_of_band || self.changes_seen > sent.changes_seen {
+                        // A change the copy watch saw explains it, and is
+                        // (being) repaired key by key: a re-sync of the
+                        // whole copy for it would be the wrong tool (one
+                        // stray key put just after a 1M-key sync cost 11 s
+                        // of re-sync). The probe vouches for nothing; the
+                        // next one counts.
+                        self.cadence.recount();
+                        return Ok(());
+                    }
                     return Err(format!(
                         "it holds {peer} keys, the source held {source} at revision {} ({} of them too large for the peer, {slack} ops in flight)",
                         read.applied, read.oversized
@@ -585,6 +606,40 @@ mod tests {
         f.repaired();
         probed(&mut f, t0, Some((100, 100)));
         assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, Some(t0));
+    }
+
+    #[test]
+    fn a_count_that_a_change_the_copy_watch_saw_explains_ends_nothing() {
+        let t0 = Instant::now();
+        // With the copy watch: counts every 12 heartbeats once one matched.
+        let mut f = Freshness::new(HB, TTL, 0, Duration::from_secs(60));
+        // A stray key put just after the sync: the copy watch sees it
+        // before the session's first count, which it makes one too many.
+        let first = f.send(t0, 0, 0, 0);
+        assert!(first.counting);
+        f.out_of_band();
+        f.probed(first, read(20, Some((100, 101)))).unwrap();
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
+        // Repaired meanwhile; a count sent before the change, read back
+        // after the repair, is still explained by it.
+        f.repaired();
+        let before = Sent {
+            changes_seen: 0,
+            ..f.send(t0, 0, 0, 0)
+        };
+        f.probed(before, read(20, Some((100, 101)))).unwrap();
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
+        // The next probe counts again, and a match makes the copy current.
+        let sent = f.send(t0 + HB, 0, 0, 0);
+        assert!(sent.counting, "the next probe counts");
+        f.probed(sent, read(20, Some((100, 100)))).unwrap();
+        assert_eq!(f.decide(now(t0, HB, 20)).current_at, Some(t0 + HB));
+        // A mismatch no change explains ends the session, as ever.
+        let sent = Sent {
+            counting: true,
+            ..f.send(t0 + HB * 2, 0, 0, 0)
+        };
+        assert!(f.probed(sent, read(20, Some((100, 99)))).is_err());
     }
 
     #[test]
