@@ -1045,20 +1045,25 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 }
 
 /// Across a WAN: the fault proxy between the engine and its peer with a
-/// round trip of 0, 20, 100 and 250 ms (`AETHER_BENCH_WAN_RTTS`, comma
+/// round trip of 0, 20, 100, 250 and 400 ms (`AETHER_BENCH_WAN_RTTS`, comma
 /// separated, overrides). Each sample, on an empty peer: the base sync of
 /// 50k keys (keys/s, and its ratio to the 0 ms run), a 20k-revision burst
 /// from 64 writers (convergence after the last write), then 3k revisions at
 /// 1.5k rev/s, about a quarter of the local maximum (p50/p99 from the
 /// source put to the peer's watch event, the peer watched directly). The
-/// figures feed BENCHMARKS.md's WAN section and `docs/throughput-vs-rtt.svg`.
+/// sync's cost of distance is also given in round trips: how much longer
+/// its median took than the 0 ms run's, over the RTT (a session start
+/// pays two before the data and one after it, and the last data txn's
+/// answer one more). The figures feed BENCHMARKS.md's WAN section and
+/// `docs/throughput-vs-rtt.svg`.
 fn wan(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
-    let rtts = wan_rtts(&[0, 20, 100, 250]);
+    let rtts = wan_rtts(&[0, 20, 100, 250, 400]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut base_rate_0 = None;
+    let mut took_0 = None;
     for rtt in rtts {
         let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
         proxy.set_latency(Duration::from_millis(rtt) / 2);
@@ -1066,6 +1071,7 @@ fn wan(c: &mut Criterion) {
         g.throughput(Throughput::Elements(n as u64));
         let (mut sync_rates, mut tails, mut burst_rates, mut lat) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut times = Vec::new();
         let (mut windows, mut rtt_seen) = (Vec::new(), Vec::new());
         let mut base = n;
         bench_runs(g, "base_sync_50k", || {
@@ -1073,6 +1079,7 @@ fn wan(c: &mut Criterion) {
             let d = client(&dst);
             let (engine, took) = wan_sync(&rt, &s, &proxy);
             sync_rates.push(n as f64 / took.as_secs_f64());
+            times.push(took.as_secs_f64());
             let st = engine.stats()[0].clone();
             windows.push(st.window_txns.load(Ordering::Relaxed) as f64);
             rtt_seen.push(st.rtt_seconds());
@@ -1095,11 +1102,14 @@ fn wan(c: &mut Criterion) {
         let (tail_median, tail_max) = tail_ms(&tails);
         let rate = median(&mut sync_rates);
         let ratio = base_rate_0.map_or(1.0, |r0: f64| rate / r0);
+        let took = median(&mut times);
+        let extra = extra_round_trips(took, took_0, rtt);
         if rtt == 0 {
             base_rate_0 = Some(rate);
+            took_0 = Some(took);
         }
         println!(
-            "REPORT wan rtt_ms={rtt} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1}",
+            "REPORT wan rtt_ms={rtt} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1}",
             median(&mut burst_rates),
             tail_median,
             tail_max,
@@ -1114,7 +1124,7 @@ fn wan(c: &mut Criterion) {
 /// The WAN base sync of a subtree that takes many round trips to copy:
 /// 500k keys (`AETHER_BENCH_WAN_LARGE_KEYS` overrides) on an empty peer
 /// behind the fault proxy, at the round trips of `AETHER_BENCH_WAN_RTTS`
-/// (default 0, 100 and 250 ms). A session start costs a fixed number of
+/// (default 0, 100, 250 and 400 ms). A session start costs a fixed number of
 /// round trips and a new connection's flow-control window ramps up over
 /// the first ones; `wan`'s 50k keys are mostly that at 250 ms, this is
 /// mostly the copy, which is what the window governs.
@@ -1122,19 +1132,21 @@ fn wan_large(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
-    let rtts = wan_rtts(&[0, 100, 250]);
+    let rtts = wan_rtts(&[0, 100, 250, 400]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut rate_0 = None;
+    let mut took_0 = None;
     for rtt in rtts {
         let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
         proxy.set_latency(Duration::from_millis(rtt) / 2);
         let mut g = group(c, format!("wan_large/{rtt}ms"));
         g.throughput(Throughput::Elements(n as u64));
-        let mut rates = Vec::new();
+        let (mut rates, mut times) = (Vec::new(), Vec::new());
         bench_runs(g, "base_sync", || {
             dst.restart_empty();
             let (engine, took) = wan_sync(&rt, &s, &proxy);
             rates.push(n as f64 / took.as_secs_f64());
+            times.push(took.as_secs_f64());
             rt.block_on(engine.shutdown());
             took
         });
@@ -1143,11 +1155,14 @@ fn wan_large(c: &mut Criterion) {
         }
         let rate = median(&mut rates);
         let ratio = rate_0.map_or(1.0, |r0: f64| rate / r0);
+        let took = median(&mut times);
+        let extra = extra_round_trips(took, took_0, rtt);
         if rtt == 0 {
             rate_0 = Some(rate);
+            took_0 = Some(took);
         }
         println!(
-            "REPORT wan_large rtt_ms={rtt} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2}"
+            "REPORT wan_large rtt_ms={rtt} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1}"
         );
     }
 }
@@ -1432,7 +1447,8 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// A probe of the 50k-key WAN base sync's phases, run only with
+/// A probe of the 50k-key (`AETHER_BENCH_WAN_PROBE_KEYS`) WAN base sync's
+/// phases, run only with
 /// `AETHER_BENCH_WAN_PROBE=<samples>` (`cargo bench --bench mirror --
 /// wan_probe`): per sample, the RTTs of `AETHER_BENCH_WAN_RTTS` (default
 /// 0, 100, 250) interleaved, each on an empty peer behind a fresh proxy
@@ -1451,7 +1467,7 @@ fn wan_probe(_c: &mut Criterion) {
     let flow = std::env::var("AETHER_BENCH_WAN_PROBE_FLOW").is_ok_and(|v| v == "1");
     let rt = runtime();
     let _in = rt.enter();
-    let n = 50_000;
+    let n: usize = env_or("AETHER_BENCH_WAN_PROBE_KEYS", 50_000);
     let rtts = wan_rtts(&[0, 100, 250]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     for sample in 0..samples {
@@ -1492,6 +1508,15 @@ fn wan_probe(_c: &mut Criterion) {
             }
             rt.block_on(engine.shutdown());
         }
+    }
+}
+
+/// How many round trips of `rtt_ms` longer a sync of `took` seconds took
+/// than one of `took_0` at 0 ms (0 without either).
+fn extra_round_trips(took: f64, took_0: Option<f64>, rtt_ms: u64) -> f64 {
+    match took_0 {
+        Some(t0) if rtt_ms > 0 => (took - t0) / (rtt_ms as f64 / 1e3),
+        _ => 0.0,
     }
 }
 
