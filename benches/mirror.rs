@@ -108,6 +108,9 @@ fn cfg() -> MirrorConfig {
 /// `aether_replicator=debug`) logs the engine's events with their time
 /// since start, to see where a sync's time goes.
 fn base_sync(c: &mut Criterion) {
+    if !selected("base_sync/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     if let Ok(filter) = std::env::var("AETHER_BENCH_TRACE") {
@@ -206,6 +209,9 @@ fn base_sync(c: &mut Criterion) {
 /// with 3 KiB values. The discovered run should be within 0.8× of the
 /// explicit one, and report the peer's limit.
 fn lower_limits(c: &mut Criterion) {
+    if !selected("lower_limits/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_LIMITS_KEYS", 20_000);
@@ -699,6 +705,9 @@ fn index_of(k: &str, base: usize, n: usize) -> Option<usize> {
 }
 
 fn live(c: &mut Criterion) {
+    if !selected("live/") {
+        return;
+    }
     common::init_logging();
     let rt = runtime();
     let _in = rt.enter();
@@ -795,6 +804,9 @@ fn live(c: &mut Criterion) {
 }
 
 fn handoff(c: &mut Criterion) {
+    if !selected("handoff/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n = 100_000;
@@ -843,6 +855,9 @@ fn handoff(c: &mut Criterion) {
 /// The scale model's check: one replicator mirroring to 1 and to 3 peers,
 /// base sync and a saturated live burst, every etcd on the same cores.
 fn fanout(c: &mut Criterion) {
+    if !selected("fanout/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
@@ -897,6 +912,9 @@ fn fanout(c: &mut Criterion) {
 /// End-to-end latency against offered load, as p50/p99 per rate, drawn as
 /// an SVG (`target/criterion/latency-vs-load.svg`) for BENCHMARKS.md.
 fn load_curve(c: &mut Criterion) {
+    if !selected("load_curve") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let (_etcds, s, d, engine) = synced_pair(&rt);
@@ -1057,6 +1075,9 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 /// answer one more). The figures feed BENCHMARKS.md's WAN section and
 /// `docs/throughput-vs-rtt.svg`.
 fn wan(c: &mut Criterion) {
+    if !selected("wan/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
@@ -1129,6 +1150,9 @@ fn wan(c: &mut Criterion) {
 /// the first ones; `wan`'s 50k keys are mostly that at 250 ms, this is
 /// mostly the copy, which is what the window governs.
 fn wan_large(c: &mut Criterion) {
+    if !selected("wan_large/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
@@ -1180,6 +1204,9 @@ fn wan_large(c: &mut Criterion) {
 /// `e2e/mesh.sh burst` (the `aether-e2e` harness) runs the same scene with the binaries, one
 /// process per replica.
 fn regions(c: &mut Criterion) {
+    if !selected("regions/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_REGIONS", 5);
@@ -1306,6 +1333,9 @@ fn regions(c: &mut Criterion) {
 /// count's duration and the slowest put that started while it ran, against
 /// the slowest put of the same length of time with no count running.
 fn count_stall(c: &mut Criterion) {
+    if !selected("count_stall") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_COUNT_KEYS", 200_000);
@@ -1436,6 +1466,37 @@ fn rss_kib() -> u64 {
             line.split_whitespace().nth(1)?.parse().ok()
         })
         .unwrap_or(0)
+}
+
+/// Whether criterion's filter (the command line's positional argument, as
+/// in `cargo bench --bench mirror -- wan/`) can select a group named
+/// `prefix`…: a bench's set-up (etcds, hundreds of thousands of keys) runs
+/// before criterion filters, so a bench not selected returns first.
+fn selected(prefix: &str) -> bool {
+    const TAKES_VALUE: &[&str] = &[
+        "--save-baseline",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--profile-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--color",
+        "--output-format",
+        "--plotting-backend",
+        "--format",
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args.iter().enumerate().find_map(|(i, a)| {
+        let after_flag = i > 0 && TAKES_VALUE.contains(&args[i - 1].as_str());
+        (!a.starts_with('-') && !after_flag).then_some(a.as_str())
+    });
+    filter.is_none_or(|f| prefix.contains(f) || f.contains(prefix))
 }
 
 /// The environment variable `name` parsed, or `default` when it is unset
