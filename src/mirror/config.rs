@@ -22,8 +22,8 @@ pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 256;
 /// alone set what a sync's first round trips can carry: 8 gave ~0.9 MiB
 /// per round trip for the first two at 250 ms, where the peer applies
 /// ~4 MiB in one; 32 carry that from the first (BENCHMARKS.md §7). An idle
-/// connection costs a keep-alive ping per interval and a few KiB on
-/// each side.
+/// connection costs a keep-alive ping per interval and some tens of KiB
+/// of buffers on each side (grpc-go reads and writes through 32 KiB ones).
 pub const DEFAULT_PEER_CONNECTIONS: usize = 32;
 /// Default cap on the request bytes in flight to one peer, so memory stays
 /// flat whatever the values' size (each txn in flight is held twice: the
