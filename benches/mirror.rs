@@ -108,6 +108,9 @@ fn cfg() -> MirrorConfig {
 /// `aether_replicator=debug`) logs the engine's events with their time
 /// since start, to see where a sync's time goes.
 fn base_sync(c: &mut Criterion) {
+    if !selected("base_sync/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     if let Ok(filter) = std::env::var("AETHER_BENCH_TRACE") {
@@ -206,6 +209,9 @@ fn base_sync(c: &mut Criterion) {
 /// with 3 KiB values. The discovered run should be within 0.8× of the
 /// explicit one, and report the peer's limit.
 fn lower_limits(c: &mut Criterion) {
+    if !selected("lower_limits/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_LIMITS_KEYS", 20_000);
@@ -699,6 +705,9 @@ fn index_of(k: &str, base: usize, n: usize) -> Option<usize> {
 }
 
 fn live(c: &mut Criterion) {
+    if !selected("live/") {
+        return;
+    }
     common::init_logging();
     let rt = runtime();
     let _in = rt.enter();
@@ -795,6 +804,9 @@ fn live(c: &mut Criterion) {
 }
 
 fn handoff(c: &mut Criterion) {
+    if !selected("handoff/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n = 100_000;
@@ -843,6 +855,9 @@ fn handoff(c: &mut Criterion) {
 /// The scale model's check: one replicator mirroring to 1 and to 3 peers,
 /// base sync and a saturated live burst, every etcd on the same cores.
 fn fanout(c: &mut Criterion) {
+    if !selected("fanout/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
@@ -947,6 +962,9 @@ async fn all_arrived(peer: Client, rev: i64, base: usize, n: usize) -> Instant {
 /// End-to-end latency against offered load, as p50/p99 per rate, drawn as
 /// an SVG (`target/criterion/latency-vs-load.svg`) for BENCHMARKS.md.
 fn load_curve(c: &mut Criterion) {
+    if !selected("load_curve") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let (_etcds, s, d, engine) = synced_pair(&rt);
@@ -1095,20 +1113,28 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 }
 
 /// Across a WAN: the fault proxy between the engine and its peer with a
-/// round trip of 0, 20, 100 and 250 ms (`AETHER_BENCH_WAN_RTTS`, comma
+/// round trip of 0, 20, 100, 250 and 400 ms (`AETHER_BENCH_WAN_RTTS`, comma
 /// separated, overrides). Each sample, on an empty peer: the base sync of
 /// 50k keys (keys/s, and its ratio to the 0 ms run), a 20k-revision burst
 /// from 64 writers (convergence after the last write), then 3k revisions at
 /// 1.5k rev/s, about a quarter of the local maximum (p50/p99 from the
 /// source put to the peer's watch event, the peer watched directly). The
-/// figures feed BENCHMARKS.md's WAN section and `docs/throughput-vs-rtt.svg`.
+/// sync's cost of distance is also given in round trips: how much longer
+/// its median took than the 0 ms run's, over the RTT (a session start
+/// pays two before the data and one after it, and the last data txn's
+/// answer one more). The figures feed BENCHMARKS.md's WAN section and
+/// `docs/throughput-vs-rtt.svg`.
 fn wan(c: &mut Criterion) {
+    if !selected("wan/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
-    let rtts = wan_rtts(&[0, 20, 100, 250]);
+    let rtts = wan_rtts(&[0, 20, 100, 250, 400]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut base_rate_0 = None;
+    let mut took_0 = None;
     for rtt in rtts {
         let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
         proxy.set_latency(Duration::from_millis(rtt) / 2);
@@ -1116,6 +1142,7 @@ fn wan(c: &mut Criterion) {
         g.throughput(Throughput::Elements(n as u64));
         let (mut sync_rates, mut tails, mut burst_rates, mut lat) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut times = Vec::new();
         let (mut windows, mut rtt_seen) = (Vec::new(), Vec::new());
         let mut base = n;
         bench_runs(g, "base_sync_50k", || {
@@ -1123,6 +1150,7 @@ fn wan(c: &mut Criterion) {
             let d = client(&dst);
             let (engine, took) = wan_sync(&rt, &s, &proxy);
             sync_rates.push(n as f64 / took.as_secs_f64());
+            times.push(took.as_secs_f64());
             let st = engine.stats()[0].clone();
             windows.push(st.window_txns.load(Ordering::Relaxed) as f64);
             rtt_seen.push(st.rtt_seconds());
@@ -1133,8 +1161,18 @@ fn wan(c: &mut Criterion) {
             lat.extend(l);
             rt.block_on(engine.shutdown());
             // Back to the same n keys at the source for the next
-            // sample.
+            // sample, and the deletes compacted away: etcd keeps a
+            // deleted key in its index until a compaction and a range
+            // walks it, so without this each RTT's syncs would scan a
+            // source holding more dead keys than the last RTT's (the
+            // 400 ms row after 1M).
             rt.block_on(delete_keys(&s, base..base + 23_000));
+            let at = rt
+                .block_on(s.range(Range::prefix(PREFIX).count_only()))
+                .expect("count")
+                .header
+                .revision;
+            rt.block_on(s.compact(at, true)).expect("compact");
             base += 23_000;
             took
         });
@@ -1145,11 +1183,14 @@ fn wan(c: &mut Criterion) {
         let (tail_median, tail_max) = tail_ms(&tails);
         let rate = median(&mut sync_rates);
         let ratio = base_rate_0.map_or(1.0, |r0: f64| rate / r0);
+        let took = median(&mut times);
+        let extra = extra_round_trips(took, took_0, rtt);
         if rtt == 0 {
             base_rate_0 = Some(rate);
+            took_0 = Some(took);
         }
         println!(
-            "REPORT wan rtt_ms={rtt} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1}",
+            "REPORT wan rtt_ms={rtt} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1}",
             median(&mut burst_rates),
             tail_median,
             tail_max,
@@ -1164,27 +1205,32 @@ fn wan(c: &mut Criterion) {
 /// The WAN base sync of a subtree that takes many round trips to copy:
 /// 500k keys (`AETHER_BENCH_WAN_LARGE_KEYS` overrides) on an empty peer
 /// behind the fault proxy, at the round trips of `AETHER_BENCH_WAN_RTTS`
-/// (default 0, 100 and 250 ms). A session start costs a fixed number of
+/// (default 0, 100, 250 and 400 ms). A session start costs a fixed number of
 /// round trips and a new connection's flow-control window ramps up over
 /// the first ones; `wan`'s 50k keys are mostly that at 250 ms, this is
 /// mostly the copy, which is what the window governs.
 fn wan_large(c: &mut Criterion) {
+    if !selected("wan_large/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
-    let rtts = wan_rtts(&[0, 100, 250]);
+    let rtts = wan_rtts(&[0, 100, 250, 400]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut rate_0 = None;
+    let mut took_0 = None;
     for rtt in rtts {
         let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
         proxy.set_latency(Duration::from_millis(rtt) / 2);
         let mut g = group(c, format!("wan_large/{rtt}ms"));
         g.throughput(Throughput::Elements(n as u64));
-        let mut rates = Vec::new();
+        let (mut rates, mut times) = (Vec::new(), Vec::new());
         bench_runs(g, "base_sync", || {
             dst.restart_empty();
             let (engine, took) = wan_sync(&rt, &s, &proxy);
             rates.push(n as f64 / took.as_secs_f64());
+            times.push(took.as_secs_f64());
             rt.block_on(engine.shutdown());
             took
         });
@@ -1193,11 +1239,14 @@ fn wan_large(c: &mut Criterion) {
         }
         let rate = median(&mut rates);
         let ratio = rate_0.map_or(1.0, |r0: f64| rate / r0);
+        let took = median(&mut times);
+        let extra = extra_round_trips(took, took_0, rtt);
         if rtt == 0 {
             rate_0 = Some(rate);
+            took_0 = Some(took);
         }
         println!(
-            "REPORT wan_large rtt_ms={rtt} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2}"
+            "REPORT wan_large rtt_ms={rtt} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1}"
         );
     }
 }
@@ -1215,6 +1264,9 @@ fn wan_large(c: &mut Criterion) {
 /// `e2e/mesh.sh burst` (the `aether-e2e` harness) runs the same scene with the binaries, one
 /// process per replica.
 fn regions(c: &mut Criterion) {
+    if !selected("regions/") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_REGIONS", 5);
@@ -1341,6 +1393,9 @@ fn regions(c: &mut Criterion) {
 /// count's duration and the slowest put that started while it ran, against
 /// the slowest put of the same length of time with no count running.
 fn count_stall(c: &mut Criterion) {
+    if !selected("count_stall") {
+        return;
+    }
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_COUNT_KEYS", 200_000);
@@ -1473,6 +1528,37 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether criterion's filter (the command line's positional argument, as
+/// in `cargo bench --bench mirror -- wan/`) can select a group named
+/// `prefix`…: a bench's set-up (etcds, hundreds of thousands of keys) runs
+/// before criterion filters, so a bench not selected returns first.
+fn selected(prefix: &str) -> bool {
+    const TAKES_VALUE: &[&str] = &[
+        "--save-baseline",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--profile-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--color",
+        "--output-format",
+        "--plotting-backend",
+        "--format",
+    ];
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filter = args.iter().enumerate().find_map(|(i, a)| {
+        let after_flag = i > 0 && TAKES_VALUE.contains(&args[i - 1].as_str());
+        (!a.starts_with('-') && !after_flag).then_some(a.as_str())
+    });
+    filter.is_none_or(|f| prefix.contains(f) || f.contains(prefix))
+}
+
 /// The environment variable `name` parsed, or `default` when it is unset
 /// or does not parse.
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -1482,7 +1568,8 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// A probe of the 50k-key WAN base sync's phases, run only with
+/// A probe of the 50k-key (`AETHER_BENCH_WAN_PROBE_KEYS`) WAN base sync's
+/// phases, run only with
 /// `AETHER_BENCH_WAN_PROBE=<samples>` (`cargo bench --bench mirror --
 /// wan_probe`): per sample, the RTTs of `AETHER_BENCH_WAN_RTTS` (default
 /// 0, 100, 250) interleaved, each on an empty peer behind a fresh proxy
@@ -1501,7 +1588,7 @@ fn wan_probe(_c: &mut Criterion) {
     let flow = std::env::var("AETHER_BENCH_WAN_PROBE_FLOW").is_ok_and(|v| v == "1");
     let rt = runtime();
     let _in = rt.enter();
-    let n = 50_000;
+    let n: usize = env_or("AETHER_BENCH_WAN_PROBE_KEYS", 50_000);
     let rtts = wan_rtts(&[0, 100, 250]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     for sample in 0..samples {
@@ -1542,6 +1629,15 @@ fn wan_probe(_c: &mut Criterion) {
             }
             rt.block_on(engine.shutdown());
         }
+    }
+}
+
+/// How many round trips of `rtt_ms` longer a sync of `took` seconds took
+/// than one of `took_0` at 0 ms (0 without either).
+fn extra_round_trips(took: f64, took_0: Option<f64>, rtt_ms: u64) -> f64 {
+    match took_0 {
+        Some(t0) if rtt_ms > 0 => (took - t0) / (rtt_ms as f64 / 1e3),
+        _ => 0.0,
     }
 }
 

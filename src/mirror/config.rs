@@ -13,12 +13,18 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// the longest link: 80k keys/s × 250 ms ≈ 160 txns of 127 puts.
 pub const DEFAULT_MAX_INFLIGHT_TXNS: usize = 256;
 /// Default HTTP/2 connections to each peer endpoint
-/// ([`ClientConfig::connections`]). etcd's server grows each connection's
-/// receive window from 64 KiB by about a doubling per round trip, so one
-/// new connection caps the first seconds of a sync across a 250 ms link
-/// near 15k keys/s; 8 reach ~26k and 16 ~43k (BENCHMARKS.md §7), and on
-/// loopback 8 cost nothing measurable.
-pub const DEFAULT_PEER_CONNECTIONS: usize = 8;
+/// ([`ClientConfig::connections`]). etcd's server (grpc-go) opens each
+/// connection's receive window at 64 KiB and doubles it at most every
+/// second round trip while it is kept full (its BDP estimator needs a
+/// sample of two thirds of the new window, and the first round trip after
+/// a doubling still carries the old one). The session start's warming
+/// takes each to ~120 KiB before the first data txn, so the connections
+/// alone set what a sync's first round trips can carry: 8 gave ~0.9 MiB
+/// per round trip for the first two at 250 ms, where the peer applies
+/// ~4 MiB in one; 32 carry that from the first (BENCHMARKS.md §7). An idle
+/// connection costs a keep-alive ping per interval and some tens of KiB
+/// of buffers on each side (grpc-go reads and writes through 32 KiB ones).
+pub const DEFAULT_PEER_CONNECTIONS: usize = 32;
 /// Default cap on the request bytes in flight to one peer, so memory stays
 /// flat whatever the values' size (each txn in flight is held twice: the
 /// encoded request and the ops kept for a retry).

@@ -115,9 +115,9 @@ pub struct Settings {
 
     /// HTTP/2 connections to each peer endpoint (at least 1). Over a long
     /// link each new connection's flow-control window starts small at the
-    /// server and grows a doubling per round trip; several connections
-    /// fill the pipe sooner.
-    /// [default: 8]
+    /// server and grows a doubling every other round trip; several
+    /// connections fill the pipe sooner.
+    /// [default: 32]
     #[arg(
         long,
         env = "AETHER_REPLICATOR_PEER_CONNECTIONS",

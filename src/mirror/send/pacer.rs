@@ -62,11 +62,16 @@ use tokio::time::Instant;
 
 use crate::mirror::stats::PeerStats;
 
-/// Txns in flight before anything is measured: the fastest of the loopback
-/// sweep (BENCHMARKS.md §1: 8, 16, 32 and 64 all within noise, 64 ahead),
-/// and two doublings less to climb on a long link, where every doubling
-/// costs a round trip (with 16 the 250 ms base sync spent ~0.75 s ramping).
-pub(crate) const INITIAL_WINDOW: usize = 64;
+/// Txns in flight before anything is measured: about the bandwidth-delay
+/// product of a 250 ms link to a peer at its loopback ceiling (80k keys/s
+/// × 250 ms ≈ 157 txns of 127 puts, ~4 MiB), so that a sync's first round
+/// trip on such a link already keeps the peer busy. Each doubling costs a
+/// round trip there, and a sync of 50k keys is only about three round
+/// trips of data: starting at 64, the first carried 64 txns where the
+/// peer could take 157 (BENCHMARKS.md §7). On loopback the larger first
+/// round only queues at the peer once: the BDP cap (at least
+/// [`BDP_FLOOR`]) binds from the second round on.
+pub(crate) const INITIAL_WINDOW: usize = 160;
 /// The window never goes below this many txns.
 pub(crate) const MIN_WINDOW: usize = 2;
 /// Shortest round: below it, a round's rate on loopback is mostly noise.
@@ -586,6 +591,25 @@ mod tests {
             p.window_txns() >= INITIAL_WINDOW,
             "window {}",
             p.window_txns()
+        );
+    }
+
+    /// A sync across a long link that starts at a window below the
+    /// bandwidth-delay product idles the peer for its first round trips,
+    /// and a small sync is mostly those: the first round trip must carry
+    /// about what the peer applies in one.
+    #[test]
+    fn the_first_round_trip_of_a_long_link_carries_its_bdp() {
+        let t0 = Instant::now();
+        let mut p = Pacer::new(256, 64 << 20, t0);
+        // The first round trip's txns are answered by ~0.5 s: sent at
+        // once, a 125 ms way, ~250 ms applying at the ceiling, 125 ms back.
+        let out = sync_sim(250).run(&mut p, t0, 0.52);
+        let bdp = 80_000.0 * 0.25 / 127.0;
+        let txns = out.delivered / 127;
+        assert!(
+            txns as f64 >= 0.95 * bdp,
+            "{txns} txns answered in the first round trip, the BDP is {bdp:.0}"
         );
     }
 
