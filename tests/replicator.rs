@@ -767,10 +767,23 @@ async fn a_standby_cut_off_from_its_etcd_is_not_ready() {
         common::wait_until_async(Duration::from_secs(20), || !state.ready()).await,
         "a standby without its etcd still says ready"
     );
-    assert!(
-        common::wait_until_async(Duration::from_secs(20), || leader.ready()).await,
-        "the leader, which reaches etcd, is ready"
-    );
+    common::eventually("the leader, which reaches etcd, is ready")
+        .within(Duration::from_secs(20))
+        .until(async || {
+            if leader.ready() {
+                return Ok(());
+            }
+            // What the leader says of itself, to tell a lost session from
+            // a metrics endpoint that does not answer.
+            let readyz = http_get(leader.metrics, "/readyz");
+            let log = std::fs::read_to_string(&leader.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            Err(format!(
+                "/readyz {readyz:?}, is_leader {}, its log's last lines (newest first): {tail:?}",
+                leader.is_leader()
+            ))
+        })
+        .await;
     proxy.heal();
     assert!(
         common::wait_until_async(Duration::from_secs(20), standby).await,
