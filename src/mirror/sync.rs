@@ -22,7 +22,9 @@ use super::count::CountSplits;
 use super::diff::{Diff, Merge};
 use super::live::Opened;
 use super::live::batch::STATE_RESERVE_BYTES;
+use super::live::copy::Carried;
 use super::live::source::Newest;
+use super::send::own::Own;
 use super::send::writer::FencedWriter;
 use super::send::{Link, Pipeline};
 use crate::error::Result;
@@ -36,6 +38,10 @@ pub(crate) struct Pinned {
     pub(crate) at: i64,
     /// The live phase's watch, from S + 1.
     pub(crate) live: Opened,
+    /// The copy watch, kept up with through the sync (`None`: off, or
+    /// lost to a compaction or a closed stream during the sync; the live
+    /// phase then opens one with a gap).
+    pub(crate) copy: Option<Carried>,
     /// Just before S was read: the copy will hold everything the source
     /// held then (a heartbeat may not claim a later moment).
     started: Instant,
@@ -60,6 +66,11 @@ pub(crate) struct Pinned {
 /// absent, or deleted it, so every txn of an earlier holder fails its
 /// fence from then on; a rival that claims first makes this claim fail,
 /// and the scans are dropped with it.
+///
+/// The copy watch opens here too, from `copy.0`, at or below the peer's
+/// revision before the scans' first read of it: a change to the copy that
+/// a page read before it cannot have seen is the watch's.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn pin(
     local: Store,
     peer: Store,
@@ -67,6 +78,7 @@ pub(crate) async fn pin(
     page_size: usize,
     rtt: Option<Duration>,
     slots: Arc<Semaphore>,
+    copy: Option<(i64, Own)>,
 ) -> Result<Pinned> {
     let slot = match slots.clone().try_acquire_owned() {
         Ok(slot) => Some(slot),
@@ -79,6 +91,10 @@ pub(crate) async fn pin(
             slots.acquire_owned().await.ok()
         }
     };
+    let copy = match copy {
+        Some((from, own)) => Some(Carried::open(&peer, &prefix, from, own)?),
+        None => None,
+    };
     let started = Instant::now();
     let at = local
         .range(Range::key(prefix.clone()).count_only())
@@ -90,6 +106,7 @@ pub(crate) async fn pin(
     Ok(Pinned {
         at,
         live,
+        copy,
         started,
         merge,
         newest: Newest::default(),
@@ -178,15 +195,16 @@ pub(crate) async fn run(
         }
         packer.push(op);
         while let Some(ops) = packer.pop() {
-            send(&mut pipeline, ops).await?;
+            send(&mut pipeline, ops, &mut pinned.copy, &writer.region).await?;
         }
     }
     packer.flush();
     while let Some(ops) = packer.pop() {
-        send(&mut pipeline, ops).await?;
+        send(&mut pipeline, ops, &mut pinned.copy, &writer.region).await?;
     }
     while let Some(done) = pipeline.next().await {
         pipeline.settle(done).await?;
+        catch_up(&mut pinned.copy, &writer.region);
     }
     // Record completion: from here a successor can resume by watch, and
     // consumers see a complete copy.
@@ -273,12 +291,19 @@ impl Progress {
 }
 
 /// Sends one txn of `ops` once the window has room. The txns of a sync
-/// touch disjoint keys, so they may commit in any order.
-async fn send(pipeline: &mut Pipeline<'_, ()>, ops: Vec<Op>) -> Result<()> {
+/// touch disjoint keys, so they may commit in any order. The copy watch
+/// is caught up with as txns are answered: its events are mostly theirs.
+async fn send(
+    pipeline: &mut Pipeline<'_, ()>,
+    ops: Vec<Op>,
+    copy: &mut Option<Carried>,
+    peer: &str,
+) -> Result<()> {
     let bytes: usize = ops.iter().map(Op::encoded_len).sum();
     while !pipeline.has_room(bytes) {
         if let Some(done) = pipeline.next().await {
             pipeline.settle(done).await?;
+            catch_up(copy, peer);
         }
     }
     pipeline.send(ops, None, ());
@@ -288,7 +313,18 @@ async fn send(pipeline: &mut Pipeline<'_, ()>, ops: Vec<Op>) -> Result<()> {
     while let Some(done) = pipeline.ready() {
         pipeline.settle(done).await?;
     }
+    catch_up(copy, peer);
     Ok(())
+}
+
+/// Catches the copy watch up (`Carried::catch_up`). A watch that ended
+/// (the peer compacted past it, or its stream closed) is dropped: the
+/// sync goes on, and the live phase opens a new one with a gap.
+fn catch_up(copy: &mut Option<Carried>, peer: &str) {
+    if let Some(Err(e)) = copy.as_mut().map(Carried::catch_up) {
+        tracing::info!(peer, error = %e, "the copy watch ended during the sync; the live phase re-arms it and verifies the copy");
+        *copy = None;
+    }
 }
 
 #[cfg(test)]

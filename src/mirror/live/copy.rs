@@ -85,6 +85,33 @@ impl CopyWatch {
         }
     }
 
+    /// Takes and judges what the watch has delivered so far, without
+    /// waiting: the keys changed out of band among them. A sync calls it
+    /// between its txns, so that the copy watch keeps up with the sync's
+    /// own writes instead of replaying them all when the live phase starts
+    /// (at a million keys that replay held a stray key back for seconds,
+    /// and every event of it in memory). An error ends the watch: the
+    /// watch was compacted past or closed.
+    pub(crate) fn catch_up(&mut self) -> etcd::Result<Vec<Bytes>> {
+        use futures_util::FutureExt;
+        // `next` is cancel-safe: a response not ready now stays queued.
+        while let Some(msg) = self.next().now_or_never() {
+            match msg {
+                Some(Ok(resp)) => self.take(resp),
+                Some(Err(e)) => return Err(e),
+                None => return Err(etcd::Error::Closed),
+            }
+        }
+        Ok(self.judge())
+    }
+
+    /// The last revision the watch delivered, and the events it holds
+    /// unjudged.
+    #[cfg(test)]
+    pub(crate) fn position(&self) -> (i64, usize) {
+        (self.seen, self.held.len())
+    }
+
     /// The lowest revision among the events not yet judged.
     pub(crate) fn unjudged_from(&self) -> Option<i64> {
         self.held.front().map(|h| h.0)
@@ -182,6 +209,47 @@ pub(crate) const MAX_REPAIR_KEYS: usize = 1_000;
 /// Keys waiting for a repair, deduplicated.
 pub(crate) type Pending = BTreeSet<Bytes>;
 
+/// The copy watch a sync opened and kept up with, handed to the live
+/// phase that follows it, with the keys it found changed out of band
+/// during the sync (the sync may have compared some of them before the
+/// change: their repair then finds them matching and writes nothing).
+#[derive(Debug)]
+pub(crate) struct Carried {
+    pub(crate) watch: CopyWatch,
+    pub(crate) found: Pending,
+}
+
+/// Where a live phase's copy watch comes from.
+#[derive(Debug)]
+pub(crate) enum CopyStart {
+    /// Opened from this revision: a resumed copy (see `Peer::copy_from`).
+    From(i64),
+    /// The sync's, kept up with through it.
+    Carried(Carried),
+    /// The sync's ended during it: opened again from the peer's revision
+    /// as last read, with a gap that a verification pass closes.
+    Lost,
+}
+
+impl Carried {
+    /// Opens the copy watch of a sync about to start, from `from`: at or
+    /// below the revision of the sync's first read of the peer, so that a
+    /// change the sync's pages cannot have seen is the watch's.
+    pub(crate) fn open(peer: &Store, prefix: &Bytes, from: i64, own: Own) -> Result<Carried> {
+        Ok(Carried {
+            watch: CopyWatch::open(peer, prefix, from.max(1), own)?,
+            found: Pending::new(),
+        })
+    }
+
+    /// See [`CopyWatch::catch_up`].
+    pub(crate) fn catch_up(&mut self) -> etcd::Result<()> {
+        let foreign = self.watch.catch_up()?;
+        self.found.extend(foreign);
+        Ok(())
+    }
+}
+
 /// The live loop's side of the copy watch: taking its events, judging
 /// them, and sending the repairs.
 impl Live<'_> {
@@ -242,6 +310,12 @@ impl Live<'_> {
             return Ok(());
         };
         let foreign = copy.judge();
+        self.changed_out_of_band(foreign)
+    }
+
+    /// Keys the copy watch found changed out of band: the copy is not
+    /// current until they are repaired.
+    pub(super) fn changed_out_of_band(&mut self, foreign: Vec<Bytes>) -> Result<()> {
         if foreign.is_empty() {
             return Ok(());
         }

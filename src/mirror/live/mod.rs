@@ -11,7 +11,7 @@
 //! limits ([`super::send::limits`]) run beside it.
 
 pub mod batch;
-mod copy;
+pub(crate) mod copy;
 mod fresh;
 mod inflight;
 pub(crate) mod source;
@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::batch::{Batch, Batcher};
-use self::copy::CopyWatch;
+use self::copy::{CopyStart, CopyWatch};
 use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
 pub(crate) use self::source::Opened;
@@ -59,8 +59,8 @@ pub(crate) struct Parts<'a> {
     pub(crate) continuity: &'a mut Continuity,
     /// See `Peer::replay_horizon`.
     pub(crate) replay_horizon: i64,
-    /// Where the copy watch starts (see `Peer::copy_from`).
-    pub(crate) copy_from: i64,
+    /// Where the copy watch comes from.
+    pub(crate) copy: CopyStart,
     /// The copy was resumed from another engine (see `Peer::inherited`).
     pub(crate) inherited: bool,
     pub(crate) cancel: &'a CancellationToken,
@@ -80,7 +80,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         splits,
         continuity,
         replay_horizon,
-        copy_from,
+        copy,
         inherited,
         cancel,
     } = parts;
@@ -102,17 +102,31 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     // for until a pass completes.
     stats.set_synced(!verify.overdue());
     tracing::info!(peer = %writer.region, from, "mirroring live");
-    // The copy watch starts where the claim said: our own txns since are
-    // booked, anything else there is out of band.
-    let copy = if cfg.copy_watch {
-        Some(CopyWatch::open(
-            &writer.client,
-            prefix,
-            copy_from.max(1),
-            writer.own.clone(),
-        )?)
-    } else {
-        None
+    // The copy watch starts where the claim said, or is the sync's: our
+    // own txns since are booked, anything else there is out of band.
+    let (copy, found, lost) = match copy {
+        _ if !cfg.copy_watch => (None, Vec::new(), false),
+        CopyStart::From(from) => (
+            Some(CopyWatch::open(
+                &writer.client,
+                prefix,
+                from.max(1),
+                writer.own.clone(),
+            )?),
+            Vec::new(),
+            false,
+        ),
+        CopyStart::Carried(c) => (Some(c.watch), c.found.into_iter().collect(), false),
+        CopyStart::Lost => (
+            Some(CopyWatch::open(
+                &writer.client,
+                prefix,
+                writer.peer_revision() + 1,
+                writer.own.clone(),
+            )?),
+            Vec::new(),
+            true,
+        ),
     };
     let recount = if copy.is_some() {
         cfg.recount_interval
@@ -159,6 +173,17 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     if inherited && live.copy.is_some() && live.verify.is_on() {
         live.open_gap();
     }
+    if lost {
+        if !live.verify.is_on() {
+            return Err(Error::CopyChanged {
+                peer: writer.region.clone(),
+                why: "the copy watch ended during the sync, and with verification off only a re-sync can compare what changed in the gap".into(),
+            });
+        }
+        live.open_gap();
+    }
+    // What the sync's copy watch found changed out of band during it.
+    live.changed_out_of_band(found)?;
     let result = live.run(watcher, cancel).await;
     if live.verifying {
         let retry = cfg.heartbeat_interval * 2;

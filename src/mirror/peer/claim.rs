@@ -214,11 +214,23 @@ impl Peer {
             lease_ttl,
             ..self.writer.state(0)
         };
-        // A sync is pinned, its watch opened and its scans started beside
+        // Where the copy watch starts (`live/copy.rs`): for a resumed copy,
+        // just past the predecessor's last write, so that a change made
+        // while nobody watched is out of band; for a copy to be synced,
+        // from this claim's read on (the sync compares what came before,
+        // and a change during the sync is the watch's, which the sync opens
+        // and keeps up with). Our own txns are booked from here on.
+        //
+        // A sync is pinned, its watches opened and its scans started beside
         // the claim's last txn, so the peer's first page comes back with
         // the claim rather than a round trip after it (`sync::pin` says
         // why that is safe once the state key is gone).
-        let pin = sync.map(|_| self.pin_sync());
+        let copy_from = if sync.is_none() && stored.create_revision != 0 {
+            stored.mod_revision + 1
+        } else {
+            peer_header.revision + 1
+        };
+        let pin = sync.map(|_| self.pin_sync(copy_from));
         let w = &mut self.writer;
         if stored.create_revision != 0 && !state::release(&w.client, &w.state_key, &stored).await? {
             return Err(Error::ClaimRaced {
@@ -230,17 +242,6 @@ impl Peer {
                 Some(pin) => Some(pin.await),
                 None => None,
             }
-        };
-        // Where the copy watch starts (`live/copy.rs`): for a resumed copy,
-        // just past the predecessor's last write, so that a change made
-        // while nobody watched is out of band; for a copy to be synced,
-        // from this claim's read on (the sync compares what came before,
-        // and a change during the sync is the watch's). Our own txns are
-        // booked from here on.
-        let copy_from = if sync.is_none() && stored.create_revision != 0 {
-            stored.mod_revision + 1
-        } else {
-            peer_header.revision + 1
         };
         self.copy_from = copy_from;
         self.inherited = resume.is_some() && stored.state.is_some_and(|st| st.holder != w.holder);

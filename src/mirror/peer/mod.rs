@@ -160,9 +160,11 @@ impl Peer {
 
     /// Pins a sync of this peer's copy: the source's revision, the watch
     /// opened from the next one, and the first pages of both sides' scans
-    /// under way (see [`super::sync::pin`]). Waits for a sync slot.
+    /// under way (see [`super::sync::pin`]), and the copy watch from
+    /// `copy_from`. Waits for a sync slot.
     pub(crate) fn pin_sync(
         &self,
+        copy_from: i64,
     ) -> impl std::future::Future<Output = Result<Pinned>> + Send + 'static {
         super::sync::pin(
             self.local.clone(),
@@ -171,6 +173,9 @@ impl Peer {
             self.cfg.page_size,
             self.link.pacer.min_rtt(),
             self.sync_slots.clone(),
+            self.cfg
+                .copy_watch
+                .then(|| (copy_from, self.writer.own.clone())),
         )
     }
 

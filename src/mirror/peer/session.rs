@@ -22,6 +22,7 @@ use super::Peer;
 use super::claim::Start;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Backoff};
+use crate::mirror::live::copy::CopyStart;
 use crate::mirror::live::{self, Opened};
 use crate::mirror::stats::{ErrorKind, ResyncReason};
 use crate::mirror::sync::Pinned;
@@ -201,15 +202,15 @@ impl Peer {
         self.fresh = false;
         self.stats().conflicted.store(false, Relaxed);
         let mut live = match start {
-            Start::Resume(rev) => Opened::later(rev + 1),
+            Start::Resume(rev) => (Opened::later(rev + 1), CopyStart::From(self.copy_from)),
             Start::Sync(reason, pinned) => match self.sync(reason, pinned).await? {
                 Some(live) => live,
                 None => return Ok(()),
             },
         };
         loop {
-            let from = live.from;
-            match self.stream(live).await {
+            let from = live.0.from;
+            match self.stream(live.0, live.1).await {
                 Err(Error::Etcd(
                     etcd::Error::Compacted { .. } | etcd::Error::ResponseTooLarge { .. },
                 )) => {
@@ -239,7 +240,7 @@ impl Peer {
         &mut self,
         reason: ResyncReason,
         pinned: Option<Box<Pinned>>,
-    ) -> Result<Option<Opened>> {
+    ) -> Result<Option<(Opened, CopyStart)>> {
         self.stats().resync(reason);
         self.stats().set_synced(false);
         self.sync_started_ms = self.cfg.clock.unix_ms();
@@ -251,7 +252,9 @@ impl Peer {
         let mut pinned = match pinned {
             Some(pinned) => pinned,
             None => {
-                let pin = self.pin_sync();
+                // The copy watch from the peer's revision as last read:
+                // every page the sync reads is read at or after it.
+                let pin = self.pin_sync(self.writer.peer_revision() + 1);
                 tokio::select! {
                     biased;
                     _ = self.cancel.cancelled() => return Ok(None),
@@ -276,7 +279,11 @@ impl Peer {
         // needed.
         self.prev_lease = None;
         self.stats().lapsed.store(false, Relaxed);
-        Ok(Some(pinned.live))
+        let copy = match pinned.copy.take() {
+            Some(carried) => CopyStart::Carried(carried),
+            None => CopyStart::Lost,
+        };
+        Ok(Some((pinned.live, copy)))
     }
 }
 
@@ -303,7 +310,7 @@ pub(crate) fn classify(err: &Error) -> ErrorKind {
 impl Peer {
     /// The live phase: mirrors the source watch from `opened.from` until
     /// an error or cancellation.
-    async fn stream(&mut self, opened: Opened) -> Result<()> {
+    async fn stream(&mut self, opened: Opened, copy: CopyStart) -> Result<()> {
         let parts = live::Parts {
             writer: &self.writer,
             cfg: &self.cfg,
@@ -315,7 +322,7 @@ impl Peer {
             splits: &mut self.splits,
             continuity: &mut self.continuity,
             replay_horizon: self.replay_horizon,
-            copy_from: self.copy_from,
+            copy,
             inherited: self.inherited,
             cancel: &self.cancel,
         };
@@ -491,6 +498,54 @@ mod tests {
         let st = rig.state().await.expect("claimed again");
         assert_ne!(st.lease, first);
         assert_eq!(peer.writer.lease_id(), st.lease);
+    }
+
+    /// A sync keeps its copy watch caught up with its own writes: the live
+    /// phase gets a watch that has judged every one of them, rather than
+    /// one that replays the whole sync first (a million events at a
+    /// million keys, all held in memory, with a stray key on the copy
+    /// unseen behind them for seconds).
+    #[tokio::test(start_paused = true)]
+    async fn a_sync_hands_the_live_phase_a_copy_watch_caught_up_with_it() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let prefix = peer.cfg.prefix();
+        for i in 0..3_000 {
+            let put = Put::new(format!("{prefix}{i:05}"), "v");
+            rig.source.put(put).await.unwrap();
+        }
+        let (lease, start) = peer.claim().await.unwrap();
+        peer.writer.lease = lease;
+        let Start::Sync(reason, pinned) = start else {
+            panic!("a fresh peer must be synced");
+        };
+        let (_, copy) = peer
+            .sync(reason, pinned)
+            .await
+            .unwrap()
+            .expect("not cancelled");
+        let CopyStart::Carried(carried) = copy else {
+            panic!("the sync lost its copy watch: {copy:?}");
+        };
+        let copied = rig.peer.range(Range::prefix(prefix.clone())).await.unwrap();
+        assert_eq!(copied.kvs().len(), 3_000);
+        let last_write = copied.kvs().iter().map(|kv| kv.mod_revision()).max();
+        let txns = copied
+            .kvs()
+            .iter()
+            .map(|kv| kv.mod_revision())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        assert!(txns > 10, "the sync wrote in {txns} txns: too few to tell");
+        assert_eq!(
+            carried.watch.position(),
+            (last_write.unwrap(), 0),
+            "(last revision seen, events unjudged) when the live phase starts"
+        );
+        assert!(
+            carried.found.is_empty(),
+            "our own writes judged out of band: {:?}",
+            carried.found
+        );
     }
 
     /// A key of the copy deleted out of band, with no copy watch to repair
