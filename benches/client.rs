@@ -12,7 +12,7 @@ use aether_replicator::etcd::{
     Client, ClientConfig, Put, Range, Txn, TxnBatcher, TxnLimits, WatchOptions,
 };
 #[cfg(feature = "bench-etcd-client")]
-use aether_replicator::etcd::{Scan, prefix_end};
+use aether_replicator::etcd::{Scan, extrapolate_scan_window, prefix_end};
 use common::Etcd;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -374,8 +374,8 @@ impl ScanWindows {
     fn next_request(&mut self) -> Option<(Vec<u8>, Vec<u8>)> {
         let from = self.next.take()?;
         let window_end = match &self.hint {
-            Some((a, b, f)) => match extrapolate(a, b, *f) {
-                Some(w) if w > from && w < self.end => w,
+            Some((a, b, f)) => match extrapolate_scan_window(a, b, *f) {
+                Some(w) if *w > *from && *w < *self.end => w.to_vec(),
                 _ => self.end.clone(),
             },
             None => self.end.clone(),
@@ -405,38 +405,6 @@ impl ScanWindows {
             self.next = Some(window_end);
         }
     }
-}
-
-/// The key `f` times the distance from `a` to `b` beyond `b`, in the
-/// eight bytes after their common prefix (as the crate's scan does).
-#[cfg(feature = "bench-etcd-client")]
-fn extrapolate(a: &[u8], b: &[u8], f: f64) -> Option<Vec<u8>> {
-    let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    let word = |s: &[u8]| {
-        let mut buf = [0u8; 8];
-        for (d, x) in buf.iter_mut().zip(&s[common..]) {
-            *d = *x;
-        }
-        u64::from_be_bytes(buf)
-    };
-    let (va, vb) = (word(a), word(b));
-    if vb <= va {
-        return None;
-    }
-    let step = (((vb - va) as f64) * f).max(1.0) as u128;
-    let v = u128::from(vb).saturating_add(step);
-    if v > u128::from(u64::MAX) {
-        let carry = (v >> 64) as u64;
-        let levels = (64 - carry.leading_zeros()).div_ceil(8) as usize;
-        let keep = (common + 1).saturating_sub(levels.max(1));
-        return (keep > 0).then(|| prefix_end(&b[..keep]).to_vec());
-    }
-    let mut out = b[..common].to_vec();
-    out.extend_from_slice(&(v as u64).to_be_bytes());
-    while out.len() > common + 1 && out.last() == Some(&0) {
-        out.pop();
-    }
-    Some(out)
 }
 
 /// CPU time used so far by this whole process (every thread).

@@ -175,6 +175,8 @@ pub use client::Client;
 pub use cluster::{Member, MemberAdded, MemberList};
 pub use error::{Code, Error, ErrorChain, Result};
 pub use header::Header;
+#[doc(hidden)]
+pub use kv::extrapolate_scan_window;
 pub use kv::{
     Compare, CompareOp, DEFAULT_PAGE_BYTES, Delete, DeleteResponse, KeyValue, Op, OpResponse,
     PAGE_DECODE_SHARE, Page, Put, PutResponse, Range, RangeResponse, Scan, SortOrder, SortTarget,

@@ -10,6 +10,8 @@ mod service;
 mod types;
 
 pub use range_opts::{SortOrder, SortTarget};
+#[doc(hidden)]
+pub use scan::extrapolate as extrapolate_scan_window;
 pub use scan::{DEFAULT_PAGE_BYTES, PAGE_DECODE_SHARE, Page, Scan};
 pub(crate) use service::KvClient;
 pub(crate) use types::prefix_range;
