@@ -28,7 +28,7 @@ use super::send::own::Own;
 use super::send::writer::FencedWriter;
 use super::send::{Link, Pipeline};
 use crate::error::Result;
-use crate::etcd::{Delete, Op, Range, TxnBatcher};
+use crate::etcd::{self, Delete, Op, Range, TxnBatcher};
 use crate::store::Store;
 
 /// A sync made ready to run: the source pinned at a revision, the live
@@ -115,6 +115,37 @@ pub(crate) async fn pin(
         _slot: slot,
     })
 }
+
+/// What etcd 3.4 makes every request to the peer pay after a burst of
+/// writes, and how the engine takes it back.
+///
+/// etcd 3.4 copies its backend's read buffer for every response header and
+/// every txn's compares (`bucketBuffer.Copy` under `ConcurrentReadTx`), and
+/// the copy takes the buffer's whole length, which is that of the busiest
+/// backend commit interval (100 ms) since the buffer was last dropped: a
+/// `del --prefix` of a 100k-key copy leaves every later request copying
+/// about 5 MB. etcd drops the key bucket's buffer only at a commit that
+/// wrote no key. A lease granted and revoked is written to the lease
+/// bucket alone, so its commit drops the buffer, unless another key write
+/// shares its 100 ms. Measured on etcd 3.4.23: the re-sync after a
+/// `del --prefix` of a 100k-key copy ran at 26k keys/s, and at 75k
+/// (the first sync's rate) once the buffer was dropped before it; a
+/// 10-region mesh at rest spent a quarter less CPU once each etcd's
+/// buffer from the sync was dropped (docs/benchmarks-log.md §9, §10).
+/// etcd 3.5 copies the buffer once per write instead of per request: the
+/// release costs it two lease writes and does no harm.
+pub(crate) async fn release_read_buffer(peer: &Store) -> etcd::Result<()> {
+    // Long enough to outlive a failed revoke's retries, and nothing is
+    // ever attached to it.
+    const TTL: Duration = Duration::from_secs(10);
+    let lease = peer.lease_grant(TTL).await?;
+    peer.lease_revoke(lease.id).await
+}
+
+/// etcd's default backend commit interval (`--backend-batch-interval`),
+/// with a margin: a key written sooner after the release's lease writes
+/// may share their commit, which then drops nothing.
+pub(crate) const BACKEND_COMMIT_WAIT: Duration = Duration::from_millis(150);
 
 /// Syncs the peer to the source as pinned (see `Peer::sync`).
 pub(crate) async fn run(

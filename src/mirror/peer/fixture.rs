@@ -33,6 +33,10 @@ pub(crate) const TTL: Duration = Duration::from_secs(10);
 /// Every keep-alive handed out, for a test to report them lost.
 type KeptAlives = Arc<Mutex<Vec<Arc<watch::Sender<LeaseStatus>>>>>;
 
+/// The lease grants and revokes made on the peer, each with the peer's
+/// revision when it was asked for.
+pub(crate) type LeaseCalls = Arc<Mutex<Vec<(&'static str, i64)>>>;
+
 /// The model, with keep-alives and watches: the claim takes a handle on
 /// every lease it uses, a sync opens its watch first, and the model's own
 /// backend refuses both.
@@ -40,6 +44,20 @@ struct KeptAlive {
     model: model::Client,
     store: Store,
     kept: KeptAlives,
+    /// The peer's only.
+    lease_calls: Option<LeaseCalls>,
+}
+
+impl KeptAlive {
+    async fn book(&self, call: &'static str) {
+        if let Some(calls) = &self.lease_calls {
+            let revision = match self.store.range(Range::key("/")).await {
+                Ok(r) => r.header.revision,
+                Err(_) => -1,
+            };
+            calls.lock().unwrap().push((call, revision));
+        }
+    }
 }
 
 /// A keep-alive that is never lost unless a test says so.
@@ -114,11 +132,17 @@ impl Backend for KeptAlive {
     }
 
     fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(self.store.lease_grant(ttl))
+        Box::pin(async move {
+            self.book("grant").await;
+            self.store.lease_grant(ttl).await
+        })
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {
-        Box::pin(self.store.lease_revoke(id))
+        Box::pin(async move {
+            self.book("revoke").await;
+            self.store.lease_revoke(id).await
+        })
     }
 
     fn lease_time_to_live(&self, id: LeaseId, keys: bool) -> BoxFuture<'_, etcd::Result<LeaseTtl>> {
@@ -151,6 +175,7 @@ pub(crate) struct Rig {
     pub(crate) peer: model::Client,
     pub(crate) state_key: String,
     kept: KeptAlives,
+    pub(crate) lease_calls: LeaseCalls,
 }
 
 impl Rig {
@@ -234,18 +259,20 @@ pub(crate) fn rig(
     };
     let cfg = cfg(base);
     let kept = KeptAlives::default();
-    let store = |model: &model::Client| {
+    let lease_calls = LeaseCalls::default();
+    let store = |model: &model::Client, lease_calls: Option<LeaseCalls>| {
         Store::new(KeptAlive {
             model: model.clone(),
             store: Store::new(model.clone()),
             kept: kept.clone(),
+            lease_calls,
         })
     };
     let state_key = cfg.state_key();
     let task = Peer::new(
         "b".into(),
-        store(&source),
-        store(&peer_model),
+        store(&source, None),
+        store(&peer_model, Some(lease_calls.clone())),
         Arc::new(cfg),
         Arc::new(PeerStats::new("b")),
         HOLDER,
@@ -261,6 +288,7 @@ pub(crate) fn rig(
         peer: peer_model,
         state_key,
         kept,
+        lease_calls,
     };
     (task, rig)
 }

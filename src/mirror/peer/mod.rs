@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::config::MirrorConfig;
 use super::count::CountSplits;
@@ -97,6 +97,9 @@ pub(crate) struct Peer {
     /// the next phase to check (a session that ends when the source's etcd
     /// restarts is followed by one that resumes).
     pub(crate) continuity: Continuity,
+    /// Stops the release of the peer's read buffer after the last sync
+    /// (`Peer::release_after_sync`) when dropped.
+    pub(crate) releasing: Option<DropGuard>,
 }
 
 impl Peer {
@@ -155,6 +158,7 @@ impl Peer {
             sync_slots,
             splits: CountSplits::default(),
             continuity: Continuity::default(),
+            releasing: None,
         }
     }
 
