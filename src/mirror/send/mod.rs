@@ -110,6 +110,14 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
     pub(crate) fn send(&mut self, ops: Vec<Op>, state_revision: Option<i64>, tag: T) {
         let bytes: usize = ops.iter().map(Op::encoded_len).sum();
         self.link.pacer.on_send(Instant::now(), self.txns.len());
+        // Its keys are no longer known too large for the peer from the
+        // moment it leaves, not when it is answered: an answer lost (a
+        // timeout, a session ended mid-call) may hide a commit of a value
+        // that fits, and a key left marked would then be skipped by every
+        // repair and pass as "absent by design" while the peer lacks it
+        // (the simulation found a copy claimed fresh that way). A txn
+        // refused for its size marks its keys again (`Pipeline::resend`).
+        self.writer.took(&ops);
         let txn = self.writer.txn(ops.clone(), state_revision);
         let (branch, size) = (txn.success_len().max(txn.compare_len()), txn.encoded_len());
         let (client, own) = (self.writer.client.clone(), self.writer.own.clone());
@@ -417,6 +425,30 @@ mod tests {
         assert_eq!(value(&model, "k").await, None);
         assert!(writer.is_oversized(b"k"));
         assert_eq!(writer.stats.errors(ErrorKind::TooLarge), 1);
+    }
+
+    /// A key found too large for the peer, whose next value fits and
+    /// commits with its answer lost (the session ended mid-call): the key
+    /// must not stay known as too large, or every repair and pass would
+    /// skip it as absent by design, should the peer lose that value (the
+    /// simulation found a copy claimed fresh without it).
+    #[tokio::test]
+    async fn a_commit_whose_answer_was_lost_unmarks_a_key_found_too_large() {
+        let (model, writer, mut link) = peer(ModelConfig::default().with_max_request_bytes(2_048));
+        let big = Put::new("k", vec![b'x'; 3_000]).into();
+        send_one(&writer, &mut link, vec![big]).await.unwrap();
+        assert!(writer.is_oversized(b"k"));
+        let mut pipeline = Pipeline::new(&writer, &mut link);
+        pipeline.send(vec![Put::new("k", "fits").into()], None, ());
+        // Committed, and dropped unanswered.
+        let done = pipeline.next().await.expect("one txn in flight");
+        assert!(done.result.is_ok());
+        drop((done, pipeline));
+        assert_eq!(value(&model, "k").await.as_deref(), Some(&b"fits"[..]));
+        assert!(
+            !writer.is_oversized(b"k"),
+            "a key the peer may hold is still taken as too large for it"
+        );
     }
 
     /// A repair's guarded write is a nested txn: no key of its own to
