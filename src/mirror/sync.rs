@@ -134,11 +134,16 @@ pub(crate) async fn pin(
 /// buffer from the sync was dropped (docs/benchmarks-log.md §9, §10).
 /// etcd 3.5 copies the buffer once per write instead of per request: the
 /// release costs it two lease writes and does no harm.
+///
+/// The grant and the revoke go a commit interval apart: the grant's
+/// commit may carry our own last key write (a claim's, just before a
+/// re-sync), the revoke's then carries none of ours.
 pub(crate) async fn release_read_buffer(peer: &Store) -> etcd::Result<()> {
     // Long enough to outlive a failed revoke's retries, and nothing is
     // ever attached to it.
     const TTL: Duration = Duration::from_secs(10);
     let lease = peer.lease_grant(TTL).await?;
+    tokio::time::sleep(BACKEND_COMMIT_WAIT).await;
     peer.lease_revoke(lease.id).await
 }
 
