@@ -691,6 +691,11 @@ async fn measure_out_of_band() {
         common::eventually("synced before the edit")
             .until(async || when(s.is_synced(), &s))
             .await;
+        // The copy watch's count of changes, read before the edit: a
+        // repair can turn the copy current again within the 1 ms this
+        // loop sleeps, and a loop that waited for `peer_synced` 0 alone
+        // then waited for ever (it did, twice in twenty runs).
+        let seen = s.out_of_band.load(Relaxed);
         let at = std::time::Instant::now();
         edit.apply(&peer).await;
         // etcd's own time for the change: a `del --prefix` of a large copy
@@ -698,7 +703,7 @@ async fn measure_out_of_band() {
         // follow that, so detection cannot start before it.
         let answered = at.elapsed();
         let limit = Duration::from_secs(900);
-        while s.is_synced() && at.elapsed() < limit {
+        while s.is_synced() && s.out_of_band.load(Relaxed) == seen && at.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let not_current = at.elapsed();
