@@ -217,6 +217,14 @@ impl Rig {
         }
     }
 
+    /// Puts `n` keys under `prefix` in the source, a revision each.
+    pub(crate) async fn fill_source(&self, prefix: &str, n: usize) {
+        for i in 0..n {
+            let put = Put::new(format!("{prefix}{i:05}"), "v");
+            self.source.put(put).await.unwrap();
+        }
+    }
+
     /// Moves the source `n` revisions on.
     pub(crate) async fn write_source(&self, n: usize) {
         for i in 0..n {

@@ -564,10 +564,7 @@ mod tests {
     async fn a_sync_hands_the_live_phase_a_copy_watch_caught_up_with_it() {
         let (mut peer, rig) = rig(|c| c, ModelConfig::default());
         let prefix = peer.cfg.prefix();
-        for i in 0..3_000 {
-            let put = Put::new(format!("{prefix}{i:05}"), "v");
-            rig.source.put(put).await.unwrap();
-        }
+        rig.fill_source(&prefix, 3_000).await;
         let (lease, start) = peer.claim().await.unwrap();
         peer.writer.lease = lease;
         let Start::Sync(reason, pinned) = start else {
@@ -612,10 +609,7 @@ mod tests {
     async fn syncs_release_the_peers_read_buffer_before_a_copy_changed_resync_and_after() {
         let (mut peer, rig) = rig(|c| c, ModelConfig::default());
         let prefix = peer.cfg.prefix();
-        for i in 0..1_500 {
-            let put = Put::new(format!("{prefix}{i:05}"), "v");
-            rig.source.put(put).await.unwrap();
-        }
+        rig.fill_source(&prefix, 1_500).await;
         let stop = peer.cancel.clone();
         // All of it within the lease's TTL: the rig's keep-alives keep
         // nothing alive in the model.
