@@ -104,29 +104,12 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
     tracing::info!(peer = %writer.region, from, "mirroring live");
     // The copy watch starts where the claim said, or is the sync's: our
     // own txns since are booked, anything else there is out of band.
+    let open = |from: i64| CopyWatch::open(&writer.client, prefix, from, writer.own.clone());
     let (copy, found, lost) = match copy {
         _ if !cfg.copy_watch => (None, Vec::new(), false),
-        CopyStart::From(from) => (
-            Some(CopyWatch::open(
-                &writer.client,
-                prefix,
-                from.max(1),
-                writer.own.clone(),
-            )?),
-            Vec::new(),
-            false,
-        ),
+        CopyStart::From(from) => (Some(open(from.max(1))?), Vec::new(), false),
         CopyStart::Carried(c) => (Some(c.watch), c.found.into_iter().collect(), false),
-        CopyStart::Lost => (
-            Some(CopyWatch::open(
-                &writer.client,
-                prefix,
-                writer.peer_revision() + 1,
-                writer.own.clone(),
-            )?),
-            Vec::new(),
-            true,
-        ),
+        CopyStart::Lost => (Some(open(writer.peer_revision() + 1)?), Vec::new(), true),
     };
     let recount = if copy.is_some() {
         cfg.recount_interval
