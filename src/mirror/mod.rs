@@ -170,6 +170,7 @@ impl Engine {
             local.clone(),
             bytes::Bytes::from(cfg.source_id_key()),
             cfg.heartbeat_interval,
+            cfg.clock.unix_ms(),
         ));
         let mut tasks = Vec::new();
         let mut all_stats = Vec::new();

@@ -10,9 +10,15 @@
 //! as a small txn (1.9 ms against 1.75 ms), so at rest those reads were a
 //! third of what a mesh cost its etcds.
 //!
-//! So the peers' probes tick together, on instants aligned to the
-//! engine's start ([`Ticks::next_after`]), and the probes of one tick
-//! share one read ([`Ticks::read`]). Sharing must not weaken what a probe
+//! So the peers' probes tick together ([`Ticks::next_after`]), and the
+//! probes of one tick share one read ([`Ticks::read`]). The ticks fall on
+//! multiples of the period in Unix time, so the engines of different
+//! regions tick together too, as far as their clocks agree: a peer's etcd
+//! then gets the heartbeat txns of all the copies it holds within a few
+//! milliseconds, where it can commit them together, rather than spread
+//! over the period. A clock that is off only moves an engine's ticks
+//! (staleness is dated by the monotonic clock and the heartbeat never
+//! ahead of the wall clock: `live/fresh.rs`, `state.rs`). Sharing must not weaken what a probe
 //! proves: a probe taken at instant T needs the source's revision as of T
 //! *or later*, so a probe joins only a read that has not yet been sent.
 //! The first probe of a tick opens a round and sends its read
@@ -65,13 +71,17 @@ impl std::fmt::Debug for Ticks {
 }
 
 impl Ticks {
-    /// Ticks every `period` from now; reads `key` in `local`.
-    pub(crate) fn new(local: Store, key: Bytes, period: Duration) -> Ticks {
+    /// Ticks every `period`, at multiples of it in Unix time as
+    /// `unix_ms` (the wall clock now) tells it; reads `key` in `local`.
+    pub(crate) fn new(local: Store, key: Bytes, period: Duration, unix_ms: i64) -> Ticks {
+        let period = period.max(Duration::from_millis(1));
+        let now = Instant::now();
+        let into = unix_ms.rem_euclid(period.as_millis().max(1) as i64) as u64;
         Ticks {
             local,
             key,
-            epoch: Instant::now(),
-            period: period.max(Duration::from_millis(1)),
+            epoch: now.checked_sub(Duration::from_millis(into)).unwrap_or(now),
+            period,
             round: Mutex::new(None),
         }
     }

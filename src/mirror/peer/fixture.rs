@@ -306,6 +306,7 @@ pub(crate) fn rig(
                 store(&source, None, &source_ranges),
                 Bytes::from(source_id_key),
                 heartbeat,
+                NOW_MS,
             )),
         },
     );

@@ -395,7 +395,9 @@ mod tests {
     use super::super::fixture::{HOLDER, Held, NOW_MS, PEER_CLUSTER, Rig, TTL, predecessor, rig};
     use super::*;
     use crate::etcd::{Delete, Header, Put, Range};
+    use crate::mirror::live::tick::Ticks;
     use crate::mirror::state::State;
+    use bytes::Bytes;
 
     #[test]
     fn classify_counts_each_session_ending_error_in_its_class() {
@@ -572,6 +574,26 @@ mod tests {
         assert_eq!(current, 10, "the copy read current at each heartbeat");
         assert!(txns >= 9, "{txns} heartbeat txns in 10 heartbeats");
         assert_eq!(reads, 0, "the peer was read {reads} times at rest");
+    }
+
+    /// Ticks fall on multiples of the heartbeat in Unix time, so engines
+    /// whose clocks agree tick together whenever each started.
+    #[tokio::test(start_paused = true)]
+    async fn ticks_fall_on_multiples_of_the_period_in_unix_time() {
+        let (peer, _rig) = rig(|c| c, ModelConfig::default());
+        let period = Duration::from_secs(5);
+        let store = peer.local.clone();
+        let key = Bytes::from_static(b"/id");
+        let t0 = tokio::time::Instant::now();
+        // Started 1.2 s into a period, by a clock at a multiple.
+        let ticks = Ticks::new(store.clone(), key.clone(), period, 1_800_000_001_200);
+        assert_eq!(ticks.next_after(t0), t0 + Duration::from_millis(3_800));
+        let later = t0 + Duration::from_millis(3_800);
+        assert_eq!(ticks.next_after(later), later + period);
+        // Another engine, started 2.5 s later by the same clock.
+        tokio::time::advance(Duration::from_millis(2_500)).await;
+        let other = Ticks::new(store, key, period, 1_800_000_003_700);
+        assert_eq!(other.next_after(t0 + Duration::from_millis(2_500)), later);
     }
 
     /// The probes of one tick share one read of the source; a probe taken
