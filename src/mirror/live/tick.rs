@@ -5,20 +5,21 @@
 //! revision (and its id key: `live/source.rs`). An engine mirrors one
 //! source to every peer region, so with one read per probe the source's
 //! etcd answered as many reads a heartbeat as there are peers, all of the
-//! same key. Measured on etcd 3.4.23 with a million keys (`GOGC=25`, as
-//! the ten-region mesh runs), a one-key read costs etcd about as much CPU
-//! as a small txn (1.9 ms against 1.75 ms), so at rest those reads were a
-//! third of what a mesh cost its etcds.
+//! same key: in the ten-region mesh, 1.8 of the 6.5 requests a second each
+//! etcd answered at rest. Measured on etcd 3.4.23 alone with a million
+//! keys (`GOGC=25`, as that mesh runs), a one-key read costs etcd about as
+//! much CPU as a small txn (1.9 ms against 1.75 ms).
 //!
 //! So the peers' probes tick together ([`Ticks::next_after`]), and the
 //! probes of one tick share one read ([`Ticks::read`]). The ticks fall on
 //! multiples of the period in Unix time, so the engines of different
 //! regions tick together too, as far as their clocks agree: a peer's etcd
 //! then gets the heartbeat txns of all the copies it holds within a few
-//! milliseconds, where it can commit them together, rather than spread
-//! over the period. A clock that is off only moves an engine's ticks
-//! (staleness is dated by the monotonic clock and the heartbeat never
-//! ahead of the wall clock: `live/fresh.rs`, `state.rs`). Sharing must not weaken what a probe
+//! milliseconds, and syncs them to its log in fewer writes (about two
+//! heartbeats per sync in that mesh, docs/benchmarks-log.md §10). A clock that is off only moves an
+//! engine's ticks (staleness is dated by the monotonic clock, and the
+//! heartbeat is never ahead of the wall clock: `live/fresh.rs`,
+//! `state.rs`). Sharing must not weaken what a probe
 //! proves: a probe taken at instant T needs the source's revision as of T
 //! *or later*, so a probe joins only a read that has not yet been sent.
 //! The first probe of a tick opens a round and sends its read
