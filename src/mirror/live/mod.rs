@@ -4,11 +4,9 @@
 //! ([`self::batch`]) and sent through the send pipeline
 //! ([`super::send`]), several in flight; the in-flight window
 //! ([`self::inflight`]) keeps per-key order and the contiguous watermark
-//! that the state key records. Every heartbeat a freshness probe reads the
-//! source (one read for all the engine's peers, [`self::tick`]) and, when
-//! no txn's answer has vouched for it since the last probe, the peer: their
-//! identity, and whether the peer holds everything through the source's
-//! revision (staleness, the heartbeat in the state key). The
+//! that the state key records. Every heartbeat a freshness probe reads both
+//! stores: their identity, and whether the peer holds everything through
+//! the source's revision (staleness, the heartbeat in the state key). The
 //! verification pass ([`super::verify`]) and the re-probe of lowered txn
 //! limits ([`super::send::limits`]) run beside it.
 
@@ -17,7 +15,6 @@ pub(crate) mod copy;
 mod fresh;
 mod inflight;
 pub(crate) mod source;
-pub(crate) mod tick;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -35,7 +32,6 @@ use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
 pub(crate) use self::source::Opened;
 use self::source::{Continuity, open_watch};
-use self::tick::Ticks;
 use super::config::MirrorConfig;
 use super::count::{self, CountSplits};
 use super::send::limits::ProbeResult;
@@ -45,7 +41,7 @@ use super::state::{self, Stored};
 use super::stats::VerifySkip;
 use super::verify::{self, VerifySchedule};
 use crate::error::{Error, Result};
-use crate::etcd::{self, Header, LeaseStatus};
+use crate::etcd::{self, Header, LeaseStatus, Range};
 use crate::store::{Store, WatchEvents, WatchHealth};
 
 /// What a live phase borrows from its peer's task for its length.
@@ -54,8 +50,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) cfg: &'a MirrorConfig,
     pub(crate) local: &'a Store,
     pub(crate) prefix: &'a Bytes,
-    /// The engine's probe clock and shared source read.
-    pub(crate) ticks: &'a Ticks,
+    pub(crate) source_id_key: &'a Bytes,
     /// What is learnt about the link: it outlives the phase.
     pub(crate) link: &'a mut Link,
     pub(crate) verify: &'a mut VerifySchedule,
@@ -79,7 +74,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         cfg,
         local,
         prefix,
-        ticks,
+        source_id_key,
         link,
         verify,
         splits,
@@ -132,7 +127,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         cfg,
         local,
         prefix,
-        ticks,
+        source_id_key,
         continuity,
         health,
         batcher: Batcher::new(link.limits.current(), writer.lease_id()),
@@ -148,8 +143,6 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         fresh,
         lease_status,
         heartbeat_dirty: false,
-        answered: 0,
-        answered_at_probe: 0,
         copy,
         to_repair: copy::Pending::new(),
         repair_reading: HashSet::new(),
@@ -201,9 +194,8 @@ struct ProbeRead {
     /// The source's key count at `applied` (`None`: compacted, or nothing
     /// applied yet).
     source_count: Option<i64>,
-    /// The peer's state key and the header it was read with (`None`: not
-    /// read, see [`Live::probe_read`]).
-    peer: Option<(Stored, Header)>,
+    stored: Stored,
+    peer: Header,
     /// The copy's key count on the peer, read with the state key (`None`:
     /// this probe did not count, see [`count::Cadence`]).
     peer_count: Option<i64>,
@@ -222,7 +214,7 @@ struct Live<'a> {
     cfg: &'a MirrorConfig,
     local: &'a Store,
     prefix: &'a Bytes,
-    ticks: &'a Ticks,
+    source_id_key: &'a Bytes,
     /// The watch's stream, for whether it is connected.
     health: Box<dyn WatchHealth>,
     /// Whether the source is still the history the copy came from, checked
@@ -266,10 +258,6 @@ struct Live<'a> {
     repair_seqs: HashSet<u64>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
-    /// Txns of ours the peer answered in this phase, and how many had
-    /// been when the last probe went out (see [`Live::probe_read`]).
-    answered: u64,
-    answered_at_probe: u64,
 }
 
 impl<'a> Live<'a> {
@@ -284,9 +272,8 @@ impl<'a> Live<'a> {
         mut watcher: Box<dyn WatchEvents>,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        // The first probe at once; then on the engine's ticks, which its
-        // other peers share (`live/tick.rs`).
-        let mut probe_at = Instant::now();
+        let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
         let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
         let mut repairing: Option<BoxFuture<'a, Result<copy::Plan>>> = None;
@@ -314,7 +301,7 @@ impl<'a> Live<'a> {
                 msg = async { self.copy.as_mut().expect("guarded").next().await }, if self.copy.is_some() => {
                     if self.copy_event(msg)? {
                         // Re-armed after a gap: count at once.
-                        probe_at = Instant::now();
+                        tick.reset_immediately();
                     }
                     self.judge_copy()?;
                 }
@@ -358,11 +345,10 @@ impl<'a> Live<'a> {
                         self.inflight.watermark(),
                     )));
                 }
-                _ = tokio::time::sleep_until(probe_at), if probing.is_none() => {
-                    let now = Instant::now();
-                    probe_at = self.ticks.next_after(now);
+                _ = tick.tick(), if probing.is_none() => {
                     self.check_stale()?;
                     probing = Some(self.probe_read());
+                    let now = Instant::now();
                     if reprobing.is_none() && self.pipeline.link().limits.reprobe_due(now) {
                         let prober = self.pipeline.prober();
                         reprobing = Some(Box::pin(self.pipeline.link().limits.reprobe(now, prober)));
@@ -387,20 +373,7 @@ impl<'a> Live<'a> {
 
     /// Reads the source's revision and the peer's state key, for identity
     /// and freshness.
-    ///
-    /// The peer is read only when the probe counts the copy, or when no
-    /// txn of ours was answered since the last probe went out. Otherwise
-    /// that answer already checked what the read would: the fence held
-    /// (the claim is ours), the peer is the same cluster, and its revision
-    /// had not gone below one a txn of ours committed at (the pipeline
-    /// checks each answer against the mark when it was sent). At rest a
-    /// copy's heartbeat is such a txn every heartbeat, so a settled mesh
-    /// reads its peers only to count them: per copy and heartbeat one txn
-    /// instead of a txn and a read, on etcds where each costs about the
-    /// same (`live/tick.rs`). Rule 4 of `live/fresh.rs` then has no peer
-    /// revision after the probe to bound the unjudged events by, and
-    /// takes any as holding the probe.
-    fn probe_read(&mut self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
+    fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
         let sent = self.fresh.send(
             Instant::now(),
             self.health.reconnects(),
@@ -409,8 +382,6 @@ impl<'a> Live<'a> {
                 .map_or(self.launched_ops, |l| l.before),
             self.settled_ahead.above(self.inflight.watermark()),
         );
-        let read_peer = sent.counting || self.answered == self.answered_at_probe;
-        self.answered_at_probe = self.answered;
         let floor = self.writer.peer_revision();
         // Read before the source is: the source's revision can be no lower.
         // The watermark as it is when the read completes is no bound at
@@ -418,7 +389,7 @@ impl<'a> Live<'a> {
         let applied = self.inflight.watermark();
         let local = self.local;
         let prefix = self.prefix.clone();
-        let ticks = self.ticks;
+        let id_key = self.source_id_key.clone();
         let anchor = self.continuity.read(local, self.health.reconnects());
         let writer = self.writer;
         // Counted in pieces, never in one walk of the whole subtree: etcd
@@ -440,13 +411,14 @@ impl<'a> Live<'a> {
                     Err(e) => Err(e),
                 }
             };
-            let (id, source_pieces, anchor) = tokio::join!(ticks.read(), counted, anchor);
+            let (id, source_pieces, anchor) =
+                tokio::join!(local.range(Range::key(id_key)), counted, anchor);
             let id = id?;
             let source_pieces = source_pieces?;
             let source_count = source_pieces.as_ref().map(|each| each.iter().sum());
             let source_id = id.kvs().first().and_then(|kv| state::parse_id(kv.value()));
             let source = id.header;
-            let (peer, peer_count) = if counting {
+            let (stored, peer, peer_count) = if counting {
                 let (stored, peer, n, _) = count::read_state_with_count(
                     &writer.client,
                     &writer.state_key,
@@ -455,12 +427,10 @@ impl<'a> Live<'a> {
                     max_ops,
                 )
                 .await?;
-                (Some((stored, peer)), Some(n))
-            } else if read_peer {
-                let read = count::read_state(&writer.client, &writer.state_key).await?;
-                (Some(read), None)
+                (stored, peer, Some(n))
             } else {
-                (None, None)
+                let (stored, peer) = count::read_state(&writer.client, &writer.state_key).await?;
+                (stored, peer, None)
             };
             Ok(ProbeRead {
                 bounds,
@@ -469,6 +439,7 @@ impl<'a> Live<'a> {
                 source,
                 source_id,
                 source_count,
+                stored,
                 peer,
                 peer_count,
                 floor,
@@ -484,11 +455,9 @@ impl<'a> Live<'a> {
         let w = self.writer;
         let (now, id) = (&read.source, read.source_id);
         (self.continuity).judge(w, now, read.applied, id, read.anchor)?;
-        if let Some((stored, peer)) = &read.peer {
-            w.check_peer_read(peer, read.floor)?;
-            if stored.create_revision != w.fence {
-                return Err(w.lost_claim(stored));
-            }
+        w.check_peer_read(&read.peer, read.floor)?;
+        if read.stored.create_revision != w.fence {
+            return Err(w.lost_claim(&read.stored));
         }
         if let Some(each) = &read.source_pieces {
             w.stats.count_pieces.store(each.len() as u64, Relaxed);
@@ -500,7 +469,7 @@ impl<'a> Live<'a> {
         let fresh = fresh::Read {
             source_revision: read.source.revision,
             source_member: read.source.member_id,
-            peer_revision: read.peer.as_ref().map_or(i64::MAX, |(_, h)| h.revision),
+            peer_revision: read.peer.revision,
             applied: read.applied,
             counts: read.source_count.zip(read.peer_count),
             oversized: w.oversized_count() as i64,
@@ -737,7 +706,6 @@ impl<'a> Live<'a> {
     /// Books one finished txn: stats, the contiguous watermark, errors.
     async fn complete(&mut self, done: Done<(u64, Batch)>) -> Result<()> {
         let (seq, batch) = self.pipeline.settle(done).await?;
-        self.answered += 1;
         self.inflight.release(&batch.keys);
         let keys_written = batch.keys.len() as u64;
         // A refusal may have lowered the limits: pack for them from now.
