@@ -354,9 +354,16 @@ pub(crate) async fn start_synced(
         cfg.clone(),
     )
     .expect("engine");
-    tokio::time::timeout(CONVERGE, engine.wait_synced())
+    if tokio::time::timeout(CONVERGE, engine.wait_synced())
         .await
-        .expect("engine synced");
+        .is_err()
+    {
+        let seen: Vec<String> = engine.stats().iter().map(|s| saw(s)).collect();
+        panic!(
+            "the engine was not synced within {CONVERGE:?}: {}",
+            seen.join("; ")
+        );
+    }
     converged(src, observe, cfg).await;
     engine
 }
