@@ -164,6 +164,14 @@ impl Engine {
         // Shared by every peer: a sync takes a slot before it pins the
         // source and gives it back when it completes or is dropped.
         let sync_slots = Arc::new(tokio::sync::Semaphore::new(cfg.max_concurrent_syncs));
+        // Shared by every peer: their probes tick together and share one
+        // read of the source (`live/tick.rs`).
+        let ticks = Arc::new(live::tick::Ticks::new(
+            local.clone(),
+            bytes::Bytes::from(cfg.source_id_key()),
+            cfg.heartbeat_interval,
+            cfg.clock.unix_ms(),
+        ));
         let mut tasks = Vec::new();
         let mut all_stats = Vec::new();
         for (region, client, stats) in peers {
@@ -188,6 +196,7 @@ impl Engine {
                     cancel: cancel.child_token(),
                     pause: pause.clone(),
                     sync_slots: sync_slots.clone(),
+                    ticks: ticks.clone(),
                 },
             );
             let fenced_tx = fenced_tx.clone();

@@ -5,8 +5,9 @@
 //! ([`super::send`]), several in flight; the in-flight window
 //! ([`self::inflight`]) keeps per-key order and the contiguous watermark
 //! that the state key records. Every heartbeat a freshness probe reads both
-//! stores: their identity, and whether the peer holds everything through
-//! the source's revision (staleness, the heartbeat in the state key). The
+//! stores (the source once for all the engine's peers, [`self::tick`]):
+//! their identity, and whether the peer holds everything through the
+//! source's revision (staleness, the heartbeat in the state key). The
 //! verification pass ([`super::verify`]) and the re-probe of lowered txn
 //! limits ([`super::send::limits`]) run beside it.
 
@@ -15,6 +16,7 @@ pub(crate) mod copy;
 mod fresh;
 mod inflight;
 pub(crate) mod source;
+pub(crate) mod tick;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -32,6 +34,7 @@ use self::fresh::Freshness;
 use self::inflight::{Ahead, Launched, Sequencer};
 pub(crate) use self::source::Opened;
 use self::source::{Continuity, open_watch};
+use self::tick::Ticks;
 use super::config::MirrorConfig;
 use super::count::{self, CountSplits};
 use super::send::limits::ProbeResult;
@@ -41,7 +44,7 @@ use super::state::{self, Stored};
 use super::stats::VerifySkip;
 use super::verify::{self, VerifySchedule};
 use crate::error::{Error, Result};
-use crate::etcd::{self, Header, LeaseStatus, Range};
+use crate::etcd::{self, Header, LeaseStatus};
 use crate::store::{Store, WatchEvents, WatchHealth};
 
 /// What a live phase borrows from its peer's task for its length.
@@ -50,7 +53,8 @@ pub(crate) struct Parts<'a> {
     pub(crate) cfg: &'a MirrorConfig,
     pub(crate) local: &'a Store,
     pub(crate) prefix: &'a Bytes,
-    pub(crate) source_id_key: &'a Bytes,
+    /// The engine's probe clock and shared source read.
+    pub(crate) ticks: &'a Ticks,
     /// What is learnt about the link: it outlives the phase.
     pub(crate) link: &'a mut Link,
     pub(crate) verify: &'a mut VerifySchedule,
@@ -74,7 +78,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         cfg,
         local,
         prefix,
-        source_id_key,
+        ticks,
         link,
         verify,
         splits,
@@ -127,7 +131,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         cfg,
         local,
         prefix,
-        source_id_key,
+        ticks,
         continuity,
         health,
         batcher: Batcher::new(link.limits.current(), writer.lease_id()),
@@ -214,7 +218,7 @@ struct Live<'a> {
     cfg: &'a MirrorConfig,
     local: &'a Store,
     prefix: &'a Bytes,
-    source_id_key: &'a Bytes,
+    ticks: &'a Ticks,
     /// The watch's stream, for whether it is connected.
     health: Box<dyn WatchHealth>,
     /// Whether the source is still the history the copy came from, checked
@@ -272,8 +276,9 @@ impl<'a> Live<'a> {
         mut watcher: Box<dyn WatchEvents>,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        let mut tick = tokio::time::interval(self.cfg.heartbeat_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first probe at once; then on the engine's ticks, which its
+        // other peers share (`live/tick.rs`).
+        let mut probe_at = Instant::now();
         let mut probing: Option<BoxFuture<'a, etcd::Result<ProbeRead>>> = None;
         let mut verifying: Option<BoxFuture<'a, Result<verify::Report>>> = None;
         let mut repairing: Option<BoxFuture<'a, Result<copy::Plan>>> = None;
@@ -301,7 +306,7 @@ impl<'a> Live<'a> {
                 msg = async { self.copy.as_mut().expect("guarded").next().await }, if self.copy.is_some() => {
                     if self.copy_event(msg)? {
                         // Re-armed after a gap: count at once.
-                        tick.reset_immediately();
+                        probe_at = Instant::now();
                     }
                     self.judge_copy()?;
                 }
@@ -345,10 +350,11 @@ impl<'a> Live<'a> {
                         self.inflight.watermark(),
                     )));
                 }
-                _ = tick.tick(), if probing.is_none() => {
+                _ = tokio::time::sleep_until(probe_at), if probing.is_none() => {
+                    let now = Instant::now();
+                    probe_at = self.ticks.next_after(now);
                     self.check_stale()?;
                     probing = Some(self.probe_read());
-                    let now = Instant::now();
                     if reprobing.is_none() && self.pipeline.link().limits.reprobe_due(now) {
                         let prober = self.pipeline.prober();
                         reprobing = Some(Box::pin(self.pipeline.link().limits.reprobe(now, prober)));
@@ -371,8 +377,9 @@ impl<'a> Live<'a> {
         }
     }
 
-    /// Reads the source's revision and the peer's state key, for identity
-    /// and freshness.
+    /// Reads the source's revision (shared with the engine's other
+    /// probes of this tick) and the peer's state key, for identity and
+    /// freshness.
     fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
         let sent = self.fresh.send(
             Instant::now(),
@@ -389,7 +396,7 @@ impl<'a> Live<'a> {
         let applied = self.inflight.watermark();
         let local = self.local;
         let prefix = self.prefix.clone();
-        let id_key = self.source_id_key.clone();
+        let ticks = self.ticks;
         let anchor = self.continuity.read(local, self.health.reconnects());
         let writer = self.writer;
         // Counted in pieces, never in one walk of the whole subtree: etcd
@@ -411,8 +418,7 @@ impl<'a> Live<'a> {
                     Err(e) => Err(e),
                 }
             };
-            let (id, source_pieces, anchor) =
-                tokio::join!(local.range(Range::key(id_key)), counted, anchor);
+            let (id, source_pieces, anchor) = tokio::join!(ticks.read(), counted, anchor);
             let id = id?;
             let source_pieces = source_pieces?;
             let source_count = source_pieces.as_ref().map(|each| each.iter().sum());

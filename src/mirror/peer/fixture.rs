@@ -2,6 +2,7 @@
 //! tests: a source and a peer etcd of their own, a fixed wall clock and
 //! fixed ids, so that every claim decides the same way on every run.
 
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use crate::etcd::{
 };
 use crate::mirror::clock::Clock;
 use crate::mirror::config::MirrorConfig;
+use crate::mirror::live::tick::Ticks;
 use crate::mirror::state::State;
 use crate::mirror::stats::PeerStats;
 use crate::store::{Backend, Lease, Store, WatchEvents, WatchHealth};
@@ -46,6 +48,9 @@ struct KeptAlive {
     kept: KeptAlives,
     /// The peer's only.
     lease_calls: Option<LeaseCalls>,
+    /// Single reads asked of this store (not scans, not txns): the
+    /// source's only.
+    ranges: Option<Arc<AtomicU64>>,
 }
 
 impl KeptAlive {
@@ -112,6 +117,9 @@ impl Lease for Held {
 
 impl Backend for KeptAlive {
     fn range(&self, req: Range) -> BoxFuture<'_, etcd::Result<RangeResponse>> {
+        if let Some(n) = &self.ranges {
+            n.fetch_add(1, SeqCst);
+        }
         Box::pin(self.store.range(req))
     }
 
@@ -172,10 +180,13 @@ impl Backend for KeptAlive {
 pub(crate) struct Rig {
     pub(crate) source_cluster: Cluster,
     pub(crate) source: model::Client,
+    pub(crate) peer_cluster: Cluster,
     pub(crate) peer: model::Client,
     pub(crate) state_key: String,
     kept: KeptAlives,
     pub(crate) lease_calls: LeaseCalls,
+    /// Single reads the task asked of the source.
+    pub(crate) source_ranges: Arc<AtomicU64>,
 }
 
 impl Rig {
@@ -259,7 +270,8 @@ pub(crate) fn rig(
 ) -> (Peer, Rig) {
     let source_cluster = Cluster::new(ModelConfig::default().with_cluster_id(SOURCE_CLUSTER));
     let source = source_cluster.client(0);
-    let peer_model = Cluster::new(peer.with_cluster_id(PEER_CLUSTER)).client(0);
+    let peer_cluster = Cluster::new(peer.with_cluster_id(PEER_CLUSTER));
+    let peer_model = peer_cluster.client(0);
     let base = MirrorConfig {
         lease_ttl: TTL,
         clock: Clock::supplied(|| NOW_MS, || SOURCE_ID),
@@ -268,19 +280,24 @@ pub(crate) fn rig(
     let cfg = cfg(base);
     let kept = KeptAlives::default();
     let lease_calls = LeaseCalls::default();
-    let store = |model: &model::Client, lease_calls: Option<LeaseCalls>| {
+    let source_ranges = Arc::<AtomicU64>::default();
+    let store = |model: &model::Client,
+                 lease_calls: Option<LeaseCalls>,
+                 ranges: Option<&Arc<AtomicU64>>| {
         Store::new(KeptAlive {
             model: model.clone(),
             store: Store::new(model.clone()),
             kept: kept.clone(),
             lease_calls,
+            ranges: ranges.cloned(),
         })
     };
     let state_key = cfg.state_key();
+    let (source_id_key, heartbeat) = (cfg.source_id_key(), cfg.heartbeat_interval);
     let task = Peer::new(
         "b".into(),
-        store(&source, None),
-        store(&peer_model, Some(lease_calls.clone())),
+        store(&source, None, Some(&source_ranges)),
+        store(&peer_model, Some(lease_calls.clone()), None),
         Arc::new(cfg),
         Arc::new(PeerStats::new("b")),
         HOLDER,
@@ -288,15 +305,23 @@ pub(crate) fn rig(
             cancel: CancellationToken::new(),
             pause: CancellationToken::new(),
             sync_slots: Arc::new(Semaphore::new(1)),
+            ticks: Arc::new(Ticks::new(
+                store(&source, None, Some(&source_ranges)),
+                Bytes::from(source_id_key),
+                heartbeat,
+                NOW_MS,
+            )),
         },
     );
     let rig = Rig {
         source_cluster,
         source,
+        peer_cluster,
         peer: peer_model,
         state_key,
         kept,
         lease_calls,
+        source_ranges,
     };
     (task, rig)
 }

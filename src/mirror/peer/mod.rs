@@ -21,6 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use super::config::MirrorConfig;
 use super::count::CountSplits;
 use super::live::source::Continuity;
+use super::live::tick::Ticks;
 use super::send::Link;
 use super::send::limits::Limits;
 use super::send::pacer::Pacer;
@@ -39,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) pause: CancellationToken,
     /// The engine's sync slots ([`MirrorConfig::max_concurrent_syncs`]).
     pub(crate) sync_slots: Arc<Semaphore>,
+    /// The engine's probe clock and the source read its probes share.
+    pub(crate) ticks: Arc<Ticks>,
 }
 
 /// One peer's replication task (see the module doc).
@@ -97,6 +100,8 @@ pub(crate) struct Peer {
     /// the next phase to check (a session that ends when the source's etcd
     /// restarts is followed by one that resumes).
     pub(crate) continuity: Continuity,
+    /// The engine's probe clock and shared source read.
+    pub(crate) ticks: Arc<Ticks>,
     /// Stops the release of the peer's read buffer after the last sync
     /// (`Peer::release_after_sync`) when dropped.
     pub(crate) releasing: Option<DropGuard>,
@@ -116,6 +121,7 @@ impl Peer {
             cancel,
             pause,
             sync_slots,
+            ticks,
         } = shared;
         // Staleness counts from this engine's start until a store says
         // better (a resumed state key's heartbeat, or a probe): counters
@@ -158,6 +164,7 @@ impl Peer {
             sync_slots,
             splits: CountSplits::default(),
             continuity: Continuity::default(),
+            ticks,
             releasing: None,
         }
     }

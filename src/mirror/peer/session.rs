@@ -371,7 +371,7 @@ impl Peer {
             cfg: &self.cfg,
             local: &self.local,
             prefix: &self.prefix,
-            source_id_key: &self.source_id_key,
+            ticks: &self.ticks,
             link: &mut self.link,
             verify: &mut self.verify,
             splits: &mut self.splits,
@@ -387,6 +387,7 @@ impl Peer {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering::{Relaxed, SeqCst};
     use std::time::Duration;
 
     use aether_etcd::model::ModelConfig;
@@ -394,7 +395,9 @@ mod tests {
     use super::super::fixture::{HOLDER, Held, NOW_MS, PEER_CLUSTER, Rig, TTL, predecessor, rig};
     use super::*;
     use crate::etcd::{Delete, Header, Put, Range};
+    use crate::mirror::live::tick::Ticks;
     use crate::mirror::state::State;
+    use bytes::Bytes;
 
     #[test]
     fn classify_counts_each_session_ending_error_in_its_class() {
@@ -526,6 +529,74 @@ mod tests {
         assert_eq!(stats.resyncs(ResyncReason::Initial), 0);
         assert!(peer.writer.peer_revision() < 1_000);
         assert_eq!(rig.state().await.unwrap().holder, HOLDER);
+    }
+
+    /// Ticks fall on multiples of the heartbeat in Unix time, so engines
+    /// whose clocks agree tick together whenever each started.
+    #[tokio::test(start_paused = true)]
+    async fn ticks_fall_on_multiples_of_the_period_in_unix_time() {
+        let (peer, _rig) = rig(|c| c, ModelConfig::default());
+        let period = Duration::from_secs(5);
+        let store = peer.local.clone();
+        let key = Bytes::from_static(b"/id");
+        let t0 = tokio::time::Instant::now();
+        // Started 1.2 s into a period, by a clock at a multiple.
+        let ticks = Ticks::new(store.clone(), key.clone(), period, 1_800_000_001_200);
+        assert_eq!(ticks.next_after(t0), t0 + Duration::from_millis(3_800));
+        let later = t0 + Duration::from_millis(3_800);
+        assert_eq!(ticks.next_after(later), later + period);
+        // Another engine, started 2.5 s later by the same clock.
+        tokio::time::advance(Duration::from_millis(2_500)).await;
+        let other = Ticks::new(store, key, period, 1_800_000_003_700);
+        assert_eq!(other.next_after(t0 + Duration::from_millis(2_500)), later);
+    }
+
+    /// The probes of one tick share one read of the source; a probe taken
+    /// once that read has gone reads again.
+    #[tokio::test(start_paused = true)]
+    async fn probes_taken_together_share_one_source_read() {
+        let (peer, rig) = rig(|c| c, ModelConfig::default());
+        let ticks = peer.ticks.clone();
+        let reads = || rig.source_ranges.load(SeqCst);
+        let (a, b, c) = tokio::join!(ticks.read(), ticks.read(), ticks.read());
+        let revisions = [a, b, c].map(|r| r.unwrap().header.revision);
+        assert_eq!(reads(), 1, "three probes of one tick");
+        assert_eq!(revisions, [revisions[0]; 3]);
+        rig.write_source(1).await;
+        let later = ticks.read().await.unwrap();
+        assert_eq!(reads(), 2, "a probe after the read went");
+        assert_eq!(later.header.revision, revisions[0] + 1);
+    }
+
+    /// The peer was restored from an older snapshot while the copy was
+    /// live, with the fence still in place (the snapshot holds our claim):
+    /// the session ends (the model ends the copy watch; a real etcd
+    /// restarted from the snapshot lets a watch resume, and the next
+    /// probe's read, below a revision a txn of ours committed at, ends it)
+    /// and the next claim re-syncs as `PeerChanged`, putting back what the
+    /// peer lost.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_restored_under_a_live_copy_is_resynced_as_peer_changed() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let prefix = peer.cfg.prefix();
+        rig.fill_source(&prefix, 10).await;
+        let stop = peer.cancel.clone();
+        let (ended, ()) = tokio::join!(peer.replicate(), async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let older = rig.peer_cluster.snapshot();
+            rig.fill_source(&format!("{prefix}new"), 5).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            rig.peer_cluster.restore(&older);
+            rig.write_source(0).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            stop.cancel();
+        });
+        ended.unwrap();
+        let stats = peer.stats();
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(stats.resyncs(ResyncReason::PeerChanged), 1);
+        let copy = rig.peer.range(Range::prefix(prefix)).await.unwrap();
+        assert_eq!(copy.kvs().len(), 15, "the re-sync put back what was lost");
     }
 
     /// The lease ran out on the peer (its keys went with it) and the
