@@ -93,10 +93,13 @@ pub const DEFAULT_LIMIT_REPROBE: Duration = Duration::from_secs(60);
 pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(3600);
 /// Default interval of the backstop count: how often, at most, the probe
 /// compares the copy's key count with the source's once a count matched
-/// and the copy watch sees every change (`live/copy.rs`). A few minutes:
-/// the count only re-checks what the watch already saw, and each count
-/// walks the subtree on both etcds.
-pub const DEFAULT_RECOUNT_INTERVAL: Duration = Duration::from_secs(180);
+/// and the copy watch sees every change (`live/copy.rs`). Ten minutes: the
+/// count only re-checks what the watch already saw (a watch that had to
+/// be re-armed brings a count at once), and each count walks the subtree
+/// on both etcds. At three minutes the counts were a third of what ten
+/// regions of 100k keys cost their etcds at rest (docs/benchmarks-log.md
+/// §10).
+pub const DEFAULT_RECOUNT_INTERVAL: Duration = Duration::from_secs(600);
 /// Default pace of the verification pass, in keys read per second per
 /// peer: about a tenth of what one range-diff sync reads, so the pass never
 /// starves the peer's own writers.

@@ -26,7 +26,7 @@
 //! How often: at the start of every session, then as a backstop to the
 //! copy watch (`live/copy.rs`), which sees every change to the copy as it
 //! happens: no more often than every
-//! [`crate::mirror::MirrorConfig::recount_interval`] (3 minutes), and at
+//! [`crate::mirror::MirrorConfig::recount_interval`] (10 minutes), and at
 //! once when the copy watch had to be re-armed after a gap. Without the
 //! copy watch the count is the first line: every heartbeat while the
 //! subtree holds up to [`KEYS_PER_HEARTBEAT`] keys, and every
