@@ -7,7 +7,7 @@
 //! `PROFILE` picks how the replicators run: `ci` (unset: the default) with
 //! short timers (lease 6 s, heartbeat 1 s, lapse after 30 s), or `default`
 //! with no tuning flag at all, the engine's defaults (lease 30 s,
-//! heartbeat 5 s, verification every hour, recount every 3 min). Both
+//! heartbeat 5 s, verification every hour, recount every 10 min). Both
 //! carry the 25,000-key copy of region b.
 //!
 //! A run passes only if it proved something: every kind of fault injected,

@@ -31,7 +31,7 @@ pub(crate) enum Profile {
     Ci,
     /// `PROFILE=default`: no tuning flag at all, the engine's defaults
     /// (lease TTL 30 s, heartbeat 5 s, lapse after 5 min, verification
-    /// every 10 min, recount every 3 min), as a deployment runs.
+    /// every hour, recount every 10 min), as a deployment runs.
     Default,
 }
 
