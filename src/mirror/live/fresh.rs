@@ -39,6 +39,8 @@
 //!    it vouches for nothing), and none is taken until then. An event the
 //!    copy watch holds unjudged (a txn of ours in flight when it arrived
 //!    may yet explain it) at or below the peer revision the probe read
+//!    (any such event, if the probe did not read the peer: a txn's answer
+//!    since the last probe vouched for the peer, see `Live::probe_read`)
 //!    holds the probe until it is judged: it may be the change. A copy
 //!    watch the peer compacted past missed part of the copy's history: an
 //!    edit in that gap only a comparison of every value can see (a count
@@ -142,7 +144,8 @@ pub(crate) struct Read {
     pub(crate) source_revision: i64,
     /// The member that served it.
     pub(crate) source_member: u64,
-    /// The peer's revision when the copy was read.
+    /// The peer's revision when the copy was read (`i64::MAX`: the probe
+    /// did not read the peer).
     pub(crate) peer_revision: i64,
     /// The watermark when the probe was sent, before the source was read.
     pub(crate) applied: i64,
@@ -691,6 +694,29 @@ mod tests {
         assert_eq!(f.decide(holding), Decision::default());
         f.out_of_band();
         assert_eq!(f.decide(now(t0, Duration::ZERO, 20)), Decision::default());
+    }
+
+    /// A probe that did not read the peer has no revision of it to bound
+    /// the unjudged events by: any of them holds it.
+    #[test]
+    fn a_probe_that_did_not_read_the_peer_is_held_by_any_unjudged_event() {
+        let t0 = Instant::now();
+        let mut f = Freshness::new(HB, TTL, 0, Duration::from_secs(60));
+        probed(&mut f, t0, Some((100, 100)));
+        assert!(f.decide(now(t0, Duration::ZERO, 20)).current_at.is_some());
+        let sent = f.send(t0, 0, 0, 0);
+        assert!(!sent.counting);
+        let unread = Read {
+            peer_revision: i64::MAX,
+            ..read(20, None)
+        };
+        f.probed(sent, unread).unwrap();
+        let much_later = Now {
+            unjudged_from: Some(1 << 40),
+            ..now(t0, Duration::ZERO, 20)
+        };
+        assert_eq!(f.decide(much_later), Decision::default());
+        assert_eq!(f.decide(now(t0, Duration::ZERO, 20)).current_at, Some(t0));
     }
 
     #[test]

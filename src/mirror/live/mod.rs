@@ -4,10 +4,11 @@
 //! ([`self::batch`]) and sent through the send pipeline
 //! ([`super::send`]), several in flight; the in-flight window
 //! ([`self::inflight`]) keeps per-key order and the contiguous watermark
-//! that the state key records. Every heartbeat a freshness probe reads both
-//! stores (the source once for all the engine's peers, [`self::tick`]):
-//! their identity, and whether the peer holds everything through the
-//! source's revision (staleness, the heartbeat in the state key). The
+//! that the state key records. Every heartbeat a freshness probe reads the
+//! source (one read for all the engine's peers, [`self::tick`]) and, when
+//! no txn's answer has vouched for it since the last probe, the peer: their
+//! identity, and whether the peer holds everything through the source's
+//! revision (staleness, the heartbeat in the state key). The
 //! verification pass ([`super::verify`]) and the re-probe of lowered txn
 //! limits ([`super::send::limits`]) run beside it.
 
@@ -147,6 +148,8 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         fresh,
         lease_status,
         heartbeat_dirty: false,
+        answered: 0,
+        answered_at_probe: 0,
         copy,
         to_repair: copy::Pending::new(),
         repair_reading: HashSet::new(),
@@ -198,8 +201,9 @@ struct ProbeRead {
     /// The source's key count at `applied` (`None`: compacted, or nothing
     /// applied yet).
     source_count: Option<i64>,
-    stored: Stored,
-    peer: Header,
+    /// The peer's state key and the header it was read with (`None`: not
+    /// read, see [`Live::probe_read`]).
+    peer: Option<(Stored, Header)>,
     /// The copy's key count on the peer, read with the state key (`None`:
     /// this probe did not count, see [`count::Cadence`]).
     peer_count: Option<i64>,
@@ -262,6 +266,10 @@ struct Live<'a> {
     repair_seqs: HashSet<u64>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
+    /// Txns of ours the peer answered in this phase, and how many had
+    /// been when the last probe went out (see [`Live::probe_read`]).
+    answered: u64,
+    answered_at_probe: u64,
 }
 
 impl<'a> Live<'a> {
@@ -377,10 +385,22 @@ impl<'a> Live<'a> {
         }
     }
 
-    /// Reads the source's revision (shared with the engine's other
-    /// probes of this tick) and the peer's state key, for identity and
-    /// freshness.
-    fn probe_read(&self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
+    /// Reads the source's revision and the peer's state key, for identity
+    /// and freshness.
+    ///
+    /// The peer is read only when the probe counts the copy, or when no
+    /// txn of ours was answered since the last probe went out. Otherwise
+    /// that answer already checked what the read would: the fence held
+    /// (the claim is ours), the peer is the same cluster, and its revision
+    /// had not gone below one a txn of ours committed at (the pipeline
+    /// checks each answer against the mark when it was sent). At rest a
+    /// copy's heartbeat is such a txn every heartbeat, so a settled mesh
+    /// reads its peers only to count them: per copy and heartbeat one txn
+    /// instead of a txn and a read, on etcds where each costs about the
+    /// same (`live/tick.rs`). Rule 4 of `live/fresh.rs` then has no peer
+    /// revision after the probe to bound the unjudged events by, and
+    /// takes any as holding the probe.
+    fn probe_read(&mut self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
         let sent = self.fresh.send(
             Instant::now(),
             self.health.reconnects(),
@@ -389,6 +409,8 @@ impl<'a> Live<'a> {
                 .map_or(self.launched_ops, |l| l.before),
             self.settled_ahead.above(self.inflight.watermark()),
         );
+        let read_peer = sent.counting || self.answered == self.answered_at_probe;
+        self.answered_at_probe = self.answered;
         let floor = self.writer.peer_revision();
         // Read before the source is: the source's revision can be no lower.
         // The watermark as it is when the read completes is no bound at
@@ -424,7 +446,7 @@ impl<'a> Live<'a> {
             let source_count = source_pieces.as_ref().map(|each| each.iter().sum());
             let source_id = id.kvs().first().and_then(|kv| state::parse_id(kv.value()));
             let source = id.header;
-            let (stored, peer, peer_count) = if counting {
+            let (peer, peer_count) = if counting {
                 let (stored, peer, n, _) = count::read_state_with_count(
                     &writer.client,
                     &writer.state_key,
@@ -433,10 +455,12 @@ impl<'a> Live<'a> {
                     max_ops,
                 )
                 .await?;
-                (stored, peer, Some(n))
+                (Some((stored, peer)), Some(n))
+            } else if read_peer {
+                let read = count::read_state(&writer.client, &writer.state_key).await?;
+                (Some(read), None)
             } else {
-                let (stored, peer) = count::read_state(&writer.client, &writer.state_key).await?;
-                (stored, peer, None)
+                (None, None)
             };
             Ok(ProbeRead {
                 bounds,
@@ -445,7 +469,6 @@ impl<'a> Live<'a> {
                 source,
                 source_id,
                 source_count,
-                stored,
                 peer,
                 peer_count,
                 floor,
@@ -461,9 +484,11 @@ impl<'a> Live<'a> {
         let w = self.writer;
         let (now, id) = (&read.source, read.source_id);
         (self.continuity).judge(w, now, read.applied, id, read.anchor)?;
-        w.check_peer_read(&read.peer, read.floor)?;
-        if read.stored.create_revision != w.fence {
-            return Err(w.lost_claim(&read.stored));
+        if let Some((stored, peer)) = &read.peer {
+            w.check_peer_read(peer, read.floor)?;
+            if stored.create_revision != w.fence {
+                return Err(w.lost_claim(stored));
+            }
         }
         if let Some(each) = &read.source_pieces {
             w.stats.count_pieces.store(each.len() as u64, Relaxed);
@@ -475,7 +500,7 @@ impl<'a> Live<'a> {
         let fresh = fresh::Read {
             source_revision: read.source.revision,
             source_member: read.source.member_id,
-            peer_revision: read.peer.revision,
+            peer_revision: read.peer.as_ref().map_or(i64::MAX, |(_, h)| h.revision),
             applied: read.applied,
             counts: read.source_count.zip(read.peer_count),
             oversized: w.oversized_count() as i64,
@@ -712,6 +737,7 @@ impl<'a> Live<'a> {
     /// Books one finished txn: stats, the contiguous watermark, errors.
     async fn complete(&mut self, done: Done<(u64, Batch)>) -> Result<()> {
         let (seq, batch) = self.pipeline.settle(done).await?;
+        self.answered += 1;
         self.inflight.release(&batch.keys);
         let keys_written = batch.keys.len() as u64;
         // A refusal may have lowered the limits: pack for them from now.

@@ -48,9 +48,8 @@ struct KeptAlive {
     kept: KeptAlives,
     /// The peer's only.
     lease_calls: Option<LeaseCalls>,
-    /// Single reads asked of this store (not scans, not txns): the
-    /// source's only.
-    ranges: Option<Arc<AtomicU64>>,
+    /// Single reads asked of this store (not scans, not txns).
+    ranges: Arc<AtomicU64>,
 }
 
 impl KeptAlive {
@@ -117,9 +116,7 @@ impl Lease for Held {
 
 impl Backend for KeptAlive {
     fn range(&self, req: Range) -> BoxFuture<'_, etcd::Result<RangeResponse>> {
-        if let Some(n) = &self.ranges {
-            n.fetch_add(1, SeqCst);
-        }
+        self.ranges.fetch_add(1, SeqCst);
         Box::pin(self.store.range(req))
     }
 
@@ -185,8 +182,9 @@ pub(crate) struct Rig {
     pub(crate) state_key: String,
     kept: KeptAlives,
     pub(crate) lease_calls: LeaseCalls,
-    /// Single reads the task asked of the source.
+    /// Single reads the task asked of the source, and of the peer.
     pub(crate) source_ranges: Arc<AtomicU64>,
+    pub(crate) peer_ranges: Arc<AtomicU64>,
 }
 
 impl Rig {
@@ -280,24 +278,23 @@ pub(crate) fn rig(
     let cfg = cfg(base);
     let kept = KeptAlives::default();
     let lease_calls = LeaseCalls::default();
-    let source_ranges = Arc::<AtomicU64>::default();
-    let store = |model: &model::Client,
-                 lease_calls: Option<LeaseCalls>,
-                 ranges: Option<&Arc<AtomicU64>>| {
-        Store::new(KeptAlive {
-            model: model.clone(),
-            store: Store::new(model.clone()),
-            kept: kept.clone(),
-            lease_calls,
-            ranges: ranges.cloned(),
-        })
-    };
+    let (source_ranges, peer_ranges) = (Arc::default(), Arc::default());
+    let store =
+        |model: &model::Client, lease_calls: Option<LeaseCalls>, ranges: &Arc<AtomicU64>| {
+            Store::new(KeptAlive {
+                model: model.clone(),
+                store: Store::new(model.clone()),
+                kept: kept.clone(),
+                lease_calls,
+                ranges: ranges.clone(),
+            })
+        };
     let state_key = cfg.state_key();
     let (source_id_key, heartbeat) = (cfg.source_id_key(), cfg.heartbeat_interval);
     let task = Peer::new(
         "b".into(),
-        store(&source, None, Some(&source_ranges)),
-        store(&peer_model, Some(lease_calls.clone()), None),
+        store(&source, None, &source_ranges),
+        store(&peer_model, Some(lease_calls.clone()), &peer_ranges),
         Arc::new(cfg),
         Arc::new(PeerStats::new("b")),
         HOLDER,
@@ -306,7 +303,7 @@ pub(crate) fn rig(
             pause: CancellationToken::new(),
             sync_slots: Arc::new(Semaphore::new(1)),
             ticks: Arc::new(Ticks::new(
-                store(&source, None, Some(&source_ranges)),
+                store(&source, None, &source_ranges),
                 Bytes::from(source_id_key),
                 heartbeat,
                 NOW_MS,
@@ -322,6 +319,7 @@ pub(crate) fn rig(
         kept,
         lease_calls,
         source_ranges,
+        peer_ranges,
     };
     (task, rig)
 }

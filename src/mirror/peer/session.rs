@@ -531,6 +531,51 @@ mod tests {
         assert_eq!(rig.state().await.unwrap().holder, HOLDER);
     }
 
+    /// A settled copy at rest: every heartbeat its probe marks it current
+    /// and a txn writes the heartbeat, but the peer is not read: each
+    /// txn's answer already checked the claim and the peer's identity.
+    /// Only a count reads it (and there is none in this window).
+    #[tokio::test(start_paused = true)]
+    async fn at_rest_a_copys_probes_read_the_peer_only_to_count_it() {
+        // Ten heartbeats within one session: the rig's keep-alives keep
+        // nothing alive in the model, so a session lasts a lease TTL.
+        let hb = TTL / 20;
+        let (mut peer, rig) = rig(
+            |c| {
+                c.with_heartbeat_interval(hb)
+                    .with_recount_interval(Duration::from_secs(3_600))
+            },
+            ModelConfig::default(),
+        );
+        let prefix = peer.cfg.prefix();
+        rig.fill_source(&prefix, 10).await;
+        let stop = peer.cancel.clone();
+        let stats = peer.writer.stats.clone();
+        let (ended, (reads, txns, current)) = tokio::join!(peer.replicate(), async {
+            // Synced and counted.
+            tokio::time::sleep(hb * 2).await;
+            let before = (rig.peer_ranges.load(SeqCst), stats.txns.load(Relaxed));
+            let mut current = 0;
+            for _ in 0..10 {
+                tokio::time::sleep(hb).await;
+                current += u32::from(stats.staleness() < hb * 2);
+            }
+            let after = (rig.peer_ranges.load(SeqCst), stats.txns.load(Relaxed));
+            stop.cancel();
+            (after.0 - before.0, after.1 - before.1, current)
+        });
+        ended.unwrap();
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(
+            stats.errors(ErrorKind::LeaseLost),
+            0,
+            "one session throughout"
+        );
+        assert_eq!(current, 10, "the copy read current at each heartbeat");
+        assert!(txns >= 9, "{txns} heartbeat txns in 10 heartbeats");
+        assert_eq!(reads, 0, "the peer was read {reads} times at rest");
+    }
+
     /// Ticks fall on multiples of the heartbeat in Unix time, so engines
     /// whose clocks agree tick together whenever each started.
     #[tokio::test(start_paused = true)]
@@ -571,9 +616,9 @@ mod tests {
     /// The peer was restored from an older snapshot while the copy was
     /// live, with the fence still in place (the snapshot holds our claim):
     /// the session ends (the model ends the copy watch; a real etcd
-    /// restarted from the snapshot lets a watch resume, and the next
-    /// probe's read, below a revision a txn of ours committed at, ends it)
-    /// and the next claim re-syncs as `PeerChanged`, putting back what the
+    /// restarted from the snapshot lets a watch resume, and the next txn's
+    /// answer, below a revision of ours, ends it: the pipeline's test) and
+    /// the next claim re-syncs as `PeerChanged`, putting back what the
     /// peer lost.
     #[tokio::test(start_paused = true)]
     async fn a_peer_restored_under_a_live_copy_is_resynced_as_peer_changed() {

@@ -52,6 +52,9 @@ pub(crate) struct Done<T> {
     branch: usize,
     size: usize,
     sent: Instant,
+    /// The highest revision a txn of ours had committed at when this one
+    /// was sent: its answer can be no lower.
+    floor: i64,
     result: etcd::Result<TxnResponse>,
 }
 
@@ -123,6 +126,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         let (client, own) = (self.writer.client.clone(), self.writer.own.clone());
         self.bytes += bytes;
         let sent = Instant::now();
+        let floor = self.writer.peer_revision();
         self.txns.push(Box::pin(async move {
             let result = own.send(&client, txn).await;
             Done {
@@ -132,6 +136,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                 branch,
                 size,
                 sent,
+                floor,
                 result,
             }
         }));
@@ -160,7 +165,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         let now = Instant::now();
         match done.result {
             Ok(resp) => {
-                self.accepted(&resp, done.branch, done.size)?;
+                self.accepted(&resp, done.floor, done.branch, done.size)?;
                 self.writer.took(&done.ops);
                 let (ops, bytes) = (done.ops.len() as u64, done.bytes as u64);
                 if self.link.pacer.on_ack(now, now - done.sent, ops, bytes) {
@@ -183,12 +188,23 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         Ok(done.tag)
     }
 
-    /// Books a txn the peer answered: its compares held (else why not).
-    fn accepted(&mut self, resp: &TxnResponse, branch: usize, size: usize) -> Result<()> {
+    /// Books a txn the peer answered: its compares held (else why not),
+    /// and the peer is the store it was: no txn commits below one that
+    /// was answered before it was sent (`floor`), so an answer below it
+    /// is a peer restored from an older snapshot. The live loop's probe
+    /// relies on this check instead of reading the peer itself
+    /// (`live/mod.rs`, `Live::probe_read`).
+    fn accepted(
+        &mut self,
+        resp: &TxnResponse,
+        floor: i64,
+        branch: usize,
+        size: usize,
+    ) -> Result<()> {
         if !resp.succeeded {
             return Err(self.writer.fence_failure(resp));
         }
-        self.writer.check_peer(&resp.header)?;
+        self.writer.check_peer_read(&resp.header, floor)?;
         self.link.limits.accepted(branch, size);
         Ok(())
     }
@@ -218,9 +234,10 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
                     };
                     let txn = w.txn(ops.clone(), None);
                     let (branch, size) = (txn.success_len(), txn.encoded_len());
+                    let floor = w.peer_revision();
                     match w.own.send(&w.client, txn).await {
                         Ok(resp) => {
-                            self.accepted(&resp, branch, size)?;
+                            self.accepted(&resp, floor, branch, size)?;
                             w.took(&ops);
                             if let Some(key) = replaces {
                                 w.mark_oversized(key);
@@ -449,6 +466,20 @@ mod tests {
             !writer.is_oversized(b"k"),
             "a key the peer may hold is still taken as too large for it"
         );
+    }
+
+    /// A txn of ours answered below a revision an earlier one committed
+    /// at: the peer went back (restored from an older snapshot, with our
+    /// claim in it, so the fence still holds). The answer alone says so:
+    /// the live loop's probe relies on it instead of reading the peer.
+    #[tokio::test]
+    async fn an_answer_below_a_revision_of_ours_is_a_changed_peer() {
+        let (model, writer, mut link) = peer(ModelConfig::default());
+        let mut seen = model.range(Range::key("/")).await.unwrap().header;
+        seen.revision += 1_000;
+        writer.check_peer(&seen).unwrap();
+        let err = send_one(&writer, &mut link, puts(1)).await.unwrap_err();
+        assert!(matches!(err, Error::PeerChanged { .. }), "{err:?}");
     }
 
     /// A repair's guarded write is a nested txn: no key of its own to

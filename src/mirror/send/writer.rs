@@ -275,9 +275,11 @@ impl FencedWriter {
     }
 
     /// Checks a response header of the peer against what this engine knows
-    /// of it: the same cluster, and a revision no lower than one it has
-    /// already seen a txn commit at *before this call was sent*. Out of
-    /// order answers of pipelined txns are fine: each only raises the mark.
+    /// of it: the same cluster; and raises the mark of the highest
+    /// revision a txn of ours committed at. Out of order answers of
+    /// pipelined txns are fine: each only raises the mark. Whether the
+    /// answer is below the mark *as it was when the call was sent* is
+    /// [`FencedWriter::check_peer_read`]'s check.
     pub(crate) fn check_peer(&self, header: &Header) -> Result<()> {
         let known = self.peer_cluster.load(Relaxed);
         if known == 0 {
@@ -292,8 +294,9 @@ impl FencedWriter {
         Ok(())
     }
 
-    /// Checks a linearizable read of the peer made after `floor` was taken
-    /// from [`FencedWriter::peer_revision`]: it must not be below it.
+    /// Checks an answer of the peer (a linearizable read, or a txn) to a
+    /// call sent after `floor` was taken from
+    /// [`FencedWriter::peer_revision`]: it must not be below it.
     pub(crate) fn check_peer_read(&self, header: &Header, floor: i64) -> Result<()> {
         if header.revision < floor {
             return Err(Error::PeerChanged {
