@@ -354,7 +354,7 @@ fn status_reports_a_healthy_region_and_a_broken_one() {
     assert_eq!(peer["problems"], serde_json::json!([]));
 
     // A peer nobody answers for: exit 1, the reason on its row only.
-    let dead = common::replicator::free_addr();
+    let dead = common::replicator::dead_addr();
     let (code, out, err) =
         status(&[a_args.clone(), vec![format!("--peer-etcd=c=http://{dead}")]].concat());
     assert_eq!(code, 1, "{out}{err}");

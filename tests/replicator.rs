@@ -186,7 +186,7 @@ fn version_and_json_logs_an_operator_can_read() {
 
     let (src, dst) = (Etcd::start(), Etcd::start());
     rt.block_on(seed(&client(&src), 40));
-    let dead = common::replicator::free_addr();
+    let dead = common::replicator::dead_addr();
     let mut argv = args(&src, &dst, "6s");
     argv.push("--log-format=json".into());
     argv.push(format!("--peer-etcd=c=http://{dead}"));
@@ -625,7 +625,7 @@ fn an_unreachable_peer_at_startup_holds_back_nothing() {
     let (src, dst) = (Etcd::start(), Etcd::start());
     let (s, d) = (client(&src), client(&dst));
     rt.block_on(seed(&s, 30));
-    let dead = common::replicator::free_addr();
+    let dead = common::replicator::dead_addr();
     let mut argv = args(&src, &dst, "6s");
     argv.push(format!("--peer-etcd=c=http://{dead}"));
     let r = Replicator::spawn(&argv);

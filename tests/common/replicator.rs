@@ -17,6 +17,19 @@ pub(crate) fn free_addr() -> SocketAddr {
     l.local_addr().expect("addr")
 }
 
+/// A loopback address that refuses connections for the whole test: a
+/// port below 1024, outside the range the kernel hands out for a bind to
+/// port 0, so no etcd, proxy or replicator of a test running beside this
+/// one can take it. A freed port from [`free_addr`] can be: an etcd of
+/// another test once answered on one, and a peer meant to be unreachable
+/// read as reachable with no copy.
+pub(crate) fn dead_addr() -> SocketAddr {
+    (1..1024u16)
+        .map(|port| SocketAddr::from(([127, 0, 0, 1], port)))
+        .find(|addr| TcpStream::connect_timeout(addr, Duration::from_millis(200)).is_err())
+        .expect("every loopback port below 1024 accepts connections")
+}
+
 /// A minimal HTTP/1.0 GET: (status, body). None if nothing answers.
 pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
