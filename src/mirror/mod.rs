@@ -39,7 +39,9 @@
 //!   [`batch`] turns watch events into batches of whole revisions;
 //!   `inflight` keeps per-key order and the acknowledged watermark of the
 //!   txns in flight; `copy` watches the copy on the peer and repairs what
-//!   others change there; `fresh` decides whether the copy is current.
+//!   others change there; `probe` reads both stores for the freshness
+//!   probe and checks their identity; `fresh` decides whether the copy is
+//!   current.
 //! - `count`: key counts split into pieces, so a count never holds a
 //!   store's writes for a whole walk of the subtree.
 //! - `verify`: the periodic verification pass, the last backstop for what

@@ -40,7 +40,7 @@
 //!    copy watch holds unjudged (a txn of ours in flight when it arrived
 //!    may yet explain it) at or below the peer revision the probe read
 //!    (any such event, if the probe did not read the peer: a txn's answer
-//!    since the last probe vouched for the peer, see `Live::probe_read`)
+//!    since the last probe vouched for the peer, see `live/probe.rs`)
 //!    holds the probe until it is judged: it may be the change. A copy
 //!    watch the peer compacted past missed part of the copy's history: an
 //!    edit in that gap only a comparison of every value can see (a count

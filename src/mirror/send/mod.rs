@@ -193,7 +193,7 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
     /// was answered before it was sent (`floor`), so an answer below it
     /// is a peer restored from an older snapshot. The live loop's probe
     /// relies on this check instead of reading the peer itself
-    /// (`live/mod.rs`, `Live::probe_read`).
+    /// (`live/probe.rs`, `Live::probe_read`).
     fn accepted(
         &mut self,
         resp: &TxnResponse,
