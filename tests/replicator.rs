@@ -647,8 +647,11 @@ fn an_unreachable_peer_at_startup_holds_back_nothing() {
                     >= 1.0
         })
     }));
-    assert_eq!(http_get(r.metrics, "/healthz").map(|x| x.0), Some(200));
-    assert_eq!(http_get(r.metrics, "/readyz").map(|x| x.0), Some(200));
+    let addr = r
+        .metrics()
+        .expect("a replica that answered a scrape logged its address");
+    assert_eq!(http_get(addr, "/healthz").map(|x| x.0), Some(200));
+    assert_eq!(http_get(addr, "/readyz").map(|x| x.0), Some(200));
     // A second replica, started once r leads, stands by: ready as well.
     assert!(r.is_leader());
     let standby = Replicator::spawn(&argv);
@@ -775,7 +778,7 @@ async fn a_standby_cut_off_from_its_etcd_is_not_ready() {
             }
             // What the leader says of itself, to tell a lost session from
             // a metrics endpoint that does not answer.
-            let readyz = http_get(leader.metrics, "/readyz");
+            let readyz = leader.metrics().map(|addr| http_get(addr, "/readyz"));
             let log = std::fs::read_to_string(&leader.log).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             Err(format!(

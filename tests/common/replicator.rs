@@ -1,9 +1,10 @@
 //! Running the real `aether-replicator` binary, and talking HTTP to it.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The binary cargo built for these tests.
@@ -11,16 +12,10 @@ pub(crate) fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_aether-replicator"))
 }
 
-/// A free loopback port (bound, read, released).
-pub(crate) fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
 /// A loopback address that refuses connections for the whole test: a
 /// port below 1024, outside the range the kernel hands out for a bind to
 /// port 0, so no etcd, proxy or replicator of a test running beside this
-/// one can take it. A freed port from [`free_addr`] can be: an etcd of
+/// one can take it. A port bound to 0 and released can be: an etcd of
 /// another test once answered on one, and a peer meant to be unreachable
 /// read as reachable with no copy.
 pub(crate) fn dead_addr() -> SocketAddr {
@@ -76,9 +71,14 @@ fn split_sample(series: &str) -> Option<(&str, Vec<String>)> {
 }
 
 /// A replicator process, killed on drop.
+///
+/// It listens for metrics on `127.0.0.1:0` and says where in its
+/// "replicator started" log line: a port picked by the test and released
+/// before the binary binds it can be taken in between by an etcd of a test
+/// running beside this one, whose own `/metrics` then answers the scrapes.
 pub(crate) struct Replicator {
     pub child: Child,
-    pub metrics: SocketAddr,
+    metrics: OnceLock<SocketAddr>,
     pub log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -93,10 +93,9 @@ impl Replicator {
     pub(crate) fn spawn_with_env(args: &[String], env: &[(&str, &str)]) -> Replicator {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("replicator.log");
-        let metrics = free_addr();
         let child = Command::new(binary())
             .args(args)
-            .arg(format!("--metrics-addr={metrics}"))
+            .arg("--metrics-addr=127.0.0.1:0")
             .envs(env.iter().copied())
             .env("AETHER_REPLICATOR_LOG_LEVEL", "info")
             .stdout(Stdio::null())
@@ -105,10 +104,19 @@ impl Replicator {
             .expect("spawn aether-replicator");
         Replicator {
             child,
-            metrics,
+            metrics: OnceLock::new(),
             log,
             _dir: dir,
         }
+    }
+
+    /// Where its metrics server listens, once its log has said so.
+    pub(crate) fn metrics(&self) -> Option<SocketAddr> {
+        if let Some(addr) = self.metrics.get() {
+            return Some(*addr);
+        }
+        let addr = bound_metrics_addr(&self.log_text())?;
+        Some(*self.metrics.get_or_init(|| addr))
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -117,7 +125,7 @@ impl Replicator {
 
     /// The /metrics page, if it answers.
     pub(crate) fn scrape(&self) -> Option<String> {
-        http_get(self.metrics, "/metrics").map(|(_, b)| b)
+        http_get(self.metrics()?, "/metrics").map(|(_, b)| b)
     }
 
     pub(crate) fn is_leader(&self) -> bool {
@@ -129,7 +137,9 @@ impl Replicator {
     /// `/readyz` answers 200: this replica holds its election role (leader
     /// or standby). Says nothing about the peers; see [`Replicator::synced`].
     pub(crate) fn ready(&self) -> bool {
-        http_get(self.metrics, "/readyz").is_some_and(|(s, _)| s == 200)
+        self.metrics()
+            .and_then(|addr| http_get(addr, "/readyz"))
+            .is_some_and(|(s, _)| s == 200)
     }
 
     /// This replica leads and reports `peer_synced 1` for every peer it has.
@@ -170,6 +180,13 @@ impl Replicator {
         }
         None
     }
+}
+
+/// The address in a log's "replicator started" line (`addr=…`).
+fn bound_metrics_addr(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains("replicator started"))?;
+    let (_, rest) = line.split_once(" addr=")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 impl Drop for Replicator {

@@ -122,7 +122,7 @@ impl Replica {
             // A stopped process claims nothing (and would stall the scrape).
             return None;
         }
-        self.proc.as_ref().map(|p| p.metrics)
+        self.proc.as_ref().and_then(|p| p.metrics())
     }
     pub(crate) fn pid(&self) -> Option<u32> {
         self.proc.as_ref().map(|p| p.pid())
