@@ -149,8 +149,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         fresh,
         lease_status,
         heartbeat_dirty: false,
-        answered: 0,
-        answered_at_probe: 0,
+        answered_since_probe: false,
         copy,
         to_repair: copy::Pending::new(),
         repair_reading: HashSet::new(),
@@ -239,10 +238,9 @@ struct Live<'a> {
     repair_seqs: HashSet<u64>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
-    /// Txns of ours the peer answered in this phase, and how many had
-    /// been when the last probe went out (see [`Live::probe_read`]).
-    answered: u64,
-    answered_at_probe: u64,
+    /// A txn of ours was answered since the last probe went out (see
+    /// [`Live::probe_read`]).
+    answered_since_probe: bool,
 }
 
 impl<'a> Live<'a> {
@@ -581,7 +579,7 @@ impl<'a> Live<'a> {
     /// Books one finished txn: stats, the contiguous watermark, errors.
     async fn complete(&mut self, done: Done<(u64, Batch)>) -> Result<()> {
         let (seq, batch) = self.pipeline.settle(done).await?;
-        self.answered += 1;
+        self.answered_since_probe = true;
         self.inflight.release(&batch.keys);
         let keys_written = batch.keys.len() as u64;
         // A refusal may have lowered the limits: pack for them from now.

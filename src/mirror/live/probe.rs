@@ -73,8 +73,8 @@ impl<'a> Live<'a> {
                 .map_or(self.launched_ops, |l| l.before),
             self.settled_ahead.above(self.inflight.watermark()),
         );
-        let read_peer = sent.counting || self.answered == self.answered_at_probe;
-        self.answered_at_probe = self.answered;
+        let read_peer = sent.counting || !self.answered_since_probe;
+        self.answered_since_probe = false;
         let floor = self.writer.peer_revision();
         // Read before the source is: the source's revision can be no lower.
         // The watermark as it is when the read completes is no bound at
