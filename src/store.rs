@@ -149,7 +149,11 @@ impl Store {
     }
 
     /// A lease of `ttl` with id `id`; see [`Backend::lease_grant`].
-    pub async fn lease_grant_with_id(&self, id: LeaseId, ttl: Duration) -> etcd::Result<LeaseGrant> {
+    pub async fn lease_grant_with_id(
+        &self,
+        id: LeaseId,
+        ttl: Duration,
+    ) -> etcd::Result<LeaseGrant> {
         self.0.lease_grant(id, ttl).await
     }
 
@@ -352,7 +356,9 @@ impl Backend for aether_etcd::model::Client {
     }
 
     fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(aether_etcd::model::Client::lease_grant_with_id(self, id, ttl))
+        Box::pin(aether_etcd::model::Client::lease_grant_with_id(
+            self, id, ttl,
+        ))
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {

@@ -19,9 +19,9 @@ use std::time::Duration;
 use super::Peer;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Header, LeaseGrant, LeaseId};
+use crate::mirror::diff::Seed;
 use crate::mirror::state::{self, State};
 use crate::mirror::stats::{ErrorKind, ResyncReason};
-use crate::mirror::diff::Seed;
 use crate::mirror::sync::Pinned;
 use crate::store::{Lease, Store};
 
@@ -684,7 +684,11 @@ mod tests {
             matches!(start, Start::Sync(_, Some(_))),
             "the sync is pinned, its first page read"
         );
-        assert_eq!(rig.peer_ranges.load(SeqCst), 0, "nothing read but in the claim's txn");
+        assert_eq!(
+            rig.peer_ranges.load(SeqCst),
+            0,
+            "nothing read but in the claim's txn"
+        );
         let st = rig.state().await.expect("claimed");
         assert_eq!(st.holder, HOLDER);
         assert_eq!(st.lease, handle.id());
@@ -858,7 +862,11 @@ mod tests {
         let (handle, start) = peer.claim().await.unwrap();
         let handle = handle.expect("a lease granted");
         assert_eq!(resync(&start), Some(ResyncReason::Initial));
-        assert_eq!(rig.peer_ranges.load(SeqCst), 1, "the state key read after the refusal");
+        assert_eq!(
+            rig.peer_ranges.load(SeqCst),
+            1,
+            "the state key read after the refusal"
+        );
         let st = rig.state().await.expect("claimed");
         assert_eq!((st.holder, st.lease), (HOLDER, handle.id()));
         assert_eq!(rig.leases().await, vec![handle.id()]);
@@ -874,7 +882,10 @@ mod tests {
         peer.lease_draws = 0;
         rig.peer.lease_grant_with_id(id, TTL).await.unwrap();
         let err = peer.claim().await.err().expect("the grant fails");
-        assert!(matches!(err, Error::Etcd(etcd::Error::LeaseExists)), "{err:?}");
+        assert!(
+            matches!(err, Error::Etcd(etcd::Error::LeaseExists)),
+            "{err:?}"
+        );
         assert_eq!(rig.state().await, None);
         assert_eq!(rig.leases().await, vec![id], "the other's lease untouched");
     }
