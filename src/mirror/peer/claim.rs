@@ -12,6 +12,22 @@
 //! ([`crate::mirror::state`]). It decides how the session starts: resume the watch
 //! from the state revision when the copy can be trusted (same source, no
 //! revision gone back, same lease, not too far behind), or re-sync.
+//!
+//! A session without a live lease of its own (an engine's first, or one
+//! whose lease ran out) most likely finds no state key: a new region, or
+//! a copy gone with its lease. It claims in one round trip instead of two
+//! ([`Peer::claim_at_once`]): it grants a lease under an id it chooses,
+//! and one local round trip later, with the source's id read, sends a txn
+//! that creates the state key on that lease if it is absent and reads the
+//! copy's first keys at the same revision (the sync's first read of the
+//! peer, which no earlier holder's txn can follow: none passes its fence
+//! once the key is new), or reads the key if present, for the usual steps.
+//! etcd orders no requests across connections, so the claim can reach it
+//! before the grant; it is then refused as a whole ("lease not found") and
+//! the claim takes the usual steps from a read. A grant that fails after
+//! the claim was made (an id another lease holds) withdraws the claim.
+//! On a long link that is one round trip less before the first data txn,
+//! and so before a new copy is whole (`tests/wan.rs` counts them).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
