@@ -50,10 +50,8 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         opts: WatchOptions,
     ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>;
-    /// Grants a lease of `ttl` with id `id` ([`LeaseId::NONE`]: the server
-    /// picks one); an id that exists already is
-    /// [`etcd::Error::LeaseExists`].
-    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
+    /// Grants a lease of `ttl`; the server picks its id.
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
     /// Revokes a lease, deleting its keys.
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>>;
     /// A lease's remaining TTL (`None`: it does not exist).
@@ -142,19 +140,9 @@ impl Store {
         self.0.watch(opts)
     }
 
-    /// A lease of `ttl` with an id the server picks; see
-    /// [`Backend::lease_grant`].
+    /// See [`Backend::lease_grant`].
     pub async fn lease_grant(&self, ttl: Duration) -> etcd::Result<LeaseGrant> {
-        self.0.lease_grant(LeaseId::NONE, ttl).await
-    }
-
-    /// A lease of `ttl` with id `id`; see [`Backend::lease_grant`].
-    pub async fn lease_grant_with_id(
-        &self,
-        id: LeaseId,
-        ttl: Duration,
-    ) -> etcd::Result<LeaseGrant> {
-        self.0.lease_grant(id, ttl).await
+        self.0.lease_grant(ttl).await
     }
 
     /// See [`Backend::lease_revoke`].
@@ -209,8 +197,8 @@ impl Backend for Client {
         Ok((Box::new(stream), Box::new(watcher)))
     }
 
-    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(Client::lease_grant_with_id(self, id, ttl))
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+        Box::pin(Client::lease_grant(self, ttl))
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {
@@ -355,10 +343,8 @@ impl Backend for aether_etcd::model::Client {
         ))
     }
 
-    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(aether_etcd::model::Client::lease_grant_with_id(
-            self, id, ttl,
-        ))
+    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+        Box::pin(aether_etcd::model::Client::lease_grant(self, ttl))
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {

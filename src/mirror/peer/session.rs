@@ -272,7 +272,7 @@ impl Peer {
             None => {
                 // The copy watch from the peer's revision as last read:
                 // every page the sync reads is read at or after it.
-                let pin = self.pin_sync(self.writer.peer_revision() + 1, None);
+                let pin = self.pin_sync(self.writer.peer_revision() + 1);
                 tokio::select! {
                     biased;
                     _ = self.cancel.cancelled() => return Ok(None),
