@@ -223,6 +223,16 @@ fn version_and_json_logs_an_operator_can_read() {
         Some(version.as_str()),
         "{started}"
     );
+    // Where the metrics server listens (asked for on port 0), as a test or
+    // an operator reads it from the log.
+    let addr = r
+        .metrics()
+        .expect("the start-up line names the metrics address");
+    assert_eq!(started["addr"].as_str(), Some(addr.to_string().as_str()));
+    assert!(
+        http_get(addr, "/metrics").is_some(),
+        "{addr} serves /metrics"
+    );
     let done = with("sync complete").unwrap();
     assert_eq!(done["keys"].as_u64(), Some(40), "{done}");
     assert!(

@@ -182,11 +182,15 @@ impl Replicator {
     }
 }
 
-/// The address in a log's "replicator started" line (`addr=…`).
+/// The address in a log's "replicator started" line: `addr=…` in the
+/// text format, `"addr":"…"` in JSON.
 fn bound_metrics_addr(log: &str) -> Option<SocketAddr> {
     let line = log.lines().find(|l| l.contains("replicator started"))?;
-    let (_, rest) = line.split_once(" addr=")?;
-    rest.split_whitespace().next()?.parse().ok()
+    let value = match line.split_once(" addr=") {
+        Some((_, rest)) => rest.split_whitespace().next()?,
+        None => line.split_once("\"addr\":\"")?.1.split('"').next()?,
+    };
+    value.parse().ok()
 }
 
 impl Drop for Replicator {
