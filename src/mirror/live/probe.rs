@@ -73,8 +73,8 @@ impl<'a> Live<'a> {
                 .map_or(self.launched_ops, |l| l.before),
             self.settled_ahead.above(self.inflight.watermark()),
         );
-        let read_peer = sent.counting || !self.answered_since_probe;
-        self.answered_since_probe = false;
+        // A txn answered since the last probe vouched for the peer.
+        let vouched = std::mem::take(&mut self.answered_since_probe);
         let floor = self.writer.peer_revision();
         // Read before the source is: the source's revision can be no lower.
         // The watermark as it is when the read completes is no bound at
@@ -120,7 +120,7 @@ impl<'a> Live<'a> {
                 )
                 .await?;
                 (Some((stored, peer)), Some(n))
-            } else if read_peer {
+            } else if !vouched {
                 let read = count::read_state(&writer.client, &writer.state_key).await?;
                 (Some(read), None)
             } else {
