@@ -122,6 +122,11 @@ impl CopyWatch {
         (self.seen, self.held.len())
     }
 
+    /// The last revision the watch delivered.
+    pub(crate) fn seen(&self) -> i64 {
+        self.seen
+    }
+
     /// The lowest revision among the events not yet judged.
     pub(crate) fn unjudged_from(&self) -> Option<i64> {
         self.held.front().map(|h| h.0)
@@ -340,6 +345,13 @@ impl Live<'_> {
         }
         self.to_repair.extend(foreign);
         if self.to_repair.len() > MAX_REPAIR_KEYS {
+            // The session re-syncs (`peer/session.rs`), and that sync's
+            // copy watch starts past what this one delivered: the sync
+            // compares every key after it, and a watch from our last txn
+            // would judge the change again and find it out of band again.
+            if let Some(copy) = &self.copy {
+                w.witnessed(copy.seen());
+            }
             return Err(Error::CopyChanged {
                 peer: w.region.clone(),
                 why: format!(

@@ -61,7 +61,7 @@
 //!       │  rule 1 met, 2, 3 or 4 not: no mark,            │        │ count
 //!       └──────────────── probe dropped ──────────────────┘        │ mismatch
 //!                                                                  ▼
-//!                                            CopyChanged: the session ends, re-sync
+//!                                          CopyChanged: re-sync (in the session, once)
 //! ```
 //! A pending probe keeps its place until its quiet period is over (a busy
 //! stream would never have one otherwise); after that the next probe may

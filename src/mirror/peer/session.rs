@@ -7,7 +7,9 @@
 //! 2. the range-diff sync ([`crate::mirror::sync`]) when the copy can't be resumed,
 //!    with the live watch opened first;
 //! 3. the live loop ([`crate::mirror::live`]) until an error; a watch that can't
-//!    resume (compaction) re-syncs within the session.
+//!    resume (compaction) re-syncs within the session, and so does the
+//!    first change out of band too large to repair key by key
+//!    (`Error::CopyChanged`).
 //!
 //! Errors end the session; the loop retries with capped, jittered backoff.
 //! A copy that stays stale past `lapse_after` even through a re-sync is let
@@ -208,22 +210,50 @@ impl Peer {
                 None => return Ok(()),
             },
         };
+        // One re-sync of a changed copy per session: a copy that changes
+        // again under the next live phase (or a copy watch that keeps
+        // ending during the sync) ends the session, which backs off and
+        // weighs letting the copy lapse.
+        let mut copy_resynced = false;
         loop {
             let from = live.0.from;
-            match self.stream(live.0, live.1).await {
+            let reason = match self.stream(live.0, live.1).await {
                 Err(Error::Etcd(
                     etcd::Error::Compacted { .. } | etcd::Error::ResponseTooLarge { .. },
                 )) => {
                     self.stats().error(ErrorKind::Compacted);
                     tracing::info!(peer = %self.region(), from, "watch cannot resume (compacted, or a response over the decode limit); re-syncing");
-                    match self.sync(ResyncReason::Compacted, None).await? {
-                        Some(next) => live = next,
-                        None => return Ok(()),
-                    }
+                    ResyncReason::Compacted
+                }
+                // A change out of band too large to repair key by key (a
+                // `del --prefix` of the copy): re-synced on the claim this
+                // session holds. Ending the session for it cost a backoff
+                // and a new claim before the first write back, and logged
+                // a session failure for what the peer's etcd did right.
+                Err(err @ Error::CopyChanged { .. })
+                    if !copy_resynced && !self.stale_past_lapse() =>
+                {
+                    copy_resynced = true;
+                    self.stats().error(classify(&err));
+                    tracing::warn!(peer = %self.region(), error = %err, "re-syncing in full");
+                    ResyncReason::CopyChanged
                 }
                 other => return other,
+            };
+            match self.sync(reason, None).await? {
+                Some(next) => live = next,
+                None => return Ok(()),
             }
         }
+    }
+
+    /// The copy has been stale past `lapse_after`: what to do about it is
+    /// the session loop's call ([`Peer::lapse_if_stale`]), not a re-sync's
+    /// within the session.
+    fn stale_past_lapse(&self) -> bool {
+        self.cfg
+            .lapse_after
+            .is_some_and(|bound| self.stats().staleness() > bound)
     }
 
     /// Syncs the peer at a revision S pinned first (by the claim, beside
@@ -249,36 +279,37 @@ impl Peer {
         // The sync finds every value too large for the peer again.
         self.writer.forget_oversized();
         tracing::info!(peer = %self.region(), reason = reason.as_str(), "range-diff sync");
-        if reason == ResyncReason::CopyChanged {
-            // A large change out of band (a `del --prefix` of the copy)
-            // left etcd 3.4 copying megabytes per request: released first,
-            // the re-sync runs two to three times faster
-            // (`sync::release_read_buffer`). Not cut short once begun (a
-            // grant whose revoke never went would leave a lease on the
-            // peer for its TTL); the wait after it is.
+        // A large change out of band (a `del --prefix` of the copy) left
+        // etcd 3.4 copying megabytes per request: released before the
+        // sync's first write, the re-sync runs two to three times faster
+        // (`sync::release_read_buffer`). The release writes no key, so
+        // the sync is pinned beside it: its reads may go meanwhile.
+        let release = async {
+            if reason != ResyncReason::CopyChanged {
+                return;
+            }
             match crate::mirror::sync::release_read_buffer(&self.writer.client).await {
-                Ok(()) => tokio::select! {
-                    biased;
-                    _ = self.cancel.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(crate::mirror::sync::BACKEND_COMMIT_WAIT) => {}
-                },
+                Ok(()) => tokio::time::sleep(crate::mirror::sync::BACKEND_COMMIT_WAIT).await,
                 Err(e) => {
                     tracing::debug!(peer = %self.region(), error = %e, "could not release the peer's read buffer; syncing anyway");
                 }
             }
-        }
-        let mut pinned = match pinned {
-            Some(pinned) => pinned,
-            None => {
+        };
+        let pin = async {
+            Ok::<_, Error>(match pinned {
+                Some(pinned) => pinned,
                 // The copy watch from the peer's revision as last read:
                 // every page the sync reads is read at or after it.
-                let pin = self.pin_sync(self.writer.peer_revision() + 1);
-                tokio::select! {
-                    biased;
-                    _ = self.cancel.cancelled() => return Ok(None),
-                    r = pin => Box::new(r?),
-                }
-            }
+                None => Box::new(self.pin_sync(self.writer.peer_revision() + 1).await?),
+            })
+        };
+        // A release is not cut short once begun (a grant whose revoke
+        // never went would leave a lease on the peer for its TTL); the
+        // wait after it is.
+        let mut pinned: Box<Pinned> = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Ok(None),
+            (r, ()) = async { tokio::join!(pin, release) } => r?,
         };
         let fut =
             crate::mirror::sync::run(&self.writer, &mut self.link, &mut pinned, &mut self.splits);
@@ -767,32 +798,48 @@ mod tests {
     }
 
     /// A key of the copy deleted out of band, with no copy watch to repair
-    /// it: the next count ends the session, and the next claim re-syncs
-    /// as `CopyChanged` rather than resuming the copy it holds.
+    /// it: the next count finds it, and the session re-syncs as
+    /// `CopyChanged` on the claim it holds.
     #[tokio::test(start_paused = true)]
-    async fn a_changed_copy_forces_the_next_claims_resync_as_copy_changed() {
-        let recount = Duration::from_secs(10);
-        let (mut peer, rig) = rig(
-            |c| c.without_copy_watch().with_recount_interval(recount),
-            ModelConfig::default(),
-        );
+    async fn a_changed_copy_is_resynced_as_copy_changed_within_the_session() {
+        let (mut peer, rig) = rig(|c| c.without_copy_watch(), ModelConfig::default());
         let key = format!("{}k", peer.cfg.prefix());
+        let state_key = peer.cfg.state_key();
         rig.source.put(Put::new(key.clone(), "v")).await.unwrap();
         let stop = peer.cancel.clone();
-        let (ended, ()) = tokio::join!(peer.replicate(), async {
+        // The claim's fence: the state key's create revision, which every
+        // new claim moves.
+        let fence = async || {
+            let state = rig.peer.range(Range::key(state_key.clone())).await.unwrap();
+            state.kvs().first().map(|kv| kv.create_revision())
+        };
+        let stats = peer.writer.stats.clone();
+        let (ended, (claimed, after)) = tokio::join!(peer.replicate(), async {
             tokio::time::sleep(Duration::from_secs(1)).await;
+            let claimed = fence().await;
             let copied = rig.peer.delete(Delete::key(key.clone())).await.unwrap();
             assert_eq!(copied.deleted, 1, "the sync copied it");
-            tokio::time::sleep(recount * 6).await;
+            // Read within the lease's TTL, which nothing keeps alive in
+            // the model: then the state key goes, and sessions with it.
+            for _ in 0..80 {
+                if stats.resyncs(ResyncReason::CopyChanged) == 1 && stats.is_synced() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let after = fence().await;
             stop.cancel();
+            (claimed, after)
         });
         ended.unwrap();
-        let stats = peer.stats();
         assert_eq!(stats.errors(ErrorKind::Identity), 1);
         assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
         assert_eq!(stats.resyncs(ResyncReason::CopyChanged), 1);
+        assert!(stats.is_synced(), "current again after the re-sync");
         let back = rig.peer.range(Range::key(key)).await.unwrap();
         assert_eq!(back.kvs().len(), 1, "the re-sync put it back");
+        assert!(claimed.is_some(), "the first session claimed the peer");
+        assert_eq!(after, claimed, "re-synced on the same claim");
     }
 
     /// A copy resumed from another engine may hold a change that engine's

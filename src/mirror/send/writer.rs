@@ -44,7 +44,7 @@ pub(crate) struct FencedWriter {
     /// goes through it ([`Own::send`]).
     pub(crate) own: Own,
     /// The peer's identity as this engine knows it: its cluster id and the
-    /// highest revision a txn of ours committed at.
+    /// highest revision an answer to us carried.
     peer_cluster: AtomicU64,
     peer_revision: AtomicI64,
     /// Keys whose source value is too large for the peer, so absent there
@@ -310,7 +310,15 @@ impl FencedWriter {
         self.check_peer(header)
     }
 
-    /// The highest revision a txn of ours is known to have committed at.
+    /// Raises the peer revision mark to one the peer is known to have
+    /// reached otherwise (the copy watch delivered it): every later answer
+    /// of the peer is at or above it too.
+    pub(crate) fn witnessed(&self, revision: i64) {
+        self.peer_revision.fetch_max(revision, Relaxed);
+    }
+
+    /// The highest revision of the peer an answer to us, or the copy
+    /// watch, is known to have carried.
     pub(crate) fn peer_revision(&self) -> i64 {
         self.peer_revision.load(Relaxed)
     }
