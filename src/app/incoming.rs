@@ -25,10 +25,12 @@
 //!
 //! The keys are followed with a watch on the state prefix, not polled.
 //! Lease TTLs are looked up when an origin's lease changes, then again
-//! every quarter of the granted TTL, at most every [`DEFAULT_TTL_REFRESH`]
-//! (every response of etcd 3.4 copies its pending-write buffer, so each
-//! lookup costs the local etcd more than its size suggests; at rest the
-//! lookups were a fifth of all requests).
+//! every half of the granted TTL, at most every [`DEFAULT_TTL_REFRESH`]:
+//! a lease kept alive reads between two thirds of its TTL and all of it
+//! at every lookup, and one whose keep-alives stopped shows it at the next
+//! lookup, before it runs out. At a lookup every quarter TTL they were a
+//! fifth of all the requests an etcd of a mesh at rest answered, each
+//! costing about what a heartbeat txn does (docs/scale.md).
 //! The exported TTL is the last lookup's, not counted down in between: the
 //! origin's keep-alives (every third of the TTL) refill it unseen, so a
 //! countdown would dip far below the truth and trip "lease low" alerts,
@@ -48,11 +50,11 @@ use crate::etcd::{Backoff, Client, EventKind, KeyValue, Range, WatchOptions};
 use crate::mirror::state::State;
 use crate::mirror::stats::unix_ms;
 
-/// Longest interval between lookups of a present copy's lease TTL: a
-/// quarter of a 60 s TTL. No alert reads the looked-up TTL (the origin's
-/// own `keepalive_age_seconds` is what warns of a lease running down), so
-/// the metric may be this old.
-pub const DEFAULT_TTL_REFRESH: Duration = Duration::from_secs(15);
+/// Longest interval between lookups of a present copy's lease TTL: half
+/// of a 60 s TTL. No alert reads the looked-up TTL (the origin's own
+/// `keepalive_age_seconds` is what warns of a lease running down), so the
+/// metric may be this old.
+pub const DEFAULT_TTL_REFRESH: Duration = Duration::from_secs(30);
 /// Shortest interval between lookups (and the check for due ones).
 const MIN_TTL_REFRESH: Duration = Duration::from_secs(1);
 
@@ -104,7 +106,7 @@ impl OriginStatus {
             None => true,
             Some(t) => {
                 t.at.elapsed()
-                    >= (t.granted / 4).clamp(MIN_TTL_REFRESH, max_refresh.max(MIN_TTL_REFRESH))
+                    >= (t.granted / 2).clamp(MIN_TTL_REFRESH, max_refresh.max(MIN_TTL_REFRESH))
             }
         }
     }
@@ -285,7 +287,7 @@ mod tests {
     }
 
     #[test]
-    fn lookups_are_due_every_quarter_ttl_within_bounds() {
+    fn lookups_are_due_every_half_ttl_within_bounds() {
         let looked = |granted: u64, ago: u64| OriginStatus {
             present: true,
             state: None,
@@ -313,12 +315,12 @@ mod tests {
         assert!(st >= Duration::from_secs(3) && st < Duration::from_secs(10));
         fresh.present = false;
         assert_eq!(fresh.staleness(), None);
-        assert!(!looked(30, 7).lookup_due(max));
-        assert!(looked(30, 8).lookup_due(max));
-        assert!(!looked(120, 14).lookup_due(max));
-        assert!(looked(120, 15).lookup_due(max));
-        assert!(!looked(8, 1).lookup_due(max));
-        assert!(looked(8, 2).lookup_due(max));
+        assert!(!looked(30, 14).lookup_due(max));
+        assert!(looked(30, 15).lookup_due(max));
+        assert!(!looked(120, 29).lookup_due(max));
+        assert!(looked(120, 30).lookup_due(max));
+        assert!(!looked(8, 3).lookup_due(max));
+        assert!(looked(8, 4).lookup_due(max));
         assert!(looked(2, 1).lookup_due(max));
         assert_eq!(looked(30, 0).ttl_left(), Duration::from_secs(15));
         let gone = OriginStatus {

@@ -33,7 +33,8 @@
 //! `keys / KEYS_PER_HEARTBEAT` heartbeats above that
 //! ([`heartbeats_between_counts`]). Pieces bound how long one count holds
 //! the writes, not what counting costs: each count walks the whole subtree
-//! on both stores. Ten regions at 100k keys each, every copy synced and
+//! on the peer, and on the source unless the subtree's watch delivered
+//! nothing since the session's last count there ([`SourceCount`]). Ten regions at 100k keys each, every copy synced and
 //! nothing written, kept the ten etcds busy for 1.53 CPU-seconds a second
 //! counting every heartbeat, 0.34–0.37 counting every fifth
 //! (docs/benchmarks-log.md §4), which is why the copy watch, not the
@@ -180,6 +181,59 @@ impl CountSplits {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.bounds.len()
+    }
+}
+
+/// The source's count as a probe last read it, in pieces: the subtree's
+/// count at any later revision through which its watch delivered no event
+/// is the same, so a backstop count of a copy at rest reads only the peer.
+/// In the ten-region mesh at rest a round of backstop counts was the
+/// largest cost after the heartbeats, and half of it was the sources
+/// answering what they had answered ten minutes before.
+#[derive(Debug)]
+pub(crate) struct SourceCount {
+    /// The revision it was counted at.
+    at: i64,
+    bounds: Vec<Bytes>,
+    pieces: Vec<i64>,
+}
+
+impl SourceCount {
+    /// The count at `at`, in pieces split at `bounds`.
+    pub(crate) fn new(at: i64, bounds: Vec<Bytes>, pieces: Vec<i64>) -> Option<SourceCount> {
+        (pieces.len() == bounds.len() + 1).then_some(SourceCount { at, bounds, pieces })
+    }
+
+    /// The count at `revision` in pieces split at `bounds`, if this one
+    /// stands for it: `last_change` (the newest revision the subtree's
+    /// watch delivered an event at, every event up to `revision` having
+    /// been delivered) is not after the revision counted at, and `bounds`
+    /// are these or fewer ([`CountSplits::counted`] merges small pieces:
+    /// their counts add up).
+    pub(crate) fn reuse(
+        &self,
+        bounds: &[Bytes],
+        revision: i64,
+        last_change: i64,
+    ) -> Option<Vec<i64>> {
+        if last_change > self.at || revision < self.at {
+            return None;
+        }
+        let mut out = Vec::with_capacity(bounds.len() + 1);
+        let mut wanted = bounds.iter().peekable();
+        let mut run = self.pieces[0];
+        for (bound, &n) in self.bounds.iter().zip(&self.pieces[1..]) {
+            if wanted.peek() == Some(&bound) {
+                wanted.next();
+                out.push(run);
+                run = n;
+            } else {
+                run += n;
+            }
+        }
+        out.push(run);
+        // A boundary this count was not split at: its pieces can't be told.
+        wanted.next().is_none().then_some(out)
     }
 }
 
@@ -360,6 +414,51 @@ mod tests {
         let b = s.snapshot();
         assert_eq!(b.len(), 3, "{b:?}");
         assert!(b.windows(2).all(|w| w[0] < w[1]), "sorted: {b:?}");
+    }
+
+    #[test]
+    fn a_source_count_stands_for_later_revisions_with_no_change_and_merged_pieces() {
+        let b = |k: &'static str| Bytes::from_static(k.as_bytes());
+        let counted = SourceCount::new(10, vec![b("/p/c"), b("/p/f"), b("/p/k")], vec![5, 1, 2, 7]);
+        let counted = counted.expect("four pieces at three bounds");
+        let same = [b("/p/c"), b("/p/f"), b("/p/k")];
+        assert_eq!(counted.reuse(&same, 10, 10), Some(vec![5, 1, 2, 7]));
+        assert_eq!(
+            counted.reuse(&same, 42, 9),
+            Some(vec![5, 1, 2, 7]),
+            "nothing since"
+        );
+        assert_eq!(
+            counted.reuse(&same, 42, 11),
+            None,
+            "an event after the count"
+        );
+        assert_eq!(
+            counted.reuse(&same, 9, 3),
+            None,
+            "counted after the revision asked"
+        );
+        assert_eq!(
+            counted.reuse(&[b("/p/c")], 12, 10),
+            Some(vec![5, 10]),
+            "merged"
+        );
+        assert_eq!(
+            counted.reuse(&[b("/p/f")], 12, 10),
+            Some(vec![6, 9]),
+            "merged"
+        );
+        assert_eq!(counted.reuse(&[], 12, 10), Some(vec![15]), "one piece");
+        assert_eq!(counted.reuse(&[b("/p/d")], 12, 10), None, "a new bound");
+        assert_eq!(
+            counted.reuse(&[b("/p/c"), b("/p/z")], 12, 10),
+            None,
+            "a new bound last"
+        );
+        assert!(
+            SourceCount::new(1, vec![b("/p/c")], vec![1]).is_none(),
+            "pieces ≠ bounds + 1"
+        );
     }
 
     #[test]

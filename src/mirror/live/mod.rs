@@ -39,7 +39,7 @@ pub(crate) use self::source::Opened;
 use self::source::{Continuity, open_watch};
 use self::tick::Ticks;
 use super::config::MirrorConfig;
-use super::count::CountSplits;
+use super::count::{self, CountSplits};
 use super::send::limits::ProbeResult;
 use super::send::writer::FencedWriter;
 use super::send::{Done, Link, Pipeline};
@@ -150,6 +150,8 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         lease_status,
         heartbeat_dirty: false,
         answered_since_probe: false,
+        source_count: None,
+        last_change: 0,
         copy,
         to_repair: copy::Pending::new(),
         repair_reading: HashSet::new(),
@@ -238,6 +240,11 @@ struct Live<'a> {
     repair_seqs: HashSet<u64>,
     /// The heartbeat moved: the state key should record it.
     heartbeat_dirty: bool,
+    /// The source's count as this session's last counting probe read it
+    /// (`count::SourceCount`), and the newest revision the watch delivered
+    /// an event at: together they say when it can be reused.
+    source_count: Option<count::SourceCount>,
+    last_change: i64,
     /// A txn of ours was answered since the last probe went out (see
     /// [`Live::probe_read`]).
     answered_since_probe: bool,
@@ -551,6 +558,7 @@ impl<'a> Live<'a> {
             if let Some(last) = resp.events.last() {
                 let stats = &self.writer.stats;
                 stats.source_revision.fetch_max(last.revision(), Relaxed);
+                self.last_change = self.last_change.max(last.revision());
                 for e in &resp.events {
                     self.splits.offer(e.kv.key());
                 }

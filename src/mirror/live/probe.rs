@@ -90,6 +90,12 @@ impl<'a> Live<'a> {
         let bounds = self.splits.snapshot();
         let max_ops = self.pipeline.limits().max_ops;
         let counting = sent.counting;
+        // At rest the source's subtree is as the last count found it.
+        let reused = self
+            .source_count
+            .as_ref()
+            .filter(|_| counting)
+            .and_then(|c| c.reuse(&bounds, applied, self.last_change));
         Box::pin(async move {
             // The source's id and revision, and its key count at the
             // watermark, side by side; then the peer's state key and key
@@ -97,6 +103,9 @@ impl<'a> Live<'a> {
             let counted = async {
                 if applied <= 0 || !counting {
                     return Ok(None);
+                }
+                if let Some(each) = reused {
+                    return Ok(Some(each));
                 }
                 match count::count_at(local, &prefix, &bounds, applied, max_ops).await {
                     Ok(each) => Ok(Some(each)),
@@ -157,6 +166,8 @@ impl<'a> Live<'a> {
         if let Some(each) = &read.source_pieces {
             w.stats.count_pieces.store(each.len() as u64, Relaxed);
             self.splits.counted(&read.bounds, each);
+            self.source_count =
+                count::SourceCount::new(read.applied, read.bounds.clone(), each.clone());
         }
         if read.peer_count.is_some() {
             w.stats.copy_counts.fetch_add(1, Relaxed);

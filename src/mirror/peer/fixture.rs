@@ -50,6 +50,8 @@ struct KeptAlive {
     lease_calls: Option<LeaseCalls>,
     /// Single reads asked of this store (not scans, not txns).
     ranges: Arc<AtomicU64>,
+    /// Txns asked of this store.
+    txns: Arc<AtomicU64>,
 }
 
 impl KeptAlive {
@@ -121,6 +123,7 @@ impl Backend for KeptAlive {
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, etcd::Result<TxnResponse>> {
+        self.txns.fetch_add(1, SeqCst);
         Box::pin(self.store.txn(txn))
     }
 
@@ -185,6 +188,8 @@ pub(crate) struct Rig {
     /// Single reads the task asked of the source, and of the peer.
     pub(crate) source_ranges: Arc<AtomicU64>,
     pub(crate) peer_ranges: Arc<AtomicU64>,
+    /// Txns the task asked of the source (its key counts).
+    pub(crate) source_txns: Arc<AtomicU64>,
 }
 
 impl Rig {
@@ -279,22 +284,31 @@ pub(crate) fn rig(
     let kept = KeptAlives::default();
     let lease_calls = LeaseCalls::default();
     let (source_ranges, peer_ranges) = (Arc::default(), Arc::default());
-    let store =
-        |model: &model::Client, lease_calls: Option<LeaseCalls>, ranges: &Arc<AtomicU64>| {
-            Store::new(KeptAlive {
-                model: model.clone(),
-                store: Store::new(model.clone()),
-                kept: kept.clone(),
-                lease_calls,
-                ranges: ranges.clone(),
-            })
-        };
+    let (source_txns, peer_txns): (Arc<AtomicU64>, _) = (Arc::default(), Arc::default());
+    let store = |model: &model::Client,
+                 lease_calls: Option<LeaseCalls>,
+                 ranges: &Arc<AtomicU64>,
+                 txns: &Arc<AtomicU64>| {
+        Store::new(KeptAlive {
+            model: model.clone(),
+            store: Store::new(model.clone()),
+            kept: kept.clone(),
+            lease_calls,
+            ranges: ranges.clone(),
+            txns: txns.clone(),
+        })
+    };
     let state_key = cfg.state_key();
     let (source_id_key, heartbeat) = (cfg.source_id_key(), cfg.heartbeat_interval);
     let task = Peer::new(
         "b".into(),
-        store(&source, None, &source_ranges),
-        store(&peer_model, Some(lease_calls.clone()), &peer_ranges),
+        store(&source, None, &source_ranges, &source_txns),
+        store(
+            &peer_model,
+            Some(lease_calls.clone()),
+            &peer_ranges,
+            &peer_txns,
+        ),
         Arc::new(cfg),
         Arc::new(PeerStats::new("b")),
         HOLDER,
@@ -303,7 +317,7 @@ pub(crate) fn rig(
             pause: CancellationToken::new(),
             sync_slots: Arc::new(Semaphore::new(1)),
             ticks: Arc::new(Ticks::new(
-                store(&source, None, &source_ranges),
+                store(&source, None, &source_ranges, &source_txns),
                 Bytes::from(source_id_key),
                 heartbeat,
                 NOW_MS,
@@ -320,6 +334,7 @@ pub(crate) fn rig(
         lease_calls,
         source_ranges,
         peer_ranges,
+        source_txns,
     };
     (task, rig)
 }

@@ -607,6 +607,58 @@ mod tests {
         assert_eq!(reads, 0, "the peer was read {reads} times at rest");
     }
 
+    /// At rest a backstop count reads only the peer: the source's subtree
+    /// is as the session's last count found it, since its watch delivered
+    /// nothing. A change at the source has the next count read it again.
+    #[tokio::test(start_paused = true)]
+    async fn at_rest_a_backstop_count_reads_the_source_again_only_after_a_change() {
+        // Within one session (a lease TTL in the model): a count every
+        // second heartbeat.
+        let hb = TTL / 20;
+        let (mut peer, rig) = rig(
+            |c| c.with_heartbeat_interval(hb).with_recount_interval(hb * 2),
+            ModelConfig::default(),
+        );
+        let prefix = peer.cfg.prefix();
+        rig.fill_source(&prefix, 10).await;
+        let stop = peer.cancel.clone();
+        let stats = peer.writer.stats.clone();
+        let counted = || {
+            (
+                rig.source_txns.load(SeqCst),
+                stats.copy_counts.load(Relaxed),
+            )
+        };
+        let (ended, (at_rest, after_change)) = tokio::join!(peer.replicate(), async {
+            // Synced, and counted at the session's start.
+            tokio::time::sleep(hb * 2).await;
+            let before = counted();
+            tokio::time::sleep(hb * 8).await;
+            let rest = counted();
+            rig.fill_source(&format!("{prefix}new"), 1).await;
+            tokio::time::sleep(hb * 3).await;
+            let changed = counted();
+            stop.cancel();
+            (
+                (rest.0 - before.0, rest.1 - before.1),
+                (changed.0 - rest.0, changed.1 - rest.1),
+            )
+        });
+        ended.unwrap();
+        assert_eq!(
+            stats.errors(ErrorKind::LeaseLost),
+            0,
+            "one session throughout"
+        );
+        let (source_counts, copy_counts) = at_rest;
+        assert!(copy_counts >= 3, "{copy_counts} counts in 8 heartbeats");
+        assert_eq!(source_counts, 0, "the source was counted at rest");
+        let (source_counts, copy_counts) = after_change;
+        assert!(copy_counts >= 1, "{copy_counts} counts after the change");
+        assert!(source_counts >= 1, "the changed source was not counted");
+        assert!(stats.is_synced());
+    }
+
     /// Ticks fall on multiples of the heartbeat in Unix time, so engines
     /// whose clocks agree tick together whenever each started.
     #[tokio::test(start_paused = true)]
