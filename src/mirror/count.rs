@@ -140,11 +140,12 @@ impl CountSplits {
     /// was decoded from (a page of up to 10,000 keys, a watch response), and
     /// a boundary kept for the life of the copy would keep that whole
     /// buffer alive with it.
-    pub(crate) fn offer(&mut self, key: &Bytes) {
+    /// Returns whether it did: it then starts a piece.
+    pub(crate) fn offer(&mut self, key: &Bytes) -> bool {
         self.offered += 1;
-        if self.offered.is_multiple_of(PIECE_KEYS) && self.bounds.len() < MAX_BOUNDS {
-            self.bounds.insert(Bytes::copy_from_slice(key));
-        }
+        self.offered.is_multiple_of(PIECE_KEYS)
+            && self.bounds.len() < MAX_BOUNDS
+            && self.bounds.insert(Bytes::copy_from_slice(key))
     }
 
     /// Starts over: a sync is about to offer every key of the subtree,

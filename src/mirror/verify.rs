@@ -128,6 +128,12 @@ pub(crate) struct Report {
     /// as a sync learns them: a copy adopted without a sync is counted in
     /// even pieces from the first pass on.
     pub splits: CountSplits,
+    /// The source's keys in each of those pieces at the pinned revision:
+    /// the next count of a source at rest needs no walk of its own
+    /// (`count::SourceCount`).
+    pub source_pieces: Vec<i64>,
+    /// The source revision the pass compared against.
+    pub pinned: i64,
 }
 
 /// Keys between two pauses of the pacing.
@@ -153,13 +159,20 @@ pub(crate) async fn pass(
     );
     let lease = writer.lease_id();
     let pause = Duration::from_secs_f64(PACE_STEP as f64 / f64::from(cfg.verify_rate.max(1)));
-    let mut report = Report::default();
+    let mut report = Report {
+        source_pieces: vec![0],
+        pinned,
+        ..Report::default()
+    };
     while let Some(diff) = merge.next().await? {
         report.compared += 1;
         if let Diff::Missing(src) | Diff::Both(src, _) = &diff {
-            report.splits.offer(src.key());
+            if report.splits.offer(src.key()) {
+                report.source_pieces.push(0);
+            }
+            *report.source_pieces.last_mut().expect("one piece at least") += 1;
         }
-        if report.compared % PACE_STEP == 0 {
+        if report.compared.is_multiple_of(PACE_STEP) {
             tokio::time::sleep(pause).await;
         }
         let (peer_kv, want) = match diff {

@@ -373,6 +373,15 @@ impl<'a> Live<'a> {
         match report {
             Ok(report) => {
                 *self.splits = report.splits;
+                // The pass read every source key at its revision: the
+                // next backstop count of a source at rest reads only
+                // the peer. (Without it the first count after a pass,
+                // split afresh, would read the source again.)
+                self.source_count = count::SourceCount::new(
+                    report.pinned,
+                    self.splits.snapshot(),
+                    report.source_pieces,
+                );
                 let was_overdue = self.verify.overdue();
                 self.verify.done(now, stats);
                 if was_overdue {

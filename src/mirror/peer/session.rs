@@ -288,10 +288,19 @@ impl Peer {
             if reason != ResyncReason::CopyChanged {
                 return;
             }
-            match crate::mirror::sync::release_read_buffer(&self.writer.client).await {
-                Ok(()) => tokio::time::sleep(crate::mirror::sync::BACKEND_COMMIT_WAIT).await,
-                Err(e) => {
+            // A task of its own: not cut short once begun (a grant whose
+            // revoke never went would leave a lease on the peer for its
+            // TTL); the wait after it is.
+            let peer = self.writer.client.clone();
+            let released =
+                tokio::spawn(async move { crate::mirror::sync::release_read_buffer(&peer).await });
+            match released.await {
+                Ok(Ok(())) => tokio::time::sleep(crate::mirror::sync::BACKEND_COMMIT_WAIT).await,
+                Ok(Err(e)) => {
                     tracing::debug!(peer = %self.region(), error = %e, "could not release the peer's read buffer; syncing anyway");
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %self.region(), error = %e, "the read-buffer release failed; syncing anyway");
                 }
             }
         };
@@ -303,9 +312,6 @@ impl Peer {
                 None => Box::new(self.pin_sync(self.writer.peer_revision() + 1).await?),
             })
         };
-        // A release is not cut short once begun (a grant whose revoke
-        // never went would leave a lease on the peer for its TTL); the
-        // wait after it is.
         let mut pinned: Box<Pinned> = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Ok(None),
@@ -657,6 +663,58 @@ mod tests {
         assert!(copy_counts >= 1, "{copy_counts} counts after the change");
         assert!(source_counts >= 1, "the changed source was not counted");
         assert!(stats.is_synced());
+    }
+
+    /// A copy resumed without a sync is counted in one piece until its
+    /// first verification pass splits it; the pass read every source key,
+    /// so the backstop counts after it, split afresh, read only the peer.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_pass_a_backstop_count_at_rest_reads_only_the_peer() {
+        let hb = TTL / 20;
+        let (mut peer, rig) = rig(
+            |c| c.with_heartbeat_interval(hb).with_recount_interval(hb * 2),
+            ModelConfig::default(),
+        );
+        let prefix = peer.cfg.prefix();
+        let lease = rig.grant(TTL).await;
+        // Three count pieces.
+        let keys = 2 * crate::mirror::count::PIECE_KEYS + 100;
+        for i in 0..keys {
+            let key = format!("{prefix}k{i:06}");
+            rig.source.put(Put::new(key.clone(), "v")).await.unwrap();
+            rig.peer.put(Put::new(key, "v").lease(lease)).await.unwrap();
+        }
+        let source = rig.source.range(Range::key("-")).await.unwrap();
+        rig.put_state(predecessor(source.header.revision, lease))
+            .await;
+        let stats = peer.writer.stats.clone();
+        let stop = peer.cancel.clone();
+        let counted = || {
+            (
+                rig.source_txns.load(SeqCst),
+                stats.copy_counts.load(Relaxed),
+            )
+        };
+        let (ended, (passes, source_counts, copy_counts)) = tokio::join!(peer.replicate(), async {
+            for _ in 0..100 {
+                if stats.verify_runs.load(Relaxed) > 0 {
+                    break;
+                }
+                tokio::time::sleep(hb / 5).await;
+            }
+            let passes = stats.verify_runs.load(Relaxed);
+            let before = counted();
+            tokio::time::sleep(hb * 8).await;
+            let after = counted();
+            stop.cancel();
+            (passes, after.0 - before.0, after.1 - before.1)
+        });
+        ended.unwrap();
+        assert_eq!(passes, 1, "the resumed copy's first pass");
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 0, "resumed");
+        assert_eq!(stats.count_pieces.load(Relaxed), 3);
+        assert!(copy_counts >= 3, "{copy_counts} counts in 8 heartbeats");
+        assert_eq!(source_counts, 0, "the source was counted after the pass");
     }
 
     /// Ticks fall on multiples of the heartbeat in Unix time, so engines
