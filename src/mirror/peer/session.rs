@@ -434,6 +434,7 @@ mod tests {
     use crate::etcd::{Delete, Header, Put, Range};
     use crate::mirror::live::tick::Ticks;
     use crate::mirror::state::State;
+    use crate::mirror::stats::PeerStats;
     use bytes::Bytes;
 
     #[test]
@@ -613,28 +614,38 @@ mod tests {
         assert_eq!(reads, 0, "the peer was read {reads} times at rest");
     }
 
+    /// A rig whose copy is counted every second heartbeat, twenty
+    /// heartbeats to a lease TTL: the model keeps no lease alive, so a
+    /// session lasts one TTL.
+    fn counting_rig() -> (Peer, Rig, Duration) {
+        let hb = TTL / 20;
+        let (peer, rig) = rig(
+            |c| c.with_heartbeat_interval(hb).with_recount_interval(hb * 2),
+            ModelConfig::default(),
+        );
+        (peer, rig, hb)
+    }
+
+    /// (Txns asked of the source, counts of the copy) so far: a count
+    /// that walks the source is one txn or more there.
+    fn counted(rig: &Rig, stats: &PeerStats) -> (u64, u64) {
+        (
+            rig.source_txns.load(SeqCst),
+            stats.copy_counts.load(Relaxed),
+        )
+    }
+
     /// At rest a backstop count reads only the peer: the source's subtree
     /// is as the session's last count found it, since its watch delivered
     /// nothing. A change at the source has the next count read it again.
     #[tokio::test(start_paused = true)]
     async fn at_rest_a_backstop_count_reads_the_source_again_only_after_a_change() {
-        // Within one session (a lease TTL in the model): a count every
-        // second heartbeat.
-        let hb = TTL / 20;
-        let (mut peer, rig) = rig(
-            |c| c.with_heartbeat_interval(hb).with_recount_interval(hb * 2),
-            ModelConfig::default(),
-        );
+        let (mut peer, rig, hb) = counting_rig();
         let prefix = peer.cfg.prefix();
         rig.fill_source(&prefix, 10).await;
         let stop = peer.cancel.clone();
         let stats = peer.writer.stats.clone();
-        let counted = || {
-            (
-                rig.source_txns.load(SeqCst),
-                stats.copy_counts.load(Relaxed),
-            )
-        };
+        let counted = || counted(&rig, &stats);
         let (ended, (at_rest, after_change)) = tokio::join!(peer.replicate(), async {
             // Synced, and counted at the session's start.
             tokio::time::sleep(hb * 2).await;
@@ -670,11 +681,7 @@ mod tests {
     /// so the backstop counts after it, split afresh, read only the peer.
     #[tokio::test(start_paused = true)]
     async fn after_a_pass_a_backstop_count_at_rest_reads_only_the_peer() {
-        let hb = TTL / 20;
-        let (mut peer, rig) = rig(
-            |c| c.with_heartbeat_interval(hb).with_recount_interval(hb * 2),
-            ModelConfig::default(),
-        );
+        let (mut peer, rig, hb) = counting_rig();
         let prefix = peer.cfg.prefix();
         let lease = rig.grant(TTL).await;
         // Three count pieces.
@@ -689,12 +696,7 @@ mod tests {
             .await;
         let stats = peer.writer.stats.clone();
         let stop = peer.cancel.clone();
-        let counted = || {
-            (
-                rig.source_txns.load(SeqCst),
-                stats.copy_counts.load(Relaxed),
-            )
-        };
+        let counted = || counted(&rig, &stats);
         let (ended, (passes, source_counts, copy_counts)) = tokio::join!(peer.replicate(), async {
             for _ in 0..100 {
                 if stats.verify_runs.load(Relaxed) > 0 {
