@@ -446,6 +446,12 @@ impl Collector for AppCollector {
         )?;
         counters(
             e,
+            "verify_unchanged",
+            "Scheduled verification passes not run because neither the source's subtree nor the copy changed since a pass found the copy exact (at least every 24th runs).",
+            per_peer_count(|p| p.verify_unchanged.load(Relaxed)),
+        )?;
+        counters(
+            e,
             "verify_skipped",
             "Verification passes that could not finish, by reason; after several in a row the copy is reported not synced.",
             per_peer_by(

@@ -89,7 +89,9 @@ pub const DEFAULT_LIMIT_REPROBE: Duration = Duration::from_secs(60);
 /// backstop for what no watch shows. Each pass reads the whole subtree on
 /// both etcds: at 10 minutes, ten regions of 100k keys spent about 0.5
 /// CPU-seconds a second of their etcds on passes alone
-/// (docs/benchmarks-log.md §10).
+/// (docs/benchmarks-log.md §10). A pass that would compare only what the
+/// last one found exact, neither side having changed since, is skipped
+/// (`verify::Unchanged`), at most 23 in a row.
 pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(3600);
 /// Default interval of the backstop count: how often, at most, the probe
 /// compares the copy's key count with the source's once a count matched
@@ -98,7 +100,8 @@ pub const DEFAULT_VERIFY_INTERVAL: Duration = Duration::from_secs(3600);
 /// be re-armed brings a count at once), and each count walks the subtree
 /// on both etcds. At three minutes the counts were a third of what ten
 /// regions of 100k keys cost their etcds at rest (docs/benchmarks-log.md
-/// §10).
+/// §10). A count due while neither watch delivered anything since the last
+/// one is skipped, at most five in a row (`count::Cadence`).
 pub const DEFAULT_RECOUNT_INTERVAL: Duration = Duration::from_secs(600);
 /// Default pace of the verification pass, in keys read per second per
 /// peer: about a tenth of what one range-diff sync reads, so the pass never

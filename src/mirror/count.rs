@@ -27,14 +27,17 @@
 //! copy watch (`live/copy.rs`), which sees every change to the copy as it
 //! happens: no more often than every
 //! [`crate::mirror::MirrorConfig::recount_interval`] (10 minutes), and at
-//! once when the copy watch had to be re-armed after a gap. Without the
-//! copy watch the count is the first line: every heartbeat while the
-//! subtree holds up to [`KEYS_PER_HEARTBEAT`] keys, and every
+//! once when the copy watch had to be re-armed after a gap. A count due
+//! while neither watch has delivered anything since the last one matched
+//! is skipped, at most [`MAX_UNCHANGED_COUNTS`] in a row ([`Cadence`]).
+//! Without the copy watch the count is the first line: every heartbeat
+//! while the subtree holds up to [`KEYS_PER_HEARTBEAT`] keys, and every
 //! `keys / KEYS_PER_HEARTBEAT` heartbeats above that
 //! ([`heartbeats_between_counts`]). Pieces bound how long one count holds
-//! the writes, not what counting costs: each count walks the whole subtree
-//! on the peer, and on the source unless the subtree's watch delivered
-//! nothing since the session's last count there ([`SourceCount`]). Ten regions at 100k keys each, every copy synced and
+//! the writes, not what counting costs: each count walks the whole
+//! subtree on the peer, and on the source unless the subtree's watch
+//! delivered nothing since the session's last count there
+//! ([`SourceCount`]). Ten regions at 100k keys each, every copy synced and
 //! nothing written, kept the ten etcds busy for 1.53 CPU-seconds a second
 //! counting every heartbeat, 0.34–0.37 counting every fifth
 //! (docs/benchmarks-log.md §4), which is why the copy watch, not the
@@ -63,18 +66,43 @@ fn heartbeats_between_counts(keys: i64) -> u64 {
     (keys.max(0) as u64 / KEYS_PER_HEARTBEAT).max(1)
 }
 
+/// Backstop counts in a row a cadence may skip while neither watch has
+/// delivered anything since the last count matched: at least every 6th
+/// runs (hourly at the default ten-minute spacing), so a watch that lost
+/// a put or a delete without a trace is still found.
+pub(crate) const MAX_UNCHANGED_COUNTS: u32 = 5;
+
+/// Where a session's two watches stood: the newest revision the source's
+/// subtree watch delivered an event at, and the last revision the copy
+/// watch delivered.
+pub(crate) type Positions = (i64, i64);
+
 /// Which of a session's probes count the copy: every one until a count
 /// has matched, then one every [`heartbeats_between_counts`] for the
 /// subtree's size at that count, and no more often than every `min_gap`
 /// heartbeats (the backstop spacing while the copy watch follows the copy;
 /// 1 without it).
+///
+/// A count that falls due while both watches stand where they stood when
+/// the last matched count was sent is skipped, as if it had matched again:
+/// the source's subtree and the copy are as that count found them, since
+/// every change to either comes through its watch. Only a watch that lost
+/// an event could make it differ, so at most [`MAX_UNCHANGED_COUNTS`] are
+/// skipped in a row. Ten regions of 100k keys at rest spent about a tenth
+/// of their etcds' CPU on the ten-minute counts (docs/benchmarks-log.md
+/// §10).
 #[derive(Debug)]
 pub(crate) struct Cadence {
     /// The source's key count at the session's last count, which matched.
     matched_keys: Option<i64>,
+    /// Where the watches stood when that count's probe was sent (`None`:
+    /// the copy is not watched, and no count is skipped).
+    matched_at: Option<Positions>,
     /// Probes since then.
     since: u64,
     min_gap: u64,
+    /// Counts skipped in a row since, neither watch having moved.
+    unchanged: u32,
 }
 
 impl Default for Cadence {
@@ -89,28 +117,50 @@ impl Cadence {
     pub(crate) fn new(min_gap: u64) -> Cadence {
         Cadence {
             matched_keys: None,
+            matched_at: None,
             since: 0,
             min_gap: min_gap.max(1),
+            unchanged: 0,
         }
     }
 
-    /// Whether the next probe counts.
-    pub(crate) fn due(&self) -> bool {
-        self.matched_keys
-            .is_none_or(|keys| self.since + 1 >= heartbeats_between_counts(keys).max(self.min_gap))
+    fn spacing(&self, keys: i64) -> u64 {
+        heartbeats_between_counts(keys).max(self.min_gap)
     }
 
-    /// A count matched, the source holding `keys` keys.
-    pub(crate) fn matched(&mut self, keys: i64) {
+    /// Whether the next probe, sent with the watches `at`, counts.
+    pub(crate) fn due(&self, at: Option<Positions>) -> bool {
+        let Some(keys) = self.matched_keys else {
+            return true;
+        };
+        let unchanged =
+            at.is_some() && at == self.matched_at && self.unchanged < MAX_UNCHANGED_COUNTS;
+        self.since + 1 >= self.spacing(keys) && !unchanged
+    }
+
+    /// A count matched, the source holding `keys` keys; its probe was sent
+    /// with the watches `at`.
+    pub(crate) fn matched(&mut self, keys: i64, at: Option<Positions>) {
         self.matched_keys = Some(keys);
+        self.matched_at = at;
         self.since = 0;
+        self.unchanged = 0;
     }
 
     /// A probe that did not count: whether it stands on the session's last
-    /// count, which matched (a mismatch would have ended the session).
+    /// count, which matched (a mismatch would have ended the session). One
+    /// that was due by the spacing was skipped as unchanged, and the
+    /// spacing starts again from it.
     pub(crate) fn skipped(&mut self) -> bool {
         self.since += 1;
-        self.matched_keys.is_some()
+        let Some(keys) = self.matched_keys else {
+            return false;
+        };
+        if self.since >= self.spacing(keys) {
+            self.since = 0;
+            self.unchanged += 1;
+        }
+        true
     }
 
     /// The next probe counts, whatever the spacing (the copy watch had to
@@ -367,13 +417,13 @@ mod tests {
     #[test]
     fn a_session_counts_until_a_count_matches_then_every_few_probes() {
         let mut c = Cadence::default();
-        assert!(c.due(), "a session's first probe counts");
-        c.matched(100_000);
+        assert!(c.due(None), "a session's first probe counts");
+        c.matched(100_000, None);
         let due: Vec<bool> = (0..10)
             .map(|_| {
-                let due = c.due();
+                let due = c.due(None);
                 if due {
-                    c.matched(100_000);
+                    c.matched(100_000, None);
                 } else {
                     assert!(c.skipped(), "a skipped probe stands on the match");
                 }
@@ -382,6 +432,34 @@ mod tests {
             .collect();
         assert_eq!(due.iter().filter(|d| **d).count(), 2, "{due:?}");
         assert!(!Cadence::default().skipped(), "no match yet to stand on");
+    }
+
+    #[test]
+    fn a_due_count_is_skipped_while_neither_watch_moved_up_to_a_limit() {
+        // Every third probe is due.
+        let mut c = Cadence::new(3);
+        let rest = Some((10, 20));
+        c.matched(100, rest);
+        let mut counted = Vec::new();
+        for probe in 1..=40 {
+            if c.due(rest) {
+                counted.push(probe);
+                c.matched(100, rest);
+            } else {
+                assert!(c.skipped());
+            }
+        }
+        let every = 3 * (MAX_UNCHANGED_COUNTS as usize + 1);
+        assert_eq!(counted, vec![every, 2 * every], "the probes that counted");
+        // A watch that moved has the next due probe count.
+        let mut c = Cadence::new(3);
+        c.matched(100, rest);
+        assert!(!c.due(Some((11, 20))) && c.skipped());
+        assert!(!c.due(Some((11, 20))) && c.skipped());
+        assert!(c.due(Some((11, 20))), "the source changed");
+        assert!(c.due(Some((10, 21))), "the copy changed");
+        assert!(c.due(None), "the copy is not watched");
+        assert!(!c.due(rest), "nothing changed");
     }
 
     #[test]

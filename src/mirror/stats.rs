@@ -273,6 +273,9 @@ pub struct PeerStats {
     pub verify_runs: AtomicU64,
     /// Keys the verification passes repaired.
     pub verify_repairs: AtomicU64,
+    /// Scheduled passes not run: neither the source nor the copy changed
+    /// since a pass found the copy exact (`verify::Unchanged`).
+    pub verify_unchanged: AtomicU64,
     /// Verification is overdue: several passes in a row could not finish,
     /// so the copy is reported not synced until one does.
     pub verify_overdue: AtomicBool,
@@ -330,6 +333,7 @@ impl PeerStats {
             conflicted: AtomicBool::new(false),
             conflicts: AtomicU64::new(0),
             verify_runs: AtomicU64::new(0),
+            verify_unchanged: AtomicU64::new(0),
             verify_repairs: AtomicU64::new(0),
             verify_overdue: AtomicBool::new(false),
             txn_ops_limit: AtomicU64::new(0),

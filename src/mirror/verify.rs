@@ -114,6 +114,85 @@ impl VerifySchedule {
     }
 }
 
+/// Scheduled passes in a row that [`Unchanged`] may skip: at least every
+/// 24th runs whatever the watches said (daily at the default hourly
+/// interval), so a watch that lost an event without a trace is still
+/// caught, if a day late.
+pub(crate) const MAX_UNCHANGED: u32 = 23;
+
+/// Whether a scheduled pass would compare anything its predecessor did not.
+///
+/// A pass reads the whole subtree on both etcds: about 3 CPU-seconds of
+/// the two etcds' for 100k keys (`GOGC=25`), so ten regions at rest spent
+/// more on their hourly passes than on everything else together
+/// (docs/benchmarks-log.md §10). Yet at rest it compares what it compared
+/// an interval ago: the source's subtree watch delivered nothing (its
+/// events carry every change since the revision it resumed from), and
+/// neither did the copy watch (every change on the copy, ours included).
+/// So once a pass of this session found the copy exact with everything
+/// delivered applied, a later scheduled pass is skipped (counted in
+/// `verify_unchanged_total`) while both watches' positions stand where
+/// they stood when that pass began. A pass brought forward for a gap in
+/// the copy watch's history is never skipped ([`Unchanged::reset`]), nor
+/// more than [`MAX_UNCHANGED`] in a row. A session starts with none: it
+/// knows nothing of what its predecessor compared.
+#[derive(Debug, Default)]
+pub(crate) struct Unchanged {
+    /// Where both watches stood when the running pass began.
+    began: Option<Positions>,
+    /// Where they stood when the last pass that found the copy exact
+    /// began, and the scheduled passes skipped since.
+    exact: Option<(Positions, u32)>,
+}
+
+/// The newest revision the source's subtree watch delivered an event at,
+/// and the last revision the copy watch delivered.
+type Positions = (i64, i64);
+
+impl Unchanged {
+    /// A pass begins, the watches at `source` and `copy` (`None`: the copy
+    /// is not watched, and no pass can be skipped).
+    pub(crate) fn began(&mut self, source: i64, copy: Option<i64>) {
+        self.began = copy.map(|copy| (source, copy));
+    }
+
+    /// The running pass ended: `report` if it completed. It vouches for
+    /// the copy only if it repaired nothing, left nothing to the live
+    /// stream, and compared against a revision covering every event the
+    /// watch had delivered when it began.
+    pub(crate) fn ended(&mut self, report: Option<&Report>) {
+        let began = self.began.take();
+        self.exact = match (began, report) {
+            (Some(at), Some(r)) if r.repaired == 0 && r.skipped == 0 && r.pinned >= at.0 => {
+                Some((at, 0))
+            }
+            _ => None,
+        };
+    }
+
+    /// A scheduled pass is due with the watches at `source` and `copy`:
+    /// whether it would compare what the last exact pass compared (then it
+    /// is booked as skipped and `true` returned).
+    pub(crate) fn skip(&mut self, source: i64, copy: Option<i64>) -> bool {
+        match (&mut self.exact, copy) {
+            (Some((at, skipped)), Some(copy))
+                if *at == (source, copy) && *skipped < MAX_UNCHANGED =>
+            {
+                *skipped += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The copy watch's history has a gap (re-armed past a compaction):
+    /// what it did not deliver may have changed the copy.
+    pub(crate) fn reset(&mut self) {
+        self.began = None;
+        self.exact = None;
+    }
+}
+
 /// What one pass found.
 #[derive(Debug, Default)]
 pub(crate) struct Report {
@@ -261,4 +340,80 @@ async fn settled(local: &Store, key: &Bytes, at_pin: Option<&KeyValue>) -> Resul
         (None, None) => true,
         _ => false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exact(pinned: i64) -> Report {
+        Report {
+            pinned,
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn a_pass_is_skipped_only_while_neither_watch_moved_since_an_exact_one() {
+        let mut u = Unchanged::default();
+        assert!(!u.skip(10, Some(5)), "no pass of this session yet");
+        u.began(10, Some(5));
+        u.ended(Some(&exact(12)));
+        assert!(u.skip(10, Some(5)));
+        assert!(u.skip(10, Some(5)), "and again");
+        assert!(!u.skip(11, Some(5)), "the source changed");
+        assert!(!u.skip(10, Some(6)), "the copy changed");
+        assert!(!u.skip(10, None), "the copy is not watched");
+        u.reset();
+        assert!(!u.skip(10, Some(5)), "a gap in the copy watch");
+    }
+
+    #[test]
+    fn only_a_pass_that_found_everything_exact_vouches() {
+        let cases = [
+            (
+                "repaired a key",
+                Report {
+                    repaired: 1,
+                    ..exact(12)
+                },
+            ),
+            (
+                "left a key to the live stream",
+                Report {
+                    skipped: 1,
+                    ..exact(12)
+                },
+            ),
+            ("pinned below an event delivered", exact(9)),
+        ];
+        for (what, report) in cases {
+            let mut u = Unchanged::default();
+            u.began(10, Some(5));
+            u.ended(Some(&report));
+            assert!(!u.skip(10, Some(5)), "a pass that {what}");
+        }
+        let mut u = Unchanged::default();
+        u.began(10, Some(5));
+        u.ended(None);
+        assert!(!u.skip(10, Some(5)), "a pass that did not finish");
+        u.began(10, None);
+        u.ended(Some(&exact(12)));
+        assert!(!u.skip(10, Some(5)), "a pass with the copy unwatched");
+    }
+
+    #[test]
+    fn every_so_often_a_pass_runs_whatever_the_watches_say() {
+        let mut u = Unchanged::default();
+        u.began(10, Some(5));
+        u.ended(Some(&exact(10)));
+        let skipped = (0..100).take_while(|_| u.skip(10, Some(5))).count();
+        assert_eq!(skipped, MAX_UNCHANGED as usize);
+        u.began(10, Some(5));
+        u.ended(Some(&exact(10)));
+        assert!(
+            u.skip(10, Some(5)),
+            "the pass that ran starts the count again"
+        );
+    }
 }

@@ -414,6 +414,7 @@ impl Live<'_> {
     /// this one judged) re-syncs instead of trusting the copy.
     pub(super) fn open_gap(&mut self) {
         self.fresh.gap();
+        self.unchanged.reset();
         self.verify.run_now(Instant::now());
         self.writer.marks.synced.store(false, Relaxed);
         self.writer.stats.set_synced(false);

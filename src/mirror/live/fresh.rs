@@ -27,7 +27,9 @@
 //!    explains the mismatch and its repair is under way, so the count says
 //!    nothing and the next probe counts again). Counts come at the
 //!    session's start, then as a backstop to the copy watch
-//!    (`count::Cadence`).
+//!    (`count::Cadence`); a backstop count due while neither watch has
+//!    delivered anything since the last match stands on that match, since
+//!    both sides are as it found them (at most five in a row).
 //! 3. **its lease has at least a heartbeat left** (or a third of its TTL,
 //!    if that is less: keep-alives go every third of it, so a healthy
 //!    lease never has less; a heartbeat longer than that would otherwise
@@ -71,7 +73,7 @@
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::mirror::count::Cadence;
+use crate::mirror::count::{Cadence, Positions};
 #[cfg(doc)]
 use crate::mirror::state::State;
 
@@ -103,6 +105,8 @@ pub(crate) struct Freshness {
     changes_seen: u64,
     /// The copy watch missed part of the copy's history (rule 4).
     gap: Gap,
+    /// Where the two watches stand (`None`: the copy is not watched).
+    positions: Option<Positions>,
 }
 
 /// Whether a gap in the copy watch's history waits for a verification pass.
@@ -135,6 +139,8 @@ pub(crate) struct Sent {
     pub(crate) counting: bool,
     /// Out-of-band changes seen when it was sent.
     changes_seen: u64,
+    /// Where the two watches stood when it was sent.
+    positions: Option<Positions>,
 }
 
 /// What a probe read back, as far as freshness is concerned.
@@ -218,6 +224,7 @@ impl Freshness {
             out_of_band: false,
             changes_seen: 0,
             gap: Gap::None,
+            positions: None,
         }
     }
 
@@ -277,6 +284,13 @@ impl Freshness {
         self.out_of_band
     }
 
+    /// Where the two watches stand now: the next probe's count is skipped
+    /// if they stand where they stood at the last count that matched
+    /// (`count::Cadence`).
+    pub(crate) fn watched(&mut self, at: Option<Positions>) {
+        self.positions = at;
+    }
+
     /// A watch message arrived (events or a progress notice).
     pub(crate) fn received(&mut self) {
         self.received += 1;
@@ -296,7 +310,8 @@ impl Freshness {
             reconnects,
             unsettled_from,
             ahead,
-            counting: self.cadence.due(),
+            counting: self.cadence.due(self.positions),
+            positions: self.positions,
             changes_seen: self.changes_seen,
         }
     }
@@ -333,7 +348,7 @@ impl Freshness {
                         read.applied, read.oversized
                     ));
                 }
-                self.cadence.matched(source);
+                self.cadence.matched(source, sent.positions);
                 true
             }
             // A probe that could not count (a resumed copy still replaying

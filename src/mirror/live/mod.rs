@@ -142,6 +142,7 @@ pub(crate) async fn run(parts: Parts<'_>, opened: Opened) -> Result<()> {
         verify,
         splits,
         verifying: false,
+        unchanged: verify::Unchanged::default(),
         splits_seen: 0,
         launched_ops: 0,
         ops_before: VecDeque::new(),
@@ -212,6 +213,8 @@ struct Live<'a> {
     /// Where the probe's key counts are split ([`super::count`]).
     splits: &'a mut CountSplits,
     verifying: bool,
+    /// Whether a scheduled pass would compare anything new.
+    unchanged: verify::Unchanged,
     splits_seen: u64,
     /// Data ops launched in this phase so far.
     launched_ops: u64,
@@ -326,15 +329,7 @@ impl<'a> Live<'a> {
                         None => std::future::pending().await,
                     }
                 }, if verify_at.is_some() => {
-                    self.verifying = true;
-                    self.fresh.pass_started();
-                    verifying = Some(Box::pin(verify::pass(
-                        self.writer,
-                        self.local,
-                        self.prefix.clone(),
-                        self.cfg,
-                        self.inflight.watermark(),
-                    )));
+                    verifying = self.due_pass();
                 }
                 _ = tokio::time::sleep_until(probe_at), if probing.is_none() => {
                     let now = Instant::now();
@@ -363,11 +358,34 @@ impl<'a> Live<'a> {
         }
     }
 
+    /// The scheduled pass is due: its future, or `None` (booked as done)
+    /// when neither watch delivered a thing since a pass found the copy
+    /// exact, so it would find the same ([`verify::Unchanged`]).
+    fn due_pass(&mut self) -> Option<BoxFuture<'a, Result<verify::Report>>> {
+        let copy_at = self.copy.as_ref().map(CopyWatch::seen);
+        if !self.fresh.needs_pass() && self.unchanged.skip(self.last_change, copy_at) {
+            self.verify.done(Instant::now(), &self.writer.stats);
+            self.writer.stats.verify_unchanged.fetch_add(1, Relaxed);
+            return None;
+        }
+        self.unchanged.began(self.last_change, copy_at);
+        self.verifying = true;
+        self.fresh.pass_started();
+        Some(Box::pin(verify::pass(
+            self.writer,
+            self.local,
+            self.prefix.clone(),
+            self.cfg,
+            self.inflight.watermark(),
+        )))
+    }
+
     /// Books a verification pass that ended: done, or skipped (counted,
     /// and tried again soon) when its revision was compacted.
     fn verified(&mut self, report: Result<verify::Report>) -> Result<()> {
         let now = Instant::now();
         let completed = report.is_ok();
+        self.unchanged.ended(report.as_ref().ok());
         let closed_gap = self.fresh.pass_ended(completed);
         let stats = &self.writer.stats;
         match report {

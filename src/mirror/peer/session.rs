@@ -569,24 +569,33 @@ mod tests {
         assert_eq!(rig.state().await.unwrap().holder, HOLDER);
     }
 
+    /// A rig with ten keys at the source, twenty heartbeats to a lease
+    /// TTL (the model keeps no lease alive, so a session lasts one TTL)
+    /// and no backstop count within it.
+    async fn resting_rig(
+        cfg: impl FnOnce(crate::mirror::MirrorConfig) -> crate::mirror::MirrorConfig,
+    ) -> (Peer, Rig, Duration) {
+        let hb = TTL / 20;
+        let (peer, rig) = rig(
+            |c| {
+                cfg(c
+                    .with_heartbeat_interval(hb)
+                    .with_recount_interval(Duration::from_secs(3_600)))
+            },
+            ModelConfig::default(),
+        );
+        rig.fill_source(&peer.cfg.prefix(), 10).await;
+        (peer, rig, hb)
+    }
+
     /// A settled copy at rest: every heartbeat its probe marks it current
     /// and a txn writes the heartbeat, but the peer is not read: each
     /// txn's answer already checked the claim and the peer's identity.
     /// Only a count reads it (and there is none in this window).
     #[tokio::test(start_paused = true)]
     async fn at_rest_a_copys_probes_read_the_peer_only_to_count_it() {
-        // Ten heartbeats within one session: the rig's keep-alives keep
-        // nothing alive in the model, so a session lasts a lease TTL.
-        let hb = TTL / 20;
-        let (mut peer, rig) = rig(
-            |c| {
-                c.with_heartbeat_interval(hb)
-                    .with_recount_interval(Duration::from_secs(3_600))
-            },
-            ModelConfig::default(),
-        );
-        let prefix = peer.cfg.prefix();
-        rig.fill_source(&prefix, 10).await;
+        // Ten heartbeats within one session.
+        let (mut peer, rig, hb) = resting_rig(|c| c).await;
         let stop = peer.cancel.clone();
         let stats = peer.writer.stats.clone();
         let (ended, (reads, txns, current)) = tokio::join!(peer.replicate(), async {
@@ -614,6 +623,62 @@ mod tests {
         assert_eq!(reads, 0, "the peer was read {reads} times at rest");
     }
 
+    /// At rest a scheduled pass compares what the last one found exact:
+    /// it is skipped, until the source or the copy changes (each brings
+    /// the next one back).
+    #[tokio::test(start_paused = true)]
+    async fn at_rest_a_scheduled_pass_runs_again_only_after_a_change() {
+        let (mut peer, rig, hb) = resting_rig(|c| c.with_verify_interval(Some(TTL / 10))).await;
+        let prefix = peer.cfg.prefix();
+        let stop = peer.cancel.clone();
+        let stats = peer.writer.stats.clone();
+        let passes = || {
+            (
+                stats.verify_runs.load(Relaxed),
+                stats.verify_unchanged.load(Relaxed),
+            )
+        };
+        let delta = |a: (u64, u64), b: (u64, u64)| (b.0 - a.0, b.1 - a.1);
+        let (ended, (at_rest, source_changed, copy_changed)) =
+            tokio::join!(peer.replicate(), async {
+                // Synced (a pass's worth), then the first pass an interval on.
+                tokio::time::sleep(hb * 3).await;
+                let start = passes();
+                tokio::time::sleep(hb * 6).await;
+                let rest = passes();
+                rig.fill_source(&format!("{prefix}new"), 1).await;
+                tokio::time::sleep(hb * 3).await;
+                let source = passes();
+                rig.peer
+                    .put(Put::new(format!("{prefix}00003"), "edited"))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(hb * 3).await;
+                let copy = passes();
+                stop.cancel();
+                (delta(start, rest), delta(rest, source), delta(source, copy))
+            });
+        ended.unwrap();
+        assert_eq!(
+            stats.errors(ErrorKind::LeaseLost),
+            0,
+            "one session throughout"
+        );
+        assert_eq!(stats.resyncs(ResyncReason::Initial), 1);
+        assert_eq!(
+            at_rest,
+            (0, 3),
+            "(passes run, skipped) over six heartbeats at rest"
+        );
+        assert_eq!(
+            source_changed.0, 1,
+            "after a source change: {source_changed:?}"
+        );
+        assert_eq!(copy_changed.0, 1, "after a copy edit: {copy_changed:?}");
+        assert!(stats.repaired.load(Relaxed) >= 1, "the edit was repaired");
+        assert!(stats.is_synced());
+    }
+
     /// A rig whose copy is counted every second heartbeat, twenty
     /// heartbeats to a lease TTL: the model keeps no lease alive, so a
     /// session lasts one TTL.
@@ -626,18 +691,30 @@ mod tests {
         (peer, rig, hb)
     }
 
-    /// (Txns asked of the source, counts of the copy) so far: a count
-    /// that walks the source is one txn or more there.
+    /// Edits `key` on the peer out of band: the copy watch sees it, and
+    /// it is repaired.
+    async fn edit_copy(rig: &Rig, key: &str) {
+        rig.peer
+            .put(Put::new(key.to_string(), "edited"))
+            .await
+            .unwrap();
+    }
+
+    /// (Count txns asked of the source, counts of the copy) so far: a
+    /// count that walks the source is one txn or more there.
     fn counted(rig: &Rig, stats: &PeerStats) -> (u64, u64) {
         (
-            rig.source_txns.load(SeqCst),
+            rig.source_counts.load(SeqCst),
             stats.copy_counts.load(Relaxed),
         )
     }
 
-    /// At rest a backstop count reads only the peer: the source's subtree
-    /// is as the session's last count found it, since its watch delivered
-    /// nothing. A change at the source has the next count read it again.
+    /// At rest the backstop count is skipped: neither watch delivered a
+    /// thing since the last count matched (`count::Cadence`). A change on
+    /// the copy alone brings the next one back, and it reads only the
+    /// peer: the source's subtree is as the last count found it, since its
+    /// watch delivered nothing. A change at the source has the next count
+    /// read it again.
     #[tokio::test(start_paused = true)]
     async fn at_rest_a_backstop_count_reads_the_source_again_only_after_a_change() {
         let (mut peer, rig, hb) = counting_rig();
@@ -646,19 +723,24 @@ mod tests {
         let stop = peer.cancel.clone();
         let stats = peer.writer.stats.clone();
         let counted = || counted(&rig, &stats);
-        let (ended, (at_rest, after_change)) = tokio::join!(peer.replicate(), async {
+        let delta = |a: (u64, u64), b: (u64, u64)| (b.0 - a.0, b.1 - a.1);
+        let (ended, (at_rest, after_edit, after_change)) = tokio::join!(peer.replicate(), async {
             // Synced, and counted at the session's start.
             tokio::time::sleep(hb * 2).await;
             let before = counted();
             tokio::time::sleep(hb * 8).await;
             let rest = counted();
+            edit_copy(&rig, &format!("{prefix}00003")).await;
+            tokio::time::sleep(hb * 3).await;
+            let edited = counted();
             rig.fill_source(&format!("{prefix}new"), 1).await;
             tokio::time::sleep(hb * 3).await;
             let changed = counted();
             stop.cancel();
             (
-                (rest.0 - before.0, rest.1 - before.1),
-                (changed.0 - rest.0, changed.1 - rest.1),
+                delta(before, rest),
+                delta(rest, edited),
+                delta(edited, changed),
             )
         });
         ended.unwrap();
@@ -667,9 +749,20 @@ mod tests {
             0,
             "one session throughout"
         );
-        let (source_counts, copy_counts) = at_rest;
-        assert!(copy_counts >= 3, "{copy_counts} counts in 8 heartbeats");
-        assert_eq!(source_counts, 0, "the source was counted at rest");
+        assert_eq!(
+            at_rest,
+            (0, 0),
+            "(source, copy) counts in 8 heartbeats at rest"
+        );
+        let (source_counts, copy_counts) = after_edit;
+        assert!(
+            copy_counts >= 1,
+            "{copy_counts} counts after an edit of the copy"
+        );
+        assert_eq!(
+            source_counts, 0,
+            "the source was counted after the copy alone changed"
+        );
         let (source_counts, copy_counts) = after_change;
         assert!(copy_counts >= 1, "{copy_counts} counts after the change");
         assert!(source_counts >= 1, "the changed source was not counted");
@@ -678,7 +771,9 @@ mod tests {
 
     /// A copy resumed without a sync is counted in one piece until its
     /// first verification pass splits it; the pass read every source key,
-    /// so the backstop counts after it, split afresh, read only the peer.
+    /// so the backstop counts after it, split afresh, read only the peer
+    /// (here brought back by an edit of the copy, which the source did not
+    /// see).
     #[tokio::test(start_paused = true)]
     async fn after_a_pass_a_backstop_count_at_rest_reads_only_the_peer() {
         let (mut peer, rig, hb) = counting_rig();
@@ -706,7 +801,10 @@ mod tests {
             }
             let passes = stats.verify_runs.load(Relaxed);
             let before = counted();
-            tokio::time::sleep(hb * 8).await;
+            for _ in 0..3 {
+                edit_copy(&rig, &format!("{prefix}k000003")).await;
+                tokio::time::sleep(hb * 3).await;
+            }
             let after = counted();
             stop.cancel();
             (passes, after.0 - before.0, after.1 - before.1)
@@ -715,7 +813,7 @@ mod tests {
         assert_eq!(passes, 1, "the resumed copy's first pass");
         assert_eq!(stats.resyncs(ResyncReason::Initial), 0, "resumed");
         assert_eq!(stats.count_pieces.load(Relaxed), 3);
-        assert!(copy_counts >= 3, "{copy_counts} counts in 8 heartbeats");
+        assert!(copy_counts >= 3, "{copy_counts} counts after 3 edits");
         assert_eq!(source_counts, 0, "the source was counted after the pass");
     }
 
