@@ -26,7 +26,7 @@ KNOWN = {
     "resyncs_total", "split_revisions_total", "sync_keys_put_total", "sync_keys_deleted_total",
     "peer_up", "peer_synced", "peer_staleness_seconds", "peer_lapsed", "lapses_total", "conflicts_total",
     "peer_conflicted", "verify_skipped_total",
-    "verify_runs_total", "verify_repairs_total", "peer_txn_ops_limit", "peer_request_bytes_limit",
+    "verify_runs_total", "verify_repairs_total", "verify_unchanged_total", "peer_txn_ops_limit", "peer_request_bytes_limit",
     "window_txns", "window_bytes", "rtt_seconds",
     # per replica
     "is_leader", "build_info", "reloads_total", "reload_failures_total",
