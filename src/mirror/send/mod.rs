@@ -189,9 +189,10 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
     }
 
     /// Books a txn the peer answered: its compares held (else why not),
-    /// and the peer is the store it was: no txn commits below one that
-    /// was answered before it was sent (`floor`), so an answer below it
-    /// is a peer restored from an older snapshot. The live loop's probe
+    /// and the peer is the store it was: a write commits above every
+    /// revision answered before it was sent (`floor`), and a txn that
+    /// changed nothing no lower, so an answer short of that is a peer
+    /// restored from an older snapshot. The live loop's probe
     /// relies on this check instead of reading the peer itself
     /// (`live/probe.rs`, `Live::probe_read`).
     fn accepted(
@@ -204,7 +205,18 @@ impl<'a, T: Send + 'static> Pipeline<'a, T> {
         if !resp.succeeded {
             return Err(self.writer.fence_failure(resp));
         }
-        self.writer.check_peer_read(&resp.header, floor)?;
+        if own::committed(resp).is_some() {
+            // A write commits at a revision of its own, above every one
+            // answered before it was sent. A peer restored to just below
+            // the floor answers our next write *at* it: under load, with
+            // a burst mirrored in one txn, that was all a restore moved,
+            // and the copy read current while it held the snapshot.
+            self.writer.check_peer_write(&resp.header, floor)?;
+        } else {
+            // A txn that changed nothing answers with the store's
+            // revision, which may be the floor itself.
+            self.writer.check_peer_read(&resp.header, floor)?;
+        }
         self.link.limits.accepted(branch, size);
         Ok(())
     }
@@ -477,6 +489,24 @@ mod tests {
         let (model, writer, mut link) = peer(ModelConfig::default());
         let mut seen = model.range(Range::key("/")).await.unwrap().header;
         seen.revision += 1_000;
+        writer.check_peer(&seen).unwrap();
+        let err = send_one(&writer, &mut link, puts(1)).await.unwrap_err();
+        assert!(matches!(err, Error::PeerChanged { .. }), "{err:?}");
+    }
+
+    /// A peer restored to just below a revision a txn of ours committed
+    /// at answers our next write *at* that revision: not below it, yet a
+    /// write can only commit above every revision answered before it.
+    /// A txn that changed nothing may answer at it.
+    #[tokio::test]
+    async fn a_write_answered_at_a_revision_of_ours_is_a_changed_peer() {
+        let (model, writer, mut link) = peer(ModelConfig::default());
+        let mut seen = model.range(Range::key("/")).await.unwrap().header;
+        let nothing = vec![Op::from(Delete::key("absent"))];
+        writer.check_peer(&seen).unwrap();
+        send_one(&writer, &mut link, nothing).await.unwrap();
+        // The next write commits one revision on: say we had seen it.
+        seen.revision += 1;
         writer.check_peer(&seen).unwrap();
         let err = send_one(&writer, &mut link, puts(1)).await.unwrap_err();
         assert!(matches!(err, Error::PeerChanged { .. }), "{err:?}");

@@ -153,7 +153,7 @@ impl Own {
 /// The revision a txn committed a change at: `None` if it failed its
 /// compares (the engine's failure branches only read) or changed nothing
 /// (see the module doc).
-fn committed(resp: &TxnResponse) -> Option<i64> {
+pub(crate) fn committed(resp: &TxnResponse) -> Option<i64> {
     /// Whether the ops that ran changed a key; a nested txn's, in whichever
     /// branch ran.
     fn changed(responses: &[OpResponse]) -> bool {

@@ -310,6 +310,23 @@ impl FencedWriter {
         self.check_peer(header)
     }
 
+    /// Checks the answer to a txn of ours that changed a key, sent after
+    /// `floor` was taken from [`FencedWriter::peer_revision`]: it committed
+    /// after every answer the floor came from, so its revision must be
+    /// above it, not merely at it.
+    pub(crate) fn check_peer_write(&self, header: &Header, floor: i64) -> Result<()> {
+        if header.revision <= floor {
+            return Err(Error::PeerChanged {
+                peer: self.region.clone(),
+                why: format!(
+                    "a write of ours committed at revision {}, not above {floor}, which the peer had reached before",
+                    header.revision
+                ),
+            });
+        }
+        self.check_peer(header)
+    }
+
     /// Raises the peer revision mark to one the peer is known to have
     /// reached otherwise (the copy watch delivered it): every later answer
     /// of the peer is at or above it too.
