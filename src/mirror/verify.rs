@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use bytes::Bytes;
 
 use super::config::MirrorConfig;
-use super::count::CountSplits;
+use super::count::{CountSplits, Positions};
 use super::diff::{Diff, Merge};
 use super::send::writer::FencedWriter;
 use super::stats::{ErrorKind, PeerStats, VerifySkip};
@@ -122,7 +122,7 @@ pub(crate) const MAX_UNCHANGED: u32 = 23;
 
 /// Whether a scheduled pass would compare anything its predecessor did not.
 ///
-/// A pass reads the whole subtree on both etcds: about 3 CPU-seconds of
+/// A pass reads the whole subtree on both etcds: about 2 CPU-seconds of
 /// the two etcds' for 100k keys (`GOGC=25`), so ten regions at rest spent
 /// more on their hourly passes than on everything else together
 /// (docs/benchmarks-log.md §10). Yet at rest it compares what it compared
@@ -145,15 +145,11 @@ pub(crate) struct Unchanged {
     exact: Option<(Positions, u32)>,
 }
 
-/// The newest revision the source's subtree watch delivered an event at,
-/// and the last revision the copy watch delivered.
-type Positions = (i64, i64);
-
 impl Unchanged {
-    /// A pass begins, the watches at `source` and `copy` (`None`: the copy
-    /// is not watched, and no pass can be skipped).
-    pub(crate) fn began(&mut self, source: i64, copy: Option<i64>) {
-        self.began = copy.map(|copy| (source, copy));
+    /// A pass begins, the watches `at` (`None`: the copy is not watched,
+    /// and no pass can be skipped).
+    pub(crate) fn began(&mut self, at: Option<Positions>) {
+        self.began = at;
     }
 
     /// The running pass ended: `report` if it completed. It vouches for
@@ -170,14 +166,12 @@ impl Unchanged {
         };
     }
 
-    /// A scheduled pass is due with the watches at `source` and `copy`:
+    /// A scheduled pass is due with the watches `at`:
     /// whether it would compare what the last exact pass compared (then it
     /// is booked as skipped and `true` returned).
-    pub(crate) fn skip(&mut self, source: i64, copy: Option<i64>) -> bool {
-        match (&mut self.exact, copy) {
-            (Some((at, skipped)), Some(copy))
-                if *at == (source, copy) && *skipped < MAX_UNCHANGED =>
-            {
+    pub(crate) fn skip(&mut self, at: Option<Positions>) -> bool {
+        match (&mut self.exact, at) {
+            (Some((exact, skipped)), Some(at)) if *exact == at && *skipped < MAX_UNCHANGED => {
                 *skipped += 1;
                 true
             }
@@ -356,16 +350,16 @@ mod tests {
     #[test]
     fn a_pass_is_skipped_only_while_neither_watch_moved_since_an_exact_one() {
         let mut u = Unchanged::default();
-        assert!(!u.skip(10, Some(5)), "no pass of this session yet");
-        u.began(10, Some(5));
+        assert!(!u.skip(Some((10, 5))), "no pass of this session yet");
+        u.began(Some((10, 5)));
         u.ended(Some(&exact(12)));
-        assert!(u.skip(10, Some(5)));
-        assert!(u.skip(10, Some(5)), "and again");
-        assert!(!u.skip(11, Some(5)), "the source changed");
-        assert!(!u.skip(10, Some(6)), "the copy changed");
-        assert!(!u.skip(10, None), "the copy is not watched");
+        assert!(u.skip(Some((10, 5))));
+        assert!(u.skip(Some((10, 5))), "and again");
+        assert!(!u.skip(Some((11, 5))), "the source changed");
+        assert!(!u.skip(Some((10, 6))), "the copy changed");
+        assert!(!u.skip(None), "the copy is not watched");
         u.reset();
-        assert!(!u.skip(10, Some(5)), "a gap in the copy watch");
+        assert!(!u.skip(Some((10, 5))), "a gap in the copy watch");
     }
 
     #[test]
@@ -389,30 +383,30 @@ mod tests {
         ];
         for (what, report) in cases {
             let mut u = Unchanged::default();
-            u.began(10, Some(5));
+            u.began(Some((10, 5)));
             u.ended(Some(&report));
-            assert!(!u.skip(10, Some(5)), "a pass that {what}");
+            assert!(!u.skip(Some((10, 5))), "a pass that {what}");
         }
         let mut u = Unchanged::default();
-        u.began(10, Some(5));
+        u.began(Some((10, 5)));
         u.ended(None);
-        assert!(!u.skip(10, Some(5)), "a pass that did not finish");
-        u.began(10, None);
+        assert!(!u.skip(Some((10, 5))), "a pass that did not finish");
+        u.began(None);
         u.ended(Some(&exact(12)));
-        assert!(!u.skip(10, Some(5)), "a pass with the copy unwatched");
+        assert!(!u.skip(Some((10, 5))), "a pass with the copy unwatched");
     }
 
     #[test]
     fn every_so_often_a_pass_runs_whatever_the_watches_say() {
         let mut u = Unchanged::default();
-        u.began(10, Some(5));
+        u.began(Some((10, 5)));
         u.ended(Some(&exact(10)));
-        let skipped = (0..100).take_while(|_| u.skip(10, Some(5))).count();
+        let skipped = (0..100).take_while(|_| u.skip(Some((10, 5)))).count();
         assert_eq!(skipped, MAX_UNCHANGED as usize);
-        u.began(10, Some(5));
+        u.began(Some((10, 5)));
         u.ended(Some(&exact(10)));
         assert!(
-            u.skip(10, Some(5)),
+            u.skip(Some((10, 5))),
             "the pass that ran starts the count again"
         );
     }

@@ -358,17 +358,26 @@ impl<'a> Live<'a> {
         }
     }
 
+    /// Where the two watches stand: the newest revision the source's
+    /// watch delivered an event at, and the last the copy watch delivered
+    /// (`None`: the copy is not watched). A backstop whose last run found
+    /// the copy whole at these needs no other (`count::Cadence`,
+    /// [`verify::Unchanged`]).
+    fn positions(&self) -> Option<count::Positions> {
+        self.copy.as_ref().map(|c| (self.last_change, c.seen()))
+    }
+
     /// The scheduled pass is due: its future, or `None` (booked as done)
     /// when neither watch delivered a thing since a pass found the copy
     /// exact, so it would find the same ([`verify::Unchanged`]).
     fn due_pass(&mut self) -> Option<BoxFuture<'a, Result<verify::Report>>> {
-        let copy_at = self.copy.as_ref().map(CopyWatch::seen);
-        if !self.fresh.needs_pass() && self.unchanged.skip(self.last_change, copy_at) {
+        let at = self.positions();
+        if !self.fresh.needs_pass() && self.unchanged.skip(at) {
             self.verify.done(Instant::now(), &self.writer.stats);
             self.writer.stats.verify_unchanged.fetch_add(1, Relaxed);
             return None;
         }
-        self.unchanged.began(self.last_change, copy_at);
+        self.unchanged.began(at);
         self.verifying = true;
         self.fresh.pass_started();
         Some(Box::pin(verify::pass(

@@ -65,8 +65,7 @@ impl<'a> Live<'a> {
     /// revision after the probe to bound the unjudged events by, and
     /// takes any as holding the probe.
     pub(super) fn probe_read(&mut self) -> BoxFuture<'a, etcd::Result<ProbeRead>> {
-        let copy_at = self.copy.as_ref().map(|c| c.seen());
-        self.fresh.watched(copy_at.map(|c| (self.last_change, c)));
+        self.fresh.watched(self.positions());
         let sent = self.fresh.send(
             Instant::now(),
             self.health.reconnects(),
