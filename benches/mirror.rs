@@ -1120,9 +1120,9 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 /// 1.5k rev/s, about a quarter of the local maximum (p50/p99 from the
 /// source put to the peer's watch event, the peer watched directly). The
 /// sync's cost of distance is also given in round trips: how much longer
-/// its median took than the 0 ms run's, over the RTT (a session start
-/// pays two before the data and one after it, and the last data txn's
-/// answer one more). The figures feed BENCHMARKS.md's WAN section and
+/// its median took than the 0 ms run's, over the RTT (a fresh session
+/// onto an empty peer pays one before the data, its claim, and one after
+/// it, and the last data txn's answer one more). The figures feed BENCHMARKS.md's WAN section and
 /// `docs/throughput-vs-rtt.svg`.
 fn wan(c: &mut Criterion) {
     if !selected("wan/") {

@@ -50,8 +50,10 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         opts: WatchOptions,
     ) -> etcd::Result<(Box<dyn WatchHealth>, Box<dyn WatchEvents>)>;
-    /// Grants a lease of `ttl`; the server picks its id.
-    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
+    /// Grants a lease of `ttl` with id `id` ([`LeaseId::NONE`]: the server
+    /// picks one); an id that exists already is
+    /// [`etcd::Error::LeaseExists`].
+    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>>;
     /// Revokes a lease, deleting its keys.
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>>;
     /// A lease's remaining TTL (`None`: it does not exist).
@@ -68,6 +70,12 @@ pub trait Backend: Send + Sync + 'static {
     fn open_connections(&self, warm: bool) -> BoxFuture<'_, ()> {
         let _ = warm;
         Box::pin(async {})
+    }
+    /// A backend whose calls reach the store in the order they are sent
+    /// (one connection: see [`Client::in_order`]); `None` when this one's
+    /// do already, or when it has no such choice to make.
+    fn in_order(&self) -> Option<Store> {
+        None
     }
     /// Where the calls go, for logs.
     fn endpoints(&self) -> Vec<String>;
@@ -110,6 +118,12 @@ impl Store {
         Store(Arc::new(backend))
     }
 
+    /// This store with its calls in the order they are sent; see
+    /// [`Backend::in_order`].
+    pub fn in_order(&self) -> Store {
+        self.0.in_order().unwrap_or_else(|| self.clone())
+    }
+
     /// See [`Backend::range`].
     pub async fn range(&self, req: Range) -> etcd::Result<RangeResponse> {
         self.0.range(req).await
@@ -140,9 +154,19 @@ impl Store {
         self.0.watch(opts)
     }
 
-    /// See [`Backend::lease_grant`].
+    /// A lease of `ttl` with an id the server picks; see
+    /// [`Backend::lease_grant`].
     pub async fn lease_grant(&self, ttl: Duration) -> etcd::Result<LeaseGrant> {
-        self.0.lease_grant(ttl).await
+        self.0.lease_grant(LeaseId::NONE, ttl).await
+    }
+
+    /// A lease of `ttl` with id `id`; see [`Backend::lease_grant`].
+    pub async fn lease_grant_with_id(
+        &self,
+        id: LeaseId,
+        ttl: Duration,
+    ) -> etcd::Result<LeaseGrant> {
+        self.0.lease_grant(id, ttl).await
     }
 
     /// See [`Backend::lease_revoke`].
@@ -197,8 +221,8 @@ impl Backend for Client {
         Ok((Box::new(stream), Box::new(watcher)))
     }
 
-    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(Client::lease_grant(self, ttl))
+    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+        Box::pin(Client::lease_grant_with_id(self, id, ttl))
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {
@@ -226,6 +250,10 @@ impl Backend for Client {
         } else {
             Box::pin(Client::open_connections(self))
         }
+    }
+
+    fn in_order(&self) -> Option<Store> {
+        Some(Store::from(Client::in_order(self)))
     }
 
     fn endpoints(&self) -> Vec<String> {
@@ -343,8 +371,10 @@ impl Backend for aether_etcd::model::Client {
         ))
     }
 
-    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
-        Box::pin(aether_etcd::model::Client::lease_grant(self, ttl))
+    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+        Box::pin(aether_etcd::model::Client::lease_grant_with_id(
+            self, id, ttl,
+        ))
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {

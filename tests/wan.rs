@@ -196,6 +196,9 @@ struct StartCount {
     /// From the engine's start until the peer read them.
     data_after: Duration,
     last_after: Duration,
+    /// Claims sent (a claim that reached etcd before its lease's grant is
+    /// sent again once the grant has answered: one round trip more).
+    claims: u32,
     report: String,
 }
 
@@ -218,6 +221,7 @@ async fn count_start(delay_peer: bool) -> StartCount {
     let peer_trips = peer_proxy.count_round_trips();
     peer_trips.mark("data", PROBE_VALUE.as_bytes());
     peer_trips.mark("last", SYNCED_MARK);
+    peer_trips.mark("claim", b"v1 revision=0 ");
     let src_trips = src_proxy.count_round_trips();
     let (counted, trips) = if delay_peer {
         (&peer_proxy, &peer_trips)
@@ -258,6 +262,7 @@ async fn count_start(delay_peer: bool) -> StartCount {
         last_done: trips.completed_by(last.at),
         data_after: data.at.duration_since(started),
         last_after: last.at.duration_since(started),
+        claims: peer_trips.times("claim") as u32,
         report,
     }
 }
@@ -271,9 +276,21 @@ async fn count_start(delay_peer: bool) -> StartCount {
 async fn a_session_start_costs_few_round_trips_on_the_peer_link() {
     let c = count_start(true).await;
     let rtt = (COUNT_ONE_WAY * 2).as_secs_f64();
+    // etcd may still apply the claim before its lease's grant (it runs
+    // each request in a goroutine of its own); the claim is then sent
+    // again after the grant's answer, and that session pays a round trip
+    // more. The bound is the path's.
+    assert!(
+        (1..=2).contains(&c.claims),
+        "{} claims sent; one, or two after a refusal, expected:\n{}",
+        c.claims,
+        c.report
+    );
+    let again = c.claims - 1;
     println!(
-        "peer link, {:.0} ms RTT: first data txn sent after {} round trips in a row ({:.2} s = {:.1} RTT after the start); final state write after {} ({:.2} s = {:.1} RTT); a TCP connect counts as one\n{}",
+        "peer link, {:.0} ms RTT, {} claim(s) sent: first data txn sent after {} round trips in a row ({:.2} s = {:.1} RTT after the start); final state write after {} ({:.2} s = {:.1} RTT); a TCP connect counts as one\n{}",
         rtt * 1e3,
+        c.claims,
         c.data - 1,
         c.data_after.as_secs_f64(),
         c.data_after.as_secs_f64() / rtt,
@@ -283,16 +300,16 @@ async fn a_session_start_costs_few_round_trips_on_the_peer_link() {
         c.report
     );
     assert!(
-        c.data <= PEER_DATA_LEVEL,
+        c.data <= PEER_DATA_LEVEL + again,
         "the first data txn waited for {} round trips on the peer link; at most {} expected",
         c.data - 1,
-        PEER_DATA_LEVEL - 1
+        PEER_DATA_LEVEL + again - 1
     );
     assert!(
-        c.last <= PEER_LAST_LEVEL,
+        c.last <= PEER_LAST_LEVEL + again,
         "the final state write waited for {} round trips on the peer link; at most {} expected",
         c.last - 1,
-        PEER_LAST_LEVEL - 1
+        PEER_LAST_LEVEL + again - 1
     );
 }
 
@@ -328,8 +345,8 @@ async fn a_session_start_costs_few_round_trips_on_the_source_link() {
 /// Levels (round trips waited for, plus one) of the first data txn and of
 /// the final state write on the peer link; round trips on the source link
 /// completed before each.
-const PEER_DATA_LEVEL: u32 = 4;
-const PEER_LAST_LEVEL: u32 = 5;
+const PEER_DATA_LEVEL: u32 = 3;
+const PEER_LAST_LEVEL: u32 = 4;
 const SOURCE_DATA_TRIPS: u32 = 4;
 const SOURCE_LAST_TRIPS: u32 = 14;
 
@@ -381,7 +398,15 @@ async fn count_restart(without_ttl: bool) -> RestartCount {
 
     let proxy = FaultProxy::start(scene.peer_etcd.client_addr()).await;
     let trips = proxy.count_round_trips();
-    trips.mark("claim", b"v1 revision=");
+    // The claim that resumes: the predecessor's revision and lease. (A
+    // claim sent before the state key was read, which finds it and
+    // creates nothing, carries revision 0 and a lease of its own.)
+    let resuming = format!(
+        "v1 revision={} lease={} ",
+        before.revision,
+        before.lease.get()
+    );
+    trips.mark("claim", resuming.as_bytes());
     trips.mark("data", PROBE_VALUE.as_bytes());
     proxy.set_latency(COUNT_ONE_WAY);
     let peer = Client::connect(

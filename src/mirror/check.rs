@@ -132,7 +132,7 @@ pub async fn join(
     rtt: Option<std::time::Duration>,
 ) -> Result<Vec<(Option<KeyValue>, Option<KeyValue>)>> {
     let (local, peer) = (&local.into(), &peer.into());
-    let mut merge = Merge::start_over(local, peer, prefix, page_size, 0, rtt);
+    let mut merge = Merge::start_over(local, peer, prefix, page_size, 0, rtt, None);
     let mut out = Vec::new();
     while let Some(diff) = merge.next().await? {
         out.push(match diff {

@@ -58,7 +58,7 @@ pub(crate) struct Merge {
 
 impl Merge {
     pub(crate) fn start(local: &Store, peer: &Store, prefix: Bytes, page_size: usize) -> Merge {
-        Merge::start_over(local, peer, prefix, page_size, 0, None)
+        Merge::start_over(local, peer, prefix, page_size, 0, None, None)
     }
 
     /// Like [`Merge::start`], with the source read at `source_revision`
@@ -70,12 +70,12 @@ impl Merge {
         page_size: usize,
         source_revision: i64,
     ) -> Merge {
-        Merge::start_over(local, peer, prefix, page_size, source_revision, None)
+        Merge::start_over(local, peer, prefix, page_size, source_revision, None, None)
     }
 
     /// Like [`Merge::start_at`] over a link of round trip `rtt` (if
     /// known): from [`LONG_LINK`] on, the peer is read by several scans at
-    /// once.
+    /// once. With a `seed`, the peer's first page is the seed's.
     pub(crate) fn start_over(
         local: &Store,
         peer: &Store,
@@ -83,6 +83,7 @@ impl Merge {
         page_size: usize,
         source_revision: i64,
         rtt: Option<Duration>,
+        seed: Option<Seed>,
     ) -> Merge {
         let (dst, dst_tx) = Prefetch::channel();
         let task = tokio::spawn(read_peer(
@@ -91,6 +92,7 @@ impl Merge {
             prefix.clone(),
             page_size,
             rtt,
+            seed,
             dst_tx,
         ));
         Merge {
@@ -147,14 +149,30 @@ pub(crate) const LONG_LINK: Duration = Duration::from_millis(10);
 /// size.
 const FIRST_PAGE: usize = 256;
 
+/// The peer's first page, read by someone else: the claim reads it in its
+/// own txn, at the claim's revision, so that the sync's first read of the
+/// peer costs no round trip of its own (`peer/claim.rs`).
+#[derive(Debug)]
+pub(crate) struct Seed {
+    /// The first keys of the copy, in key order.
+    pub(crate) kvs: Vec<KeyValue>,
+    /// Keys remain past the last of `kvs`.
+    pub(crate) more: bool,
+    /// The revision it was read at: a sequential scan reads the rest there.
+    pub(crate) revision: i64,
+    /// How long the read took: the link's round trip, when no better
+    /// measure is known.
+    pub(crate) took: Duration,
+}
+
 /// A scan running in its own task, yielding keys in order.
 struct Prefetch {
-    rx: mpsc::Receiver<etcd::Result<etcd::Page>>,
+    rx: mpsc::Receiver<etcd::Result<Vec<KeyValue>>>,
     page: std::vec::IntoIter<KeyValue>,
     _task: Option<AbortOnDrop>,
 }
 
-type PageTx = mpsc::Sender<etcd::Result<etcd::Page>>;
+type PageTx = mpsc::Sender<etcd::Result<Vec<KeyValue>>>;
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -201,7 +219,7 @@ impl Prefetch {
             match self.rx.recv().await {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(e),
-                Some(Ok(page)) => self.page = page.kvs.into_iter(),
+                Some(Ok(page)) => self.page = page.into_iter(),
             }
         }
     }
@@ -213,7 +231,7 @@ async fn pump(mut scan: etcd::Scan, tx: PageTx) {
         let page = scan.next_page().await;
         let stop = !matches!(page, Ok(Some(_)));
         let msg = match page {
-            Ok(Some(p)) => Ok(p),
+            Ok(Some(p)) => Ok(p.kvs),
             Ok(None) => return,
             Err(e) => Err(e),
         };
@@ -244,8 +262,9 @@ fn key_after(key: &[u8]) -> Bytes {
     Bytes::from(k)
 }
 
-/// Reads the peer's keys under `prefix`, in order, into `out`. The first
-/// page tells how long the link is (unless `rtt` says): on a short one the
+/// Reads the peer's keys under `prefix`, in order, into `out`, starting
+/// with `seed`'s page if there is one. The first page tells how long the
+/// link is (unless `rtt` says): on a short one the
 /// rest is one sequential scan; on a long one, [`scan_peer`] with the bounds
 /// from a second scan of the source.
 async fn read_peer(
@@ -254,46 +273,58 @@ async fn read_peer(
     prefix: Bytes,
     page_size: usize,
     rtt: Option<Duration>,
+    seed: Option<Seed>,
     out: PageTx,
 ) {
     let end = prefix_end(&prefix);
-    let mut scan = peer
-        .scan(prefix, end.clone(), page_size, 0)
-        .ramp_up(FIRST_PAGE);
-    let started = tokio::time::Instant::now();
-    let first = scan.next_page().await;
-    let long = rtt.unwrap_or_else(|| started.elapsed()) >= LONG_LINK;
-    // Whether the first page was the whole range only the scan can tell: a
-    // page shorter than its key limit may have met the byte budget.
-    let rest = match &first {
-        Ok(Some(p)) if !scan.is_done() => p.kvs.last().map(|kv| key_after(kv.key())),
-        _ => None,
-    };
-    let failed = !matches!(first, Ok(Some(_)));
-    match first {
-        Ok(Some(p)) => {
-            if out.send(Ok(p)).await.is_err() {
-                return;
+    // The first page, the key the rest starts at (`None`: there is no
+    // rest), whether the link is long, and how a short link's rest is read.
+    let (first, rest, long, then) = match seed {
+        Some(seed) => {
+            let rest = seed
+                .more
+                .then(|| seed.kvs.last().map(|kv| key_after(kv.key())))
+                .flatten();
+            let long = rtt.unwrap_or(seed.took) >= LONG_LINK;
+            let then = rest
+                .clone()
+                .map(|from| peer.scan(from, end.clone(), page_size, seed.revision));
+            (Ok(seed.kvs), rest, long, then)
+        }
+        None => {
+            let mut scan = peer
+                .scan(prefix, end.clone(), page_size, 0)
+                .ramp_up(FIRST_PAGE);
+            let started = tokio::time::Instant::now();
+            let first = scan.next_page().await;
+            let long = rtt.unwrap_or_else(|| started.elapsed()) >= LONG_LINK;
+            // Whether the first page was the whole range only the scan can
+            // tell: a page shorter than its key limit may have met the byte
+            // budget.
+            let rest = match &first {
+                Ok(Some(p)) if !scan.is_done() => p.kvs.last().map(|kv| key_after(kv.key())),
+                _ => None,
+            };
+            match first {
+                Ok(Some(p)) => (Ok(p.kvs), rest, long, Some(scan)),
+                Ok(None) => return,
+                Err(e) => (Err(e), None, long, None),
             }
         }
-        Ok(None) => return,
-        Err(e) => {
-            let _ = out.send(Err(e)).await;
-            return;
-        }
-    }
-    if failed {
+    };
+    let failed = first.is_err();
+    if out.send(first).await.is_err() || failed {
         return;
     }
-    match rest {
-        Some(from) if long => {
+    match (rest, then) {
+        (Some(from), _) if long => {
             let (bounds_tx, bounds_rx) = mpsc::channel(PEER_SCANS);
             let bounds = local.scan(from.clone(), end.clone(), page_size, 0);
             let _bounds = AbortOnDrop(tokio::spawn(send_bounds(bounds, bounds_tx)));
             scan_peer(peer, (from, end), page_size, bounds_rx, out).await;
         }
-        Some(_) => pump(scan, out).await,
-        None => {}
+        (Some(_), Some(scan)) => pump(scan, out).await,
+        _ => {}
     }
 }
 
@@ -308,7 +339,7 @@ async fn scan_peer(
     out: PageTx,
 ) {
     let mut from = Some(from);
-    let mut scans: VecDeque<(mpsc::Receiver<etcd::Result<etcd::Page>>, AbortOnDrop)> =
+    let mut scans: VecDeque<(mpsc::Receiver<etcd::Result<Vec<KeyValue>>>, AbortOnDrop)> =
         VecDeque::new();
     loop {
         // Start scans while there is room and an interval to scan.

@@ -43,7 +43,9 @@
 
 use bytes::Bytes;
 
-use crate::etcd::{Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Put, Range, Txn};
+use crate::etcd::{
+    Compare, CompareOp, Delete, Header, KeyValue, LeaseId, Op, OpResponse, Put, Range, Txn,
+};
 use crate::store::Store;
 
 /// The parsed value of a state key.
@@ -223,6 +225,72 @@ pub(crate) async fn create(
         .and_then([Put::new(key.clone(), state.encode()).lease(state.lease)]);
     let resp = peer.txn(create).await?;
     Ok(resp.succeeded.then_some(resp.header.revision))
+}
+
+/// What a claim made in one txn found on the peer ([`claim_at_once`]).
+pub(crate) enum AtOnce {
+    /// No state key: the claim created it, its fence is the header's
+    /// revision, and the copy's first keys (at most the page asked for)
+    /// were read in the same txn.
+    Created {
+        header: Header,
+        kvs: Vec<KeyValue>,
+        /// Keys remain past the last of `kvs`.
+        more: bool,
+    },
+    /// A state key: as read, for the claim's usual steps.
+    Held(Stored, Header),
+}
+
+/// A whole claim in one round trip, for a peer that most likely holds no
+/// state key: creates it if absent, as [`create`] does, and in the same
+/// txn reads the first `page` keys under `prefix` (the sync's first read
+/// of the copy, at the claim's own revision: no txn of an earlier holder
+/// can land after it, since none passes its fence once the key is new);
+/// if present, reads it, as [`read`] does. `state.lease` must exist by
+/// the time etcd applies the txn, or the txn fails as a whole with
+/// [`crate::etcd::Error::LeaseNotFound`].
+pub(crate) async fn claim_at_once(
+    peer: &Store,
+    key: &Bytes,
+    state: State,
+    prefix: &Bytes,
+    page: i64,
+) -> crate::etcd::Result<AtOnce> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([
+            Op::from(Put::new(key.clone(), state.encode()).lease(state.lease)),
+            Op::from(Range::prefix(prefix.clone()).limit(page)),
+        ])
+        .or_else([Range::key(key.clone())]);
+    let resp = peer.txn(txn).await?;
+    let range = resp.responses.into_iter().find_map(|r| match r {
+        OpResponse::Range(r) => Some(r),
+        _ => None,
+    });
+    Ok(if resp.succeeded {
+        let more = range.as_ref().is_some_and(|r| r.more);
+        AtOnce::Created {
+            header: resp.header,
+            kvs: range.map(|r| r.into_kvs()).unwrap_or_default(),
+            more,
+        }
+    } else {
+        AtOnce::Held(
+            Stored::from_kv(range.as_ref().and_then(|r| r.kvs().first())),
+            resp.header,
+        )
+    })
+}
+
+/// Deletes the state key if it is still the one created at `fence`: a
+/// claim that turned out to hang on a lease that is not its own.
+pub(crate) async fn withdraw(peer: &Store, key: &Bytes, fence: i64) -> crate::etcd::Result<()> {
+    let del = Txn::new()
+        .when([self::fence(key, fence)])
+        .and_then([Delete::key(key.clone())]);
+    peer.txn(del).await.map(|_| ())
 }
 
 /// The source's own id, kept in the source etcd at `key`: read, or created

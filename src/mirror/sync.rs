@@ -19,7 +19,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::count::CountSplits;
-use super::diff::{Diff, Merge};
+use super::diff::{Diff, Merge, Seed};
 use super::live::Opened;
 use super::live::batch::STATE_RESERVE_BYTES;
 use super::live::copy::Carried;
@@ -69,7 +69,9 @@ pub(crate) struct Pinned {
 ///
 /// The copy watch opens here too, from `copy.0`, at or below the peer's
 /// revision before the scans' first read of it: a change to the copy that
-/// a page read before it cannot have seen is the watch's.
+/// a page read before it cannot have seen is the watch's. A claim that
+/// read the peer's first page in its own txn passes it as `seed`, and the
+/// copy watch from just past that txn.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn pin(
     local: Store,
@@ -79,6 +81,7 @@ pub(crate) async fn pin(
     rtt: Option<Duration>,
     slots: Arc<Semaphore>,
     copy: Option<(i64, Own)>,
+    seed: Option<Seed>,
 ) -> Result<Pinned> {
     let slot = match slots.clone().try_acquire_owned() {
         Ok(slot) => Some(slot),
@@ -102,7 +105,7 @@ pub(crate) async fn pin(
         .header
         .revision;
     let live = Opened::now(&local, &prefix, at + 1)?;
-    let merge = Merge::start_over(&local, &peer, prefix.clone(), page_size, at, rtt);
+    let merge = Merge::start_over(&local, &peer, prefix.clone(), page_size, at, rtt, seed);
     Ok(Pinned {
         at,
         live,

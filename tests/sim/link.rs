@@ -141,10 +141,10 @@ impl Backend for Link {
         Ok((Box::new(health), Box::new(Events(w))))
     }
 
-    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
         Box::pin(async move {
             self.before("grant").await?;
-            let r = self.client().lease_grant(ttl).await;
+            let r = self.client().lease_grant_with_id(id, ttl).await;
             self.after("grant", r)
         })
     }

@@ -154,6 +154,28 @@ impl Client {
         }
     }
 
+    /// This client with all its unary calls on one connection: a cheap view
+    /// like [`Client::with_timeout`]'s, for requests that must reach the
+    /// member in the order they were sent. A client spreads its calls over
+    /// [`ClientConfig::connections`] connections, and etcd orders nothing
+    /// across them: a txn that uses a lease, sent just after its grant, can
+    /// overtake the grant on another connection and be refused. On one
+    /// connection their frames arrive in order; etcd still handles each
+    /// request in a goroutine of its own, so a caller that cannot wait for
+    /// the first answer must be ready for the rare reply that says the
+    /// second went first. Failover moves the view to the next member like
+    /// any call.
+    pub fn in_order(&self) -> Client {
+        let inner = &self.inner;
+        Client {
+            inner: Arc::new(Handle::new(
+                inner.transport.in_order(),
+                inner.keeper.clone(),
+                inner._auto_sync.clone(),
+            )),
+        }
+    }
+
     /// The timeout of this client's unary calls:
     /// [`ClientConfig::request_timeout`], or the one given to
     /// [`Client::with_timeout`].

@@ -107,6 +107,8 @@ struct Mark {
     name: String,
     needle: Vec<u8>,
     first: Option<Seen>,
+    /// DATA frames that carried the needle.
+    times: usize,
 }
 
 /// A mark's first request: its level and when the proxy read it.
@@ -153,6 +155,7 @@ impl RoundTrips {
             name: name.to_owned(),
             needle: needle.to_vec(),
             first: None,
+            times: 0,
         });
     }
 
@@ -163,6 +166,17 @@ impl RoundTrips {
             .iter()
             .find(|m| m.name == name)
             .and_then(|m| m.first)
+    }
+
+    /// How many requests carried the mark's bytes so far (DATA frames, so
+    /// a request whose message spans several counts once per frame that
+    /// holds the bytes whole).
+    pub fn times(&self, name: &str) -> usize {
+        self.lock()
+            .marks
+            .iter()
+            .find(|m| m.name == name)
+            .map_or(0, |m| m.times)
     }
 
     /// The highest response level the client had received at `at`: the
@@ -391,8 +405,11 @@ impl Inner {
             });
         }
         for m in &mut self.marks {
-            if m.first.is_none_or(|s| level < s.level) && contains(&f.payload, &m.needle) {
-                m.first = Some(Seen { level, at: now });
+            if contains(&f.payload, &m.needle) {
+                m.times += 1;
+                if m.first.is_none_or(|s| level < s.level) {
+                    m.first = Some(Seen { level, at: now });
+                }
             }
         }
     }

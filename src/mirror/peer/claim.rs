@@ -12,6 +12,22 @@
 //! ([`crate::mirror::state`]). It decides how the session starts: resume the watch
 //! from the state revision when the copy can be trusted (same source, no
 //! revision gone back, same lease, not too far behind), or re-sync.
+//!
+//! A session without a live lease of its own (an engine's first, or one
+//! whose lease ran out) most likely finds no state key: a new region, or
+//! a copy gone with its lease. It claims in one round trip instead of two
+//! ([`Peer::claim_at_once`]): it grants a lease under an id it chooses,
+//! and one local round trip later, with the source's id read, sends a txn
+//! that creates the state key on that lease if it is absent and reads the
+//! copy's first keys at the same revision (the sync's first read of the
+//! peer, which no earlier holder's txn can follow: none passes its fence
+//! once the key is new), or reads the key if present, for the usual steps.
+//! etcd orders no requests across connections, so the claim can reach it
+//! before the grant; it is then refused as a whole ("lease not found") and
+//! the claim takes the usual steps from a read. A grant that fails after
+//! the claim was made (an id another lease holds) withdraws the claim.
+//! On a long link that is one round trip less before the first data txn,
+//! and so before a new copy is whole (`tests/wan.rs` counts them).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -19,10 +35,31 @@ use std::time::Duration;
 use super::Peer;
 use crate::error::{Error, Result};
 use crate::etcd::{self, Header, LeaseGrant, LeaseId};
+use crate::mirror::diff::Seed;
 use crate::mirror::state::{self, State};
 use crate::mirror::stats::{ErrorKind, ResyncReason};
 use crate::mirror::sync::Pinned;
 use crate::store::{Lease, Store};
+
+/// Keys of the copy the claim made in one txn reads with it: enough to
+/// tell an empty copy from one to scan, few enough that values of etcd's
+/// largest size (1.5 MiB) stay far below the client's decode limit.
+const AT_ONCE_PAGE: i64 = 16;
+
+/// How long a claim made in one txn waits after sending its lease's grant
+/// on the same connection ([`Peer::claim_without_lease`]).
+const CLAIM_AFTER_GRANT: Duration = Duration::from_millis(2);
+
+/// What [`Peer::claim_at_once`] came to.
+enum AtOnce {
+    /// The claim is made: the lease handle and how the session starts.
+    Claimed((Option<Box<dyn Lease>>, Start)),
+    /// The peer holds a state key: the usual steps follow from it.
+    Held(state::Stored, Header),
+    /// etcd applied the claim before the grant of its lease, and refused
+    /// it: nothing changed.
+    BeforeItsLease,
+}
 
 /// Where a session starts from.
 pub(crate) enum Start {
@@ -38,6 +75,11 @@ impl Peer {
     /// Decides how the session starts and claims the peer: it returns a
     /// new lease handle when the lease changed.
     pub(crate) async fn claim(&mut self) -> Result<(Option<Box<dyn Lease>>, Start)> {
+        let floor = self.writer.peer_revision();
+        let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
+        if !self.writer.lease_alive() {
+            return self.claim_without_lease(floor, want_ttl).await;
+        }
         // The source as it is now: the copy may only be resumed if it came
         // from this store and nothing it holds is past the store's revision.
         // The two reads are independent: one round trip to the peer, not
@@ -45,20 +87,179 @@ impl Peer {
         // start is paid again by each new session).
         // The source's own id is read (or created) in the same txn that
         // gives its header.
-        let floor = self.writer.peer_revision();
-        let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
-        // Without a live lease of its own this session most likely needs a
-        // new one: it is granted beside the reads, not after them (a round
-        // trip less). A session that adopts a predecessor's lease instead,
-        // and every early return, revokes it ([`Unclaimed`]).
-        let mut speculative =
-            (!self.writer.lease_alive()).then(|| Unclaimed::grant(&self.writer.client, want_ttl));
         let (source, peer) = tokio::join!(
             state::source_id(&self.local, &self.source_id_key, self.cfg.clock.fresh_id()),
             state::read(&self.writer.client, &self.writer.state_key),
         );
-        let (source_id, source) = source?;
         let (stored, peer_header) = peer?;
+        self.claim_over(floor, want_ttl, None, source?, stored, peer_header)
+            .await
+    }
+
+    /// The claim of a session without a live lease of its own: an engine's
+    /// first, or one whose lease ran out. It most likely needs a new lease,
+    /// and most likely finds no state key on the peer (a new region, or a
+    /// copy gone with its lease), so it claims in one round trip
+    /// ([`Peer::claim_at_once`]): with the source's id read first (a local
+    /// read, so nothing on the peer link waits on it), a lease of an id of
+    /// its own choosing is granted and, [`CLAIM_AFTER_GRANT`] later, the
+    /// claim attached to that id goes on the same connection. The usual
+    /// steps follow if the peer holds a state key, with that lease granted
+    /// beside them (a claim that does not end up using it revokes it:
+    /// [`Unclaimed`]). If the claim still reached etcd before its lease, it
+    /// is sent again once the grant has answered: one round trip more, what
+    /// a claim after a grant costs anyway.
+    async fn claim_without_lease(
+        &mut self,
+        floor: i64,
+        want_ttl: i64,
+    ) -> Result<(Option<Box<dyn Lease>>, Start)> {
+        let source =
+            state::source_id(&self.local, &self.source_id_key, self.cfg.clock.fresh_id()).await?;
+        // etcd orders no requests across connections, and the client
+        // spreads its calls over several: on one, the grant's frames reach
+        // etcd before the claim's.
+        let peer = self.writer.client.in_order();
+        let id = self.next_lease_id();
+        let mut speculative = Some(Unclaimed::grant(&peer, id, want_ttl));
+        // etcd starts each request's handler in a goroutine of its own, and
+        // of two that arrive together the later one often runs first: the
+        // pause puts the claim in a later read than the grant, by which
+        // time the grant has long been proposed. Nothing on a long link.
+        tokio::time::sleep(CLAIM_AFTER_GRANT).await;
+        let mut retried = false;
+        let (stored, peer_header) = loop {
+            match self
+                .claim_at_once(&peer, floor, id, want_ttl, &source, &mut speculative)
+                .await?
+            {
+                AtOnce::Claimed(done) => return Ok(done),
+                AtOnce::Held(stored, header) => break (stored, header),
+                AtOnce::BeforeItsLease if !retried => {
+                    retried = true;
+                    tracing::debug!(peer = %self.region(), lease = %id, "the claim reached the peer before its lease; sending it again once the lease is granted");
+                    let granted = match speculative.take() {
+                        Some(early) => early.wait().await?,
+                        None => return Err(Error::Etcd(etcd::Error::Closed)),
+                    };
+                    speculative = Some(Speculative::ready(granted));
+                }
+                // The lease was granted and is gone again: this session's
+                // error, and the next one claims anew.
+                AtOnce::BeforeItsLease => return Err(Error::Etcd(etcd::Error::LeaseNotFound)),
+            }
+        };
+        self.claim_over(floor, want_ttl, speculative, source, stored, peer_header)
+            .await
+    }
+
+    /// The claim in one txn ([`state::claim_at_once`]) on lease `id`,
+    /// whose grant `speculative` has sent. Created, the claim is a whole
+    /// one: the session starts syncing, the peer's first page read by the
+    /// claim's own txn.
+    async fn claim_at_once(
+        &mut self,
+        peer: &Store,
+        floor: i64,
+        id: LeaseId,
+        want_ttl: i64,
+        (source_id, source): &(u64, Header),
+        speculative: &mut Option<Speculative>,
+    ) -> Result<AtOnce> {
+        let w = &self.writer;
+        let claimed = State {
+            revision: 0,
+            lease: id,
+            holder: w.holder,
+            source_cluster: source.cluster_id,
+            source_id: *source_id,
+            heartbeat_unix_ms: 0,
+            synced: false,
+            lease_ttl: want_ttl,
+        };
+        let sent = std::time::Instant::now();
+        let found =
+            state::claim_at_once(peer, &w.state_key, claimed, &self.prefix, AT_ONCE_PAGE).await;
+        let took = sent.elapsed();
+        let (header, kvs, more) = match found {
+            Ok(state::AtOnce::Created { header, kvs, more }) => (header, kvs, more),
+            Ok(state::AtOnce::Held(stored, header)) => return Ok(AtOnce::Held(stored, header)),
+            Err(etcd::Error::LeaseNotFound) => return Ok(AtOnce::BeforeItsLease),
+            Err(e) => return Err(e.into()),
+        };
+        let fence = header.revision;
+        // Created on lease `id`: the claim is ours only if our grant made
+        // that lease. Its answer left before the claim's did.
+        let granted = match speculative.take() {
+            Some(early) => early.wait().await,
+            None => Err(Error::Etcd(etcd::Error::Closed)),
+        };
+        let unclaimed = match granted {
+            Ok(unclaimed) => unclaimed,
+            Err(e) => {
+                // Another's lease with that id, or a grant whose fate is
+                // unknown: the claim must not hang on it.
+                if let Err(undo) = state::withdraw(&w.client, &w.state_key, fence).await {
+                    tracing::info!(peer = %w.region, error = %undo, "could not withdraw a claim made on a lease not granted; the next session finds it");
+                }
+                return Err(e);
+            }
+        };
+        // From here on an early return drops `unclaimed`, which revokes the
+        // lease and, with it, the state key just created.
+        self.writer.check_peer_read(&header, floor)?;
+        self.stats().up.store(true, Relaxed);
+        let marks = &self.writer.marks;
+        marks.source_cluster.store(source.cluster_id, Relaxed);
+        marks.source_id.store(*source_id, Relaxed);
+        let grant = unclaimed.grant;
+        tracing::info!(peer = %self.region(), lease = %grant.id, ttl = ?grant.ttl, "granted mirror lease");
+        let handle = self.writer.client.keep_alive(grant.id, grant.ttl).await?;
+        let owed = !self.fresh && !self.writer.marks.synced.load(Relaxed);
+        self.replay_horizon = 0;
+        let reason = self.sync_reason(None, false, false, false, owed);
+        let w = &mut self.writer;
+        w.marks.adopt_heartbeat(0);
+        w.marks.synced.store(false, Relaxed);
+        w.marks.lease_ttl.store(secs(grant.ttl), Relaxed);
+        w.fence = fence;
+        unclaimed.keep();
+        // Every change after the claim's txn is the copy watch's: the
+        // first page was read in it.
+        let copy_from = fence + 1;
+        self.copy_from = copy_from;
+        self.inherited = false;
+        if self.cfg.copy_watch {
+            w.own.arm(copy_from);
+        }
+        let seed = Seed {
+            kvs,
+            more,
+            revision: fence,
+            took,
+        };
+        let start = match self.pin_sync(copy_from, Some(seed)).await {
+            Ok(pinned) => Start::Sync(reason, Some(Box::new(pinned))),
+            Err(e) => {
+                tracing::debug!(peer = %self.region(), error = %e, "could not pin the sync after the claim; pinning it again");
+                Start::Sync(reason, None)
+            }
+        };
+        Ok(AtOnce::Claimed((Some(handle), start)))
+    }
+
+    /// The claim's usual steps, once the source and the peer's state key
+    /// are read: refuse, adopt or grant a lease, release a predecessor's
+    /// key, create ours.
+    async fn claim_over(
+        &mut self,
+        floor: i64,
+        want_ttl: i64,
+        mut speculative: Option<Speculative>,
+        (source_id, source): (u64, Header),
+        stored: state::Stored,
+        peer_header: Header,
+    ) -> Result<(Option<Box<dyn Lease>>, Start)> {
         self.writer.check_peer_read(&peer_header, floor)?;
         self.stats().up.store(true, Relaxed);
         let marks = &self.writer.marks;
@@ -173,25 +374,13 @@ impl Peer {
         self.replay_horizon = resume.map_or(0, |_| source.revision);
         let sync = match resume {
             Some(st) => self.check_lag(st.revision, source.revision),
-            None => Some(match self.force_sync.take() {
-                Some(reason) => reason,
-                None if source_changed.is_some() => ResyncReason::SourceChanged,
-                None if ttl_changed => ResyncReason::LeaseTtl,
-                // A sync of this engine's, or of a predecessor's, that never
-                // completed (its claim still records no revision).
-                None if self.sync_pending || stored.state.is_some_and(|st| st.revision == 0) => {
-                    ResyncReason::Interrupted
-                }
-                // The copy went with its lease: whatever it owed went too.
-                None if !adopted && !self.fresh => ResyncReason::LeaseLost,
-                // Left not synced: a change not repaired, a gap not verified.
-                None if owed || stored.state.is_some_and(|st| adopted && !st.synced) => {
-                    ResyncReason::Interrupted
-                }
-                None if self.fresh => ResyncReason::Initial,
-                // The state key was removed or replaced under this engine.
-                None => ResyncReason::Fenced,
-            }),
+            None => Some(self.sync_reason(
+                stored.state,
+                adopted,
+                source_changed.is_some(),
+                ttl_changed,
+                owed,
+            )),
         };
         // What the copy is, as of this claim: a resumed copy keeps its
         // heartbeat and synced marker; anything else starts unsynced.
@@ -230,7 +419,7 @@ impl Peer {
         } else {
             peer_header.revision + 1
         };
-        let pin = sync.map(|_| self.pin_sync(copy_from));
+        let pin = sync.map(|_| self.pin_sync(copy_from, None));
         let w = &mut self.writer;
         if stored.create_revision != 0 && !state::release(&w.client, &w.state_key, &stored).await? {
             return Err(Error::ClaimRaced {
@@ -279,6 +468,55 @@ impl Peer {
             None => Err(Error::ClaimRaced {
                 peer: w.region.clone(),
             }),
+        }
+    }
+
+    /// The id of the next lease this peer's claims choose: any id will do
+    /// that no other lease on the peer has. The engine's holder is 64
+    /// random bits, and each draw mixes in a count of its own (splitmix64),
+    /// so ids differ between engines and between one engine's claims; a
+    /// taken one fails the grant, and the claim is withdrawn.
+    fn next_lease_id(&mut self) -> LeaseId {
+        self.lease_draws += 1;
+        let mut z = self
+            .writer
+            .holder
+            .wrapping_add(self.lease_draws.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // Positive and never 0 (which asks the server to choose).
+        LeaseId::new(((z & i64::MAX as u64) | 1) as i64)
+    }
+
+    /// Why a copy that is not resumed is synced: `stored` is the state key
+    /// the claim found (`None`: none), `adopted` whether its lease was.
+    fn sync_reason(
+        &mut self,
+        stored: Option<State>,
+        adopted: bool,
+        source_changed: bool,
+        ttl_changed: bool,
+        owed: bool,
+    ) -> ResyncReason {
+        match self.force_sync.take() {
+            Some(reason) => reason,
+            None if source_changed => ResyncReason::SourceChanged,
+            None if ttl_changed => ResyncReason::LeaseTtl,
+            // A sync of this engine's, or of a predecessor's, that never
+            // completed (its claim still records no revision).
+            None if self.sync_pending || stored.is_some_and(|st| st.revision == 0) => {
+                ResyncReason::Interrupted
+            }
+            // The copy went with its lease: whatever it owed went too.
+            None if !adopted && !self.fresh => ResyncReason::LeaseLost,
+            // Left not synced: a change not repaired, a gap not verified.
+            None if owed || stored.is_some_and(|st| adopted && !st.synced) => {
+                ResyncReason::Interrupted
+            }
+            None if self.fresh => ResyncReason::Initial,
+            // The state key was removed or replaced under this engine.
+            None => ResyncReason::Fenced,
         }
     }
 
@@ -365,13 +603,14 @@ impl Unclaimed {
         }
     }
 
-    /// Grants a lease of `ttl` seconds now, in the background.
-    fn grant(client: &Store, ttl: i64) -> Speculative {
+    /// Grants a lease of `ttl` seconds with id `id` now, in the
+    /// background.
+    fn grant(client: &Store, id: LeaseId, ttl: i64) -> Speculative {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let client = client.clone();
         tokio::spawn(async move {
             let granted = client
-                .lease_grant(self::ttl(ttl))
+                .lease_grant_with_id(id, self::ttl(ttl))
                 .await
                 .map(|g| Unclaimed::new(&client, g));
             // A receiver gone drops (and so revokes) the lease here.
@@ -387,6 +626,14 @@ impl Unclaimed {
 }
 
 impl Speculative {
+    /// A grant that has answered already.
+    fn ready(granted: Unclaimed) -> Speculative {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // The receiver is right here: the send cannot fail.
+        let _ = tx.send(Ok(granted));
+        Speculative(rx)
+    }
+
     async fn wait(self) -> Result<Unclaimed> {
         match self.0.await {
             Ok(granted) => Ok(granted?),
@@ -431,6 +678,7 @@ fn secs(ttl: Duration) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering::SeqCst;
     use std::time::Duration;
 
     use aether_etcd::model::ModelConfig;
@@ -470,12 +718,24 @@ mod tests {
         (claimed, lease, rig, peer)
     }
 
+    /// A fresh engine claims a peer without a state key in one txn, which
+    /// also reads the copy's first page: no read of the state key before
+    /// it, no read of the copy after it (on a long link, each a round trip).
     #[tokio::test(start_paused = true)]
     async fn a_fresh_engine_with_no_state_key_grants_a_lease_and_syncs_initial() {
         let (mut peer, rig) = rig(|c| c, ModelConfig::default());
         let (handle, start) = peer.claim().await.unwrap();
         let handle = handle.expect("a lease granted");
         assert_eq!(resync(&start), Some(ResyncReason::Initial));
+        assert!(
+            matches!(start, Start::Sync(_, Some(_))),
+            "the sync is pinned, its first page read"
+        );
+        assert_eq!(
+            rig.peer_ranges.load(SeqCst),
+            0,
+            "nothing read but in the claim's txn"
+        );
         let st = rig.state().await.expect("claimed");
         assert_eq!(st.holder, HOLDER);
         assert_eq!(st.lease, handle.id());
@@ -619,20 +879,73 @@ mod tests {
     }
 
     /// The `Unclaimed` guard: a lease granted for a claim that then fails
-    /// would otherwise hold its id on the peer for a whole TTL.
+    /// would otherwise hold its id on the peer for a whole TTL. The peer
+    /// holds a dead claim (no lease), so after the one-txn claim has read
+    /// it (one latency; its grant lands then too) the claim takes its
+    /// usual steps, and a rival's write lands before the first of them.
     #[tokio::test(start_paused = true)]
-    async fn a_lease_granted_for_a_claim_that_loses_the_create_is_revoked() {
+    async fn a_lease_granted_for_a_claim_that_then_fails_is_revoked() {
         let latency = Duration::from_millis(20);
         let (mut peer, rig) = rig(|c| c, ModelConfig::default().with_latency(latency));
         let rival = predecessor(0, LeaseId::NONE);
+        rig.put_state(rival).await;
         let (claimed, ()) = tokio::join!(peer.claim(), async {
-            tokio::time::sleep(latency / 2).await;
+            tokio::time::sleep(latency * 3 / 2).await;
             rig.put_state(rival).await;
         });
         let err = claimed.err().expect("raced");
         assert!(matches!(err, Error::ClaimRaced { .. }), "{err:?}");
         assert_eq!(rig.state().await, Some(rival));
         assert_eq!(rig.leases().await, Vec::<LeaseId>::new());
+    }
+
+    /// The one-txn claim reached etcd before the grant of its lease and
+    /// was refused as a whole: it is sent again once the grant has
+    /// answered, and makes the claim then, still without reading the state
+    /// key or the copy on their own.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_reaches_the_peer_before_its_lease_is_sent_again_after_the_grant() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        *rig.grant_delay.lock().unwrap() = Duration::from_secs(1);
+        let began = tokio::time::Instant::now();
+        let (handle, start) = peer.claim().await.unwrap();
+        assert!(
+            began.elapsed() >= Duration::from_secs(1),
+            "claimed after {:?}, before the grant went",
+            began.elapsed()
+        );
+        let handle = handle.expect("a lease granted");
+        assert_eq!(resync(&start), Some(ResyncReason::Initial));
+        assert!(
+            matches!(start, Start::Sync(_, Some(_))),
+            "the sync is pinned, its first page read by the claim"
+        );
+        assert_eq!(
+            rig.peer_ranges.load(SeqCst),
+            0,
+            "nothing read but in the claim's txns"
+        );
+        let st = rig.state().await.expect("claimed");
+        assert_eq!((st.holder, st.lease), (HOLDER, handle.id()));
+        assert_eq!(rig.leases().await, vec![handle.id()]);
+    }
+
+    /// The id the claim chose names a lease someone else holds: the grant
+    /// fails, and the claim, which etcd attached to that lease, is
+    /// withdrawn rather than left to live and die with another's lease.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_on_a_lease_id_another_holds_is_withdrawn() {
+        let (mut peer, rig) = rig(|c| c, ModelConfig::default());
+        let id = peer.next_lease_id();
+        peer.lease_draws = 0;
+        rig.peer.lease_grant_with_id(id, TTL).await.unwrap();
+        let err = peer.claim().await.err().expect("the grant fails");
+        assert!(
+            matches!(err, Error::Etcd(etcd::Error::LeaseExists)),
+            "{err:?}"
+        );
+        assert_eq!(rig.state().await, None);
+        assert_eq!(rig.leases().await, vec![id], "the other's lease untouched");
     }
 
     /// A heartbeat in this clock's future is of unknown age: the claim

@@ -46,22 +46,24 @@ struct KeptAlive {
     model: model::Client,
     store: Store,
     kept: KeptAlives,
-    /// The peer's only.
+    /// The peer's only, with the peer's cluster.
     lease_calls: Option<LeaseCalls>,
+    cluster: Option<Cluster>,
     /// Single reads asked of this store (not scans, not txns).
     ranges: Arc<AtomicU64>,
     /// Txns asked of this store that count keys.
     txns: Arc<AtomicU64>,
+    /// How long each lease grant waits before it goes (a test's).
+    grant_delay: Arc<Mutex<Duration>>,
 }
 
 impl KeptAlive {
-    async fn book(&self, call: &'static str) {
-        if let Some(calls) = &self.lease_calls {
-            let revision = match self.store.range(Range::key("/")).await {
-                Ok(r) => r.header.revision,
-                Err(_) => -1,
-            };
-            calls.lock().unwrap().push((call, revision));
+    /// Books a lease call, with the cluster's revision read on the spot: a
+    /// read through the model would delay the call, and a grant sent ahead
+    /// of a txn must stay ahead of it.
+    fn book(&self, call: &'static str) {
+        if let (Some(calls), Some(cluster)) = (&self.lease_calls, &self.cluster) {
+            calls.lock().unwrap().push((call, cluster.revision()));
         }
     }
 }
@@ -144,16 +146,20 @@ impl Backend for KeptAlive {
         Ok((Box::new(Health(w.member_id())), Box::new(Events(w))))
     }
 
-    fn lease_grant(&self, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
+    fn lease_grant(&self, id: LeaseId, ttl: Duration) -> BoxFuture<'_, etcd::Result<LeaseGrant>> {
         Box::pin(async move {
-            self.book("grant").await;
-            self.store.lease_grant(ttl).await
+            let delay = *self.grant_delay.lock().unwrap();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            self.book("grant");
+            self.store.lease_grant_with_id(id, ttl).await
         })
     }
 
     fn lease_revoke(&self, id: LeaseId) -> BoxFuture<'_, etcd::Result<()>> {
         Box::pin(async move {
-            self.book("revoke").await;
+            self.book("revoke");
             self.store.lease_revoke(id).await
         })
     }
@@ -195,6 +201,8 @@ pub(crate) struct Rig {
     pub(crate) peer_ranges: Arc<AtomicU64>,
     /// Txns the task asked of the source that count keys.
     pub(crate) source_counts: Arc<AtomicU64>,
+    /// How long the task's lease grants on the peer wait before they go.
+    pub(crate) grant_delay: Arc<Mutex<Duration>>,
 }
 
 impl Rig {
@@ -290,6 +298,7 @@ pub(crate) fn rig(
     let lease_calls = LeaseCalls::default();
     let (source_ranges, peer_ranges) = (Arc::default(), Arc::default());
     let (source_counts, peer_txns): (Arc<AtomicU64>, _) = (Arc::default(), Arc::default());
+    let grant_delay = Arc::<Mutex<Duration>>::default();
     let store = |model: &model::Client,
                  lease_calls: Option<LeaseCalls>,
                  ranges: &Arc<AtomicU64>,
@@ -298,9 +307,11 @@ pub(crate) fn rig(
             model: model.clone(),
             store: Store::new(model.clone()),
             kept: kept.clone(),
+            cluster: lease_calls.is_some().then(|| peer_cluster.clone()),
             lease_calls,
             ranges: ranges.clone(),
             txns: txns.clone(),
+            grant_delay: grant_delay.clone(),
         })
     };
     let state_key = cfg.state_key();
@@ -340,6 +351,7 @@ pub(crate) fn rig(
         source_ranges,
         peer_ranges,
         source_counts,
+        grant_delay,
     };
     (task, rig)
 }

@@ -20,6 +20,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::config::MirrorConfig;
 use super::count::CountSplits;
+use super::diff::Seed;
 use super::live::source::Continuity;
 use super::live::tick::Ticks;
 use super::send::Link;
@@ -82,6 +83,8 @@ pub(crate) struct Peer {
     /// `<state_root><region>/source-id` in the local etcd: the source's
     /// own id ([`super::state::source_id`]).
     pub(crate) source_id_key: Bytes,
+    /// Lease ids this peer's claims have drawn (`claim::next_lease_id`).
+    pub(crate) lease_draws: u64,
     /// The verification schedule: it belongs to the peer, not to a
     /// session, so a session that restarts more often than the interval
     /// still gets verified.
@@ -160,6 +163,7 @@ impl Peer {
             copy_from: 0,
             inherited: false,
             source_id_key,
+            lease_draws: 0,
             verify,
             sync_slots,
             splits: CountSplits::default(),
@@ -172,10 +176,12 @@ impl Peer {
     /// Pins a sync of this peer's copy: the source's revision, the watch
     /// opened from the next one, and the first pages of both sides' scans
     /// under way (see [`super::sync::pin`]), and the copy watch from
-    /// `copy_from`. Waits for a sync slot.
+    /// `copy_from`, the peer's first page being `seed` if the claim read it.
+    /// Waits for a sync slot.
     pub(crate) fn pin_sync(
         &self,
         copy_from: i64,
+        seed: Option<Seed>,
     ) -> impl std::future::Future<Output = Result<Pinned>> + Send + 'static {
         super::sync::pin(
             self.local.clone(),
@@ -187,6 +193,7 @@ impl Peer {
             self.cfg
                 .copy_watch
                 .then(|| (copy_from, self.writer.own.clone())),
+            seed,
         )
     }
 

@@ -309,7 +309,7 @@ impl Peer {
                 Some(pinned) => pinned,
                 // The copy watch from the peer's revision as last read:
                 // every page the sync reads is read at or after it.
-                None => Box::new(self.pin_sync(self.writer.peer_revision() + 1).await?),
+                None => Box::new(self.pin_sync(self.writer.peer_revision() + 1, None).await?),
             })
         };
         let mut pinned: Box<Pinned> = tokio::select! {

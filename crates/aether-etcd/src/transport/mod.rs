@@ -55,6 +55,9 @@ pub(crate) struct Transport {
     shared: Arc<Shared>,
     /// Overrides [`ClientConfig::request_timeout`] for this view's calls.
     timeout: Option<Duration>,
+    /// This view's unary calls all go over this connection of an endpoint
+    /// (modulo their number), rather than round robin over them.
+    lane: Option<usize>,
 }
 
 struct Shared {
@@ -86,6 +89,7 @@ impl Transport {
                 next: AtomicUsize::new(0),
             }),
             timeout: None,
+            lane: None,
         })
     }
 
@@ -94,6 +98,19 @@ impl Transport {
         Transport {
             shared: self.shared.clone(),
             timeout: Some(timeout),
+            lane: self.lane,
+        }
+    }
+
+    /// The same transport whose unary calls all go over one connection of
+    /// an endpoint, the next in turn, so that requests reach the member in
+    /// the order they were sent.
+    pub(crate) fn in_order(&self) -> Transport {
+        let lane = self.shared.spread.fetch_add(1, Ordering::Relaxed);
+        Transport {
+            shared: self.shared.clone(),
+            timeout: self.timeout,
+            lane: Some(lane),
         }
     }
 
@@ -178,7 +195,10 @@ impl Transport {
     /// A connection of endpoint `i`, with the token.
     fn svc_at(&self, eps: &Endpoints, i: usize) -> Svc {
         let conns = &eps.channels[i];
-        let c = self.shared.spread.fetch_add(1, Ordering::Relaxed) % conns.len();
+        let c = self
+            .lane
+            .unwrap_or_else(|| self.shared.spread.fetch_add(1, Ordering::Relaxed))
+            % conns.len();
         self.shared.auth.intercept(conns[c].clone())
     }
 
