@@ -16,16 +16,20 @@
 //! A session without a live lease of its own (an engine's first, or one
 //! whose lease ran out) most likely finds no state key: a new region, or
 //! a copy gone with its lease. It claims in one round trip instead of two
-//! ([`Peer::claim_at_once`]): it grants a lease under an id it chooses,
-//! and one local round trip later, with the source's id read, sends a txn
-//! that creates the state key on that lease if it is absent and reads the
-//! copy's first keys at the same revision (the sync's first read of the
-//! peer, which no earlier holder's txn can follow: none passes its fence
-//! once the key is new), or reads the key if present, for the usual steps.
-//! etcd orders no requests across connections, so the claim can reach it
-//! before the grant; it is then refused as a whole ("lease not found") and
-//! the claim takes the usual steps from a read. A grant that fails after
-//! the claim was made (an id another lease holds) withdraws the claim.
+//! ([`Peer::claim_at_once`]). With the source's id read first (a local
+//! read), it grants a lease under an id it chooses and, a moment later on
+//! the same connection, sends a txn that creates the state key on that
+//! lease if it is absent and reads the copy's first keys at the same
+//! revision (the sync's first read of the peer, which no earlier holder's
+//! txn can follow: none passes its fence once the key is new), or reads
+//! the key if present, for the usual steps. etcd promises no order between
+//! requests in flight: across connections none at all, and on one it
+//! starts each in a goroutine of its own. So the claim can still reach the
+//! store before its lease; etcd then refuses it as a whole ("lease not
+//! found"), and it is sent again once the grant has answered, which costs
+//! the round trip a claim after its grant costs anyway. A grant that fails
+//! after the claim was made (an id another lease holds) withdraws the
+//! claim.
 //! On a long link that is one round trip less before the first data txn,
 //! and so before a new copy is whole (`tests/wan.rs` counts them).
 
@@ -117,8 +121,8 @@ impl Peer {
         let source =
             state::source_id(&self.local, &self.source_id_key, self.cfg.clock.fresh_id()).await?;
         // etcd orders no requests across connections, and the client
-        // spreads its calls over several: on one, the grant's frames reach
-        // etcd before the claim's.
+        // spreads its calls over several: on one, the grant's frames (queued
+        // first: `Unclaimed::grant`) reach etcd before the claim's.
         let peer = self.writer.client.in_order();
         let id = self.next_lease_id();
         let mut speculative = Some(Unclaimed::grant(&peer, id, want_ttl));
@@ -604,11 +608,13 @@ impl Unclaimed {
     }
 
     /// Grants a lease of `ttl` seconds with id `id` now, in the
-    /// background.
+    /// background. Its request is queued on the connection before this
+    /// returns, so a request the caller sends next on the same connection
+    /// ([`Store::in_order`]) goes after it.
     fn grant(client: &Store, id: LeaseId, ttl: i64) -> Speculative {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let client = client.clone();
-        tokio::spawn(async move {
+        let mut grant = Box::pin(async move {
             let granted = client
                 .lease_grant_with_id(id, self::ttl(ttl))
                 .await
@@ -616,6 +622,14 @@ impl Unclaimed {
             // A receiver gone drops (and so revokes) the lease here.
             let _ = tx.send(granted);
         });
+        // Polled once here rather than first by the task, which the
+        // runtime may run only after the caller's next request: the first
+        // poll hands the request to the connection. The task polls it
+        // again with its own waker, as every future allows.
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        if grant.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(grant);
+        }
         Speculative(rx)
     }
 
