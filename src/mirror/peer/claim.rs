@@ -82,8 +82,12 @@ impl Peer {
         let floor = self.writer.peer_revision();
         let want_ttl = self.cfg.lease_ttl.as_secs().max(1) as i64;
         if !self.writer.lease_alive() {
-            return self.claim_without_lease(floor, want_ttl).await;
+            let claimed = self.claim_without_lease(floor, want_ttl).await;
+            // Started by now unless the claim failed before it was sent.
+            self.open_connections();
+            return claimed;
         }
+        self.open_connections();
         // The source as it is now: the copy may only be resumed if it came
         // from this store and nothing it holds is past the store's revision.
         // The two reads are independent: one round trip to the peer, not
@@ -181,9 +185,27 @@ impl Peer {
             synced: false,
             lease_ttl: want_ttl,
         };
+        let (key, prefix) = (w.state_key.clone(), self.prefix.clone());
         let sent = std::time::Instant::now();
-        let found =
-            state::claim_at_once(peer, &w.state_key, claimed, &self.prefix, AT_ONCE_PAGE).await;
+        let mut found = std::pin::pin!(state::claim_at_once(
+            peer,
+            &key,
+            claimed,
+            &prefix,
+            AT_ONCE_PAGE
+        ));
+        // The connections open once the claim is queued on its own, not
+        // before: what the opening sends (a call on each, and on the
+        // first session a padding body) costs CPU, which the grant and the
+        // claim should not wait behind, and its answers come back a round
+        // trip later, after the claim has gone.
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(found.as_mut().poll(cx))).await;
+        self.open_connections();
+        let found = match first {
+            std::task::Poll::Ready(found) => found,
+            std::task::Poll::Pending => found.await,
+        };
         let took = sent.elapsed();
         let (header, kvs, more) = match found {
             Ok(state::AtOnce::Created { header, kvs, more }) => (header, kvs, more),
@@ -203,6 +225,7 @@ impl Peer {
             Err(e) => {
                 // Another's lease with that id, or a grant whose fate is
                 // unknown: the claim must not hang on it.
+                let w = &self.writer;
                 if let Err(undo) = state::withdraw(&w.client, &w.state_key, fence).await {
                     tracing::info!(peer = %w.region, error = %undo, "could not withdraw a claim made on a lease not granted; the next session finds it");
                 }
@@ -472,6 +495,17 @@ impl Peer {
             None => Err(Error::ClaimRaced {
                 peer: w.region.clone(),
             }),
+        }
+    }
+
+    /// Opens every connection to the peer in a task of the session's
+    /// (`Store::open_connections`, warming them on an engine's first
+    /// session), once per session; see `Peer::session`.
+    fn open_connections(&mut self) {
+        if let Some(warm) = self.open_pending.take() {
+            let peer = self.writer.client.clone();
+            self.opening
+                .spawn(async move { peer.open_connections(warm).await });
         }
     }
 

@@ -85,6 +85,11 @@ pub(crate) struct Peer {
     pub(crate) source_id_key: Bytes,
     /// Lease ids this peer's claims have drawn (`claim::next_lease_id`).
     pub(crate) lease_draws: u64,
+    /// The session's opening of the peer's connections
+    /// ([`Peer::open_connections`]): the task, aborted when the next
+    /// session replaces it, and whether to warm them, until it starts.
+    pub(crate) opening: tokio::task::JoinSet<()>,
+    pub(crate) open_pending: Option<bool>,
     /// The verification schedule: it belongs to the peer, not to a
     /// session, so a session that restarts more often than the interval
     /// still gets verified.
@@ -164,6 +169,8 @@ impl Peer {
             inherited: false,
             source_id_key,
             lease_draws: 0,
+            opening: tokio::task::JoinSet::new(),
+            open_pending: None,
             verify,
             sync_slots,
             splits: CountSplits::default(),

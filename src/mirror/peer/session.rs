@@ -173,21 +173,21 @@ impl Peer {
 
     async fn session(&mut self) -> Result<()> {
         let cancel = self.cancel.clone();
-        // Every connection to the peer opens now, beside the claim, rather
+        // Every connection to the peer opens at the claim's start, rather
         // than on the first call that lands on it: a session start's calls
         // are spread round robin over the peer's connections, and each
         // paid a handshake before it in a row (a TCP connect is a round
-        // trip; TLS adds one or two). Aborted with the session.
-        let mut opening = tokio::task::JoinSet::new();
-        let peer = self.writer.client.clone();
+        // trip; TLS adds one or two). The claim starts it
+        // (`Peer::open_connections`); the previous session's is aborted.
+        //
         // An engine's first session most likely copies the subtree (or
         // soon writes a burst), on connections that may be new: each also
         // carries a padding body that starts etcd's window growth during
         // the claim's round trips (`Client::warm_connections`), so the
         // copy's first round trip carries twice as much. Later sessions
         // find the connections warm.
-        let warm = self.fresh;
-        opening.spawn(async move { peer.open_connections(warm).await });
+        self.opening = tokio::task::JoinSet::new();
+        self.open_pending = Some(self.fresh);
         let start = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Ok(()),
