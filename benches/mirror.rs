@@ -1122,8 +1122,8 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 /// sync's cost of distance is also given in round trips: how much longer
 /// its median took than the 0 ms run's, over the RTT (a fresh session
 /// onto an empty peer pays one before the data, its claim, and one after
-/// it, and the last data txn's answer one more). The figures feed BENCHMARKS.md's WAN section and
-/// `docs/throughput-vs-rtt.svg`.
+/// it, and the last data txn's answer one more). The figures feed
+/// BENCHMARKS.md's WAN section and `docs/throughput-vs-rtt.svg`.
 fn wan(c: &mut Criterion) {
     if !selected("wan/") {
         return;

@@ -412,3 +412,45 @@ async fn a_per_call_timeout_fires_on_a_stalled_proxy_before_the_default() {
         .await;
     assert_eq!(got.unwrap().kvs()[0].value(), "v");
 }
+
+/// A client spreads its calls over its connections; its `in_order` view
+/// keeps them on one, so that a request cannot overtake the one sent
+/// before it on another connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_order_view_sends_every_call_on_one_connection() {
+    let etcd = Etcd::start();
+    let proxy = FaultProxy::start(etcd.client_addr()).await;
+    let trips = proxy.count_round_trips();
+    let client = Client::connect(config(vec![proxy.endpoint()]).with_connections(4)).unwrap();
+    let conns_of = |from: usize| {
+        let conns = trips.request_conns();
+        conns[from..].iter().copied().collect::<BTreeSet<usize>>()
+    };
+    for i in 0..8 {
+        client
+            .put(Put::new(format!("/spread/{i}"), "v"))
+            .await
+            .unwrap();
+    }
+    let spread = conns_of(0);
+    assert_eq!(
+        spread.len(),
+        4,
+        "calls of the client itself, by connection: {spread:?}"
+    );
+    let before = trips.request_conns().len();
+    let ordered = client.in_order();
+    for i in 0..8 {
+        ordered
+            .put(Put::new(format!("/ordered/{i}"), "v"))
+            .await
+            .unwrap();
+    }
+    let one = conns_of(before);
+    assert_eq!(
+        (one.len(), trips.request_conns().len() - before),
+        (1, 8),
+        "calls of the in-order view, by connection: {one:?}\n{}",
+        trips.report(u32::MAX)
+    );
+}

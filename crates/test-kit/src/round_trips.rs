@@ -191,6 +191,12 @@ impl RoundTrips {
             .unwrap_or(0)
     }
 
+    /// The connection (numbered as in [`RoundTrips::report`]) of every
+    /// request that carried a message, in the order the proxy read them.
+    pub fn request_conns(&self) -> Vec<usize> {
+        self.lock().requests.iter().map(|r| r.conn).collect()
+    }
+
     /// Connections opened through the proxy since counting began.
     pub fn connections(&self) -> usize {
         self.lock().conns.len()
