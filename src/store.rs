@@ -71,9 +71,10 @@ pub trait Backend: Send + Sync + 'static {
         let _ = warm;
         Box::pin(async {})
     }
-    /// A backend whose calls reach the store in the order they are sent
-    /// (one connection: see [`Client::in_order`]); `None` when this one's
-    /// do already, or when it has no such choice to make.
+    /// A backend whose calls all go over one connection, so that they
+    /// arrive in the order they are sent (etcd may still apply two in
+    /// flight in either order: see [`Client::in_order`]); `None` when this
+    /// one has no such choice to make.
     fn in_order(&self) -> Option<Store> {
         None
     }
@@ -118,7 +119,7 @@ impl Store {
         Store(Arc::new(backend))
     }
 
-    /// This store with its calls in the order they are sent; see
+    /// This store with its calls on one connection; see
     /// [`Backend::in_order`].
     pub fn in_order(&self) -> Store {
         self.0.in_order().unwrap_or_else(|| self.clone())

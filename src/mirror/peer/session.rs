@@ -173,12 +173,13 @@ impl Peer {
 
     async fn session(&mut self) -> Result<()> {
         let cancel = self.cancel.clone();
-        // Every connection to the peer opens at the claim's start, rather
-        // than on the first call that lands on it: a session start's calls
-        // are spread round robin over the peer's connections, and each
-        // paid a handshake before it in a row (a TCP connect is a round
-        // trip; TLS adds one or two). The claim starts it
-        // (`Peer::open_connections`); the previous session's is aborted.
+        // Every connection to the peer opens during the claim rather than
+        // on the first call that lands on it: a session start's calls are
+        // spread round robin over the peer's connections, and each paid a
+        // handshake before it in a row (a TCP connect is a round trip; TLS
+        // adds one or two). The claim starts it (`Peer::open_connections`:
+        // at its start, or once a claim made in one txn is queued); the
+        // previous session's is aborted.
         //
         // An engine's first session most likely copies the subtree (or
         // soon writes a burst), on connections that may be new: each also
