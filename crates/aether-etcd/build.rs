@@ -15,6 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(false)
         .bytes(".")
+        // A put's previous pair is rare; unboxed it makes every op of a txn's
+        // answer 136 bytes, which the decoder moves with a `memcpy` call
+        // per op, where 88 bytes are moved inline.
+        .boxed(".etcdserverpb.PutResponse.prev_kv")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -271,7 +271,7 @@ impl From<PbPutResponse> for PutResponse {
     fn from(r: PbPutResponse) -> Self {
         PutResponse {
             header: r.header.into(),
-            prev_kv: r.prev_kv.map(KeyValue),
+            prev_kv: r.prev_kv.map(|kv| KeyValue(*kv)),
         }
     }
 }

@@ -415,7 +415,7 @@ impl Apply<'_> {
         self.leases.reattach(&p.key, old_lease, lease);
         PbPutResponse {
             header: Some(rev_header(rev)),
-            prev_kv: prev.filter(|_| p.prev_kv),
+            prev_kv: prev.filter(|_| p.prev_kv).map(Box::new),
         }
     }
 

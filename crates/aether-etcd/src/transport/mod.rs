@@ -279,9 +279,13 @@ impl Transport {
         let timeout = self.timeout();
         let deadline = Instant::now() + timeout;
         let timed_out = || Error::Timeout(timeout);
-        tokio::time::timeout_at(deadline, self.ensure_token())
-            .await
-            .map_err(|_| timed_out())??;
+        // Checked first so that a call with its token (or without auth)
+        // does not build a timer it never needs.
+        if self.shared.auth.missing() {
+            tokio::time::timeout_at(deadline, self.ensure_token())
+                .await
+                .map_err(|_| timed_out())??;
+        }
         let class = req.class();
         let policy = self.shared.config.retry;
         let mut backoff = policy.backoff();

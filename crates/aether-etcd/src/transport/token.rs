@@ -72,7 +72,10 @@ impl Auth {
 
     /// Whether a call must fetch a token first.
     pub(super) fn missing(&self) -> bool {
-        self.credentials().is_some()
+        self.credentials
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
             && self
                 .token
                 .read()
