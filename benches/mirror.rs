@@ -1122,8 +1122,11 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 /// sync's cost of distance is also given in round trips: how much longer
 /// its median took than the 0 ms run's, over the RTT (a fresh session
 /// onto an empty peer pays one before the data, its claim, and one after
-/// it, and the last data txn's answer one more). The figures feed
-/// BENCHMARKS.md's WAN section and `docs/throughput-vs-rtt.svg`.
+/// it, and the last data txn's answer one more). The round trips take
+/// turns, one sample of each per round ([`interleaved`]), so each ratio
+/// compares syncs run minutes apart at most; the REPORT line also gives
+/// the median of each round's own ratio. The figures feed BENCHMARKS.md's
+/// WAN section and `docs/throughput-vs-rtt.svg`.
 fn wan(c: &mut Criterion) {
     if !selected("wan/") {
         return;
@@ -1131,41 +1134,37 @@ fn wan(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
     let n = 50_000;
-    let rtts = wan_rtts(&[0, 20, 100, 250, 400]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
-    let mut base_rate_0 = None;
-    let mut took_0 = None;
-    for rtt in rtts {
-        let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
-        proxy.set_latency(Duration::from_millis(rtt) / 2);
-        let mut g = group(c, format!("wan/{rtt}ms"));
-        g.throughput(Throughput::Elements(n as u64));
-        let (mut sync_rates, mut tails, mut burst_rates, mut lat) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut times = Vec::new();
-        let (mut windows, mut rtt_seen) = (Vec::new(), Vec::new());
-        let mut base = n;
-        bench_runs(g, "base_sync_50k", || {
+    let mut rows: Vec<WanRow> = wan_rtts(&[0, 20, 100, 250, 400])
+        .into_iter()
+        .map(|rtt| WanRow::new(&rt, &dst, rtt))
+        .collect();
+    let mut base = n;
+    let mut round = 0;
+    let mut g = group(c, "wan/interleaved");
+    g.throughput(Throughput::Elements((n * rows.len()) as u64));
+    bench_runs(g, "base_sync_50k", || {
+        let mut total = Duration::ZERO;
+        for row in interleaved(&mut rows, &mut round) {
             dst.restart_empty();
             let d = client(&dst);
-            let (engine, took) = wan_sync(&rt, &s, &proxy);
-            sync_rates.push(n as f64 / took.as_secs_f64());
-            times.push(took.as_secs_f64());
+            let (engine, took) = wan_sync(&rt, &s, &row.proxy);
+            row.times.push(took.as_secs_f64());
             let st = engine.stats()[0].clone();
-            windows.push(st.window_txns.load(Ordering::Relaxed) as f64);
-            rtt_seen.push(st.rtt_seconds());
+            row.windows
+                .push(st.window_txns.load(Ordering::Relaxed) as f64);
+            row.rtt_seen.push(st.rtt_seconds());
             let (_, tail, rate) = rt.block_on(burst(&s, &d, base, 20_000, 64, None));
-            tails.push(tail.as_secs_f64());
-            burst_rates.push(rate);
+            row.tails.push(tail.as_secs_f64());
+            row.burst_rates.push(rate);
             let (l, _, _) = rt.block_on(burst(&s, &d, base + 20_000, 3_000, 64, Some(1_500.0)));
-            lat.extend(l);
+            row.lat.extend(l);
             rt.block_on(engine.shutdown());
             // Back to the same n keys at the source for the next
-            // sample, and the deletes compacted away: etcd keeps a
+            // sync, and the deletes compacted away: etcd keeps a
             // deleted key in its index until a compaction and a range
-            // walks it, so without this each RTT's syncs would scan a
-            // source holding more dead keys than the last RTT's (the
-            // 400 ms row after 1M).
+            // walks it, so without this each sync would scan a source
+            // holding more dead keys than the last one.
             rt.block_on(delete_keys(&s, base..base + 23_000));
             let at = rt
                 .block_on(s.range(Range::prefix(PREFIX).count_only()))
@@ -1174,32 +1173,101 @@ fn wan(c: &mut Criterion) {
                 .revision;
             rt.block_on(s.compact(at, true)).expect("compact");
             base += 23_000;
-            took
-        });
-        if sync_rates.is_empty() {
+            total += took;
+        }
+        total
+    });
+    let zero = rows.iter().find(|r| r.rtt == 0).map(|r| r.times.clone());
+    for row in &mut rows {
+        if row.times.is_empty() {
             continue;
         }
-        lat.sort();
-        let (tail_median, tail_max) = tail_ms(&tails);
-        let rate = median(&mut sync_rates);
-        let ratio = base_rate_0.map_or(1.0, |r0: f64| rate / r0);
-        let took = median(&mut times);
-        let extra = extra_round_trips(took, took_0, rtt);
-        if rtt == 0 {
-            base_rate_0 = Some(rate);
-            took_0 = Some(took);
-        }
+        row.lat.sort();
+        let (tail_median, tail_max) = tail_ms(&row.tails);
+        let (took, rate, ratio, extra, paired) = row.sync_figures(n, zero.as_deref());
         println!(
-            "REPORT wan rtt_ms={rtt} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1}",
-            median(&mut burst_rates),
+            "REPORT wan rtt_ms={} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1} burst_source_rev_per_s={:.0} converge_after_last_write_ms_median={:.0} max={:.0} quarter_p50_ms={:.1} p99_ms={:.1} window_txns_median={:.0} rtt_measured_ms={:.1} {paired}",
+            row.rtt,
+            median(&mut row.burst_rates),
             tail_median,
             tail_max,
-            percentile_ms(&lat, 0.5),
-            percentile_ms(&lat, 0.99),
-            median(&mut windows),
-            median(&mut rtt_seen) * 1e3,
+            percentile_ms(&row.lat, 0.5),
+            percentile_ms(&row.lat, 0.99),
+            median(&mut row.windows),
+            median(&mut row.rtt_seen) * 1e3,
         );
     }
+}
+
+/// One round trip's syncs in `wan/` and `wan_large/`, and the proxy that
+/// puts it between the engine and the peer.
+struct WanRow {
+    rtt: u64,
+    proxy: FaultProxy,
+    /// Each sync's time (s), one per round, in round order.
+    times: Vec<f64>,
+    tails: Vec<f64>,
+    burst_rates: Vec<f64>,
+    lat: Vec<Duration>,
+    windows: Vec<f64>,
+    rtt_seen: Vec<f64>,
+}
+
+impl WanRow {
+    fn new(rt: &tokio::runtime::Runtime, dst: &Etcd, rtt: u64) -> WanRow {
+        let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
+        proxy.set_latency(Duration::from_millis(rtt) / 2);
+        WanRow {
+            rtt,
+            proxy,
+            times: Vec::new(),
+            tails: Vec::new(),
+            burst_rates: Vec::new(),
+            lat: Vec::new(),
+            windows: Vec::new(),
+            rtt_seen: Vec::new(),
+        }
+    }
+
+    /// The median sync time (s) and rate of `n` keys, the rate's ratio to
+    /// the 0 ms row's median and the extra round trips of the medians
+    /// (both 1.0 and 0 without a 0 ms row), and the same two from each
+    /// round's pair of syncs (this row's and the 0 ms row's, run minutes
+    /// apart at most), as REPORT fields.
+    fn sync_figures(&self, n: usize, zero: Option<&[f64]>) -> (f64, f64, f64, f64, String) {
+        let took = median(&mut self.times.clone());
+        let took_0 = zero.map(|z| median(&mut z.to_vec()));
+        let rate = n as f64 / took;
+        let ratio = took_0.map_or(1.0, |t0| t0 / took);
+        let extra = extra_round_trips(took, took_0, self.rtt);
+        let (mut ratios, mut extras) = (Vec::new(), Vec::new());
+        for (k, &t) in self.times.iter().enumerate() {
+            if let Some(&t0) = zero.and_then(|z| z.get(k)) {
+                ratios.push(t0 / t);
+                extras.push(extra_round_trips(t, Some(t0), self.rtt));
+            }
+        }
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let paired = format!(
+            "paired_ratio_median={:.2} paired_ratio_min={lo:.2} paired_ratio_max={hi:.2} paired_extra_round_trips_median={:.1} rounds={}",
+            median(&mut ratios),
+            median(&mut extras),
+            self.times.len(),
+        );
+        (took, rate, ratio, extra, paired)
+    }
+}
+
+/// The rows of one round of `wan/` or `wan_large/`, each round starting one
+/// row later than the last: the round trips are measured in turn, not one
+/// after another, so a machine that gets busier or quieter during the run
+/// moves every row alike, and no row is always the first after the others.
+fn interleaved<'a>(rows: &'a mut [WanRow], round: &mut usize) -> Vec<&'a mut WanRow> {
+    let k = *round % rows.len().max(1);
+    *round += 1;
+    let (head, tail) = rows.split_at_mut(k);
+    tail.iter_mut().chain(head.iter_mut()).collect()
 }
 
 /// The WAN base sync of a subtree that takes many round trips to copy:
@@ -1216,37 +1284,34 @@ fn wan_large(c: &mut Criterion) {
     let rt = runtime();
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
-    let rtts = wan_rtts(&[0, 100, 250, 400]);
     let (_src, s, mut dst) = wan_stores(&rt, n);
-    let mut rate_0 = None;
-    let mut took_0 = None;
-    for rtt in rtts {
-        let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
-        proxy.set_latency(Duration::from_millis(rtt) / 2);
-        let mut g = group(c, format!("wan_large/{rtt}ms"));
-        g.throughput(Throughput::Elements(n as u64));
-        let (mut rates, mut times) = (Vec::new(), Vec::new());
-        bench_runs(g, "base_sync", || {
+    let mut rows: Vec<WanRow> = wan_rtts(&[0, 100, 250, 400])
+        .into_iter()
+        .map(|rtt| WanRow::new(&rt, &dst, rtt))
+        .collect();
+    let mut round = 0;
+    let mut g = group(c, "wan_large/interleaved");
+    g.throughput(Throughput::Elements((n * rows.len()) as u64));
+    bench_runs(g, "base_sync", || {
+        let mut total = Duration::ZERO;
+        for row in interleaved(&mut rows, &mut round) {
             dst.restart_empty();
-            let (engine, took) = wan_sync(&rt, &s, &proxy);
-            rates.push(n as f64 / took.as_secs_f64());
-            times.push(took.as_secs_f64());
+            let (engine, took) = wan_sync(&rt, &s, &row.proxy);
+            row.times.push(took.as_secs_f64());
             rt.block_on(engine.shutdown());
-            took
-        });
-        if rates.is_empty() {
+            total += took;
+        }
+        total
+    });
+    let zero = rows.iter().find(|r| r.rtt == 0).map(|r| r.times.clone());
+    for row in &rows {
+        if row.times.is_empty() {
             continue;
         }
-        let rate = median(&mut rates);
-        let ratio = rate_0.map_or(1.0, |r0: f64| rate / r0);
-        let took = median(&mut times);
-        let extra = extra_round_trips(took, took_0, rtt);
-        if rtt == 0 {
-            rate_0 = Some(rate);
-            took_0 = Some(took);
-        }
+        let (took, rate, ratio, extra, paired) = row.sync_figures(n, zero.as_deref());
         println!(
-            "REPORT wan_large rtt_ms={rtt} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1}"
+            "REPORT wan_large rtt_ms={} keys={n} base_sync_keys_per_s={rate:.0} ratio_to_0ms={ratio:.2} sync_s={took:.3} extra_round_trips={extra:.1} {paired}",
+            row.rtt
         );
     }
 }
