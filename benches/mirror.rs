@@ -1135,10 +1135,7 @@ fn wan(c: &mut Criterion) {
     let _in = rt.enter();
     let n = 50_000;
     let (_src, s, mut dst) = wan_stores(&rt, n);
-    let mut rows: Vec<WanRow> = wan_rtts(&[0, 20, 100, 250, 400])
-        .into_iter()
-        .map(|rtt| WanRow::new(&rt, &dst, rtt))
-        .collect();
+    let mut rows = WanRow::each(&rt, &dst, &[0, 20, 100, 250, 400]);
     let mut base = n;
     let mut round = 0;
     let mut g = group(c, "wan/interleaved");
@@ -1214,6 +1211,15 @@ struct WanRow {
 }
 
 impl WanRow {
+    /// A row for each round trip of `AETHER_BENCH_WAN_RTTS`, else of
+    /// `default`, each with its own proxy in front of `dst`.
+    fn each(rt: &tokio::runtime::Runtime, dst: &Etcd, default: &[u64]) -> Vec<WanRow> {
+        wan_rtts(default)
+            .into_iter()
+            .map(|rtt| WanRow::new(rt, dst, rtt))
+            .collect()
+    }
+
     fn new(rt: &tokio::runtime::Runtime, dst: &Etcd, rtt: u64) -> WanRow {
         let proxy = rt.block_on(FaultProxy::start(dst.client_addr()));
         proxy.set_latency(Duration::from_millis(rtt) / 2);
@@ -1285,10 +1291,7 @@ fn wan_large(c: &mut Criterion) {
     let _in = rt.enter();
     let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
     let (_src, s, mut dst) = wan_stores(&rt, n);
-    let mut rows: Vec<WanRow> = wan_rtts(&[0, 100, 250, 400])
-        .into_iter()
-        .map(|rtt| WanRow::new(&rt, &dst, rtt))
-        .collect();
+    let mut rows = WanRow::each(&rt, &dst, &[0, 100, 250, 400]);
     let mut round = 0;
     let mut g = group(c, "wan_large/interleaved");
     g.throughput(Throughput::Elements((n * rows.len()) as u64));
