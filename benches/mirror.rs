@@ -1123,7 +1123,7 @@ fn svg_plot(points: &[(f64, Duration, Duration)]) -> String {
 /// its median took than the 0 ms run's, over the RTT (a fresh session
 /// onto an empty peer pays one before the data, its claim, and one after
 /// it, and the last data txn's answer one more). The round trips take
-/// turns, one sample of each per round ([`interleaved`]), so each ratio
+/// turns, one sample of each per round ([`bench_in_turn`]), so each ratio
 /// compares syncs run minutes apart at most; the REPORT line also gives
 /// the median of each round's own ratio. The figures feed BENCHMARKS.md's
 /// WAN section and `docs/throughput-vs-rtt.svg`.
@@ -1137,42 +1137,35 @@ fn wan(c: &mut Criterion) {
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut rows = WanRow::each(&rt, &dst, &[0, 20, 100, 250, 400]);
     let mut base = n;
-    let mut round = 0;
-    let mut g = group(c, "wan/interleaved");
-    g.throughput(Throughput::Elements((n * rows.len()) as u64));
-    bench_runs(g, "base_sync_50k", || {
-        let mut total = Duration::ZERO;
-        for row in interleaved(&mut rows, &mut round) {
-            dst.restart_empty();
-            let d = client(&dst);
-            let (engine, took) = wan_sync(&rt, &s, &row.proxy);
-            row.times.push(took.as_secs_f64());
-            let st = engine.stats()[0].clone();
-            row.windows
-                .push(st.window_txns.load(Ordering::Relaxed) as f64);
-            row.rtt_seen.push(st.rtt_seconds());
-            let (_, tail, rate) = rt.block_on(burst(&s, &d, base, 20_000, 64, None));
-            row.tails.push(tail.as_secs_f64());
-            row.burst_rates.push(rate);
-            let (l, _, _) = rt.block_on(burst(&s, &d, base + 20_000, 3_000, 64, Some(1_500.0)));
-            row.lat.extend(l);
-            rt.block_on(engine.shutdown());
-            // Back to the same n keys at the source for the next
-            // sync, and the deletes compacted away: etcd keeps a
-            // deleted key in its index until a compaction and a range
-            // walks it, so without this each sync would scan a source
-            // holding more dead keys than the last one.
-            rt.block_on(delete_keys(&s, base..base + 23_000));
-            let at = rt
-                .block_on(s.range(Range::prefix(PREFIX).count_only()))
-                .expect("count")
-                .header
-                .revision;
-            rt.block_on(s.compact(at, true)).expect("compact");
-            base += 23_000;
-            total += took;
-        }
-        total
+    bench_in_turn(c, "wan/interleaved", "base_sync_50k", n, &mut rows, |row| {
+        dst.restart_empty();
+        let d = client(&dst);
+        let (engine, took) = wan_sync(&rt, &s, &row.proxy);
+        row.times.push(took.as_secs_f64());
+        let st = engine.stats()[0].clone();
+        row.windows
+            .push(st.window_txns.load(Ordering::Relaxed) as f64);
+        row.rtt_seen.push(st.rtt_seconds());
+        let (_, tail, rate) = rt.block_on(burst(&s, &d, base, 20_000, 64, None));
+        row.tails.push(tail.as_secs_f64());
+        row.burst_rates.push(rate);
+        let (l, _, _) = rt.block_on(burst(&s, &d, base + 20_000, 3_000, 64, Some(1_500.0)));
+        row.lat.extend(l);
+        rt.block_on(engine.shutdown());
+        // Back to the same n keys at the source for the next
+        // sync, and the deletes compacted away: etcd keeps a
+        // deleted key in its index until a compaction and a range
+        // walks it, so without this each sync would scan a source
+        // holding more dead keys than the last one.
+        rt.block_on(delete_keys(&s, base..base + 23_000));
+        let at = rt
+            .block_on(s.range(Range::prefix(PREFIX).count_only()))
+            .expect("count")
+            .header
+            .revision;
+        rt.block_on(s.compact(at, true)).expect("compact");
+        base += 23_000;
+        took
     });
     let zero = rows.iter().find(|r| r.rtt == 0).map(|r| r.times.clone());
     for row in &mut rows {
@@ -1265,15 +1258,28 @@ impl WanRow {
     }
 }
 
-/// The rows of one round of `wan/` or `wan_large/`, each round starting one
-/// row later than the last: the round trips are measured in turn, not one
+/// Benchmarks `name` in the group `group_name`, each run one round of
+/// `sync` over `rows` (each syncing `n` keys), each round starting one row
+/// later than the last: the round trips are measured in turn, not one
 /// after another, so a machine that gets busier or quieter during the run
 /// moves every row alike, and no row is always the first after the others.
-fn interleaved<'a>(rows: &'a mut [WanRow], round: &mut usize) -> Vec<&'a mut WanRow> {
-    let k = *round % rows.len().max(1);
-    *round += 1;
-    let (head, tail) = rows.split_at_mut(k);
-    tail.iter_mut().chain(head.iter_mut()).collect()
+fn bench_in_turn(
+    c: &mut Criterion,
+    group_name: &str,
+    name: &str,
+    n: usize,
+    rows: &mut [WanRow],
+    mut sync: impl FnMut(&mut WanRow) -> Duration,
+) {
+    let mut g = group(c, group_name);
+    g.throughput(Throughput::Elements((n * rows.len()) as u64));
+    let mut round = 0;
+    bench_runs(g, name, || {
+        let k = round % rows.len().max(1);
+        round += 1;
+        let (head, tail) = rows.split_at_mut(k);
+        tail.iter_mut().chain(head.iter_mut()).map(&mut sync).sum()
+    });
 }
 
 /// The WAN base sync of a subtree that takes many round trips to copy:
@@ -1292,20 +1298,20 @@ fn wan_large(c: &mut Criterion) {
     let n: usize = env_or("AETHER_BENCH_WAN_LARGE_KEYS", 500_000);
     let (_src, s, mut dst) = wan_stores(&rt, n);
     let mut rows = WanRow::each(&rt, &dst, &[0, 100, 250, 400]);
-    let mut round = 0;
-    let mut g = group(c, "wan_large/interleaved");
-    g.throughput(Throughput::Elements((n * rows.len()) as u64));
-    bench_runs(g, "base_sync", || {
-        let mut total = Duration::ZERO;
-        for row in interleaved(&mut rows, &mut round) {
+    bench_in_turn(
+        c,
+        "wan_large/interleaved",
+        "base_sync",
+        n,
+        &mut rows,
+        |row| {
             dst.restart_empty();
             let (engine, took) = wan_sync(&rt, &s, &row.proxy);
             row.times.push(took.as_secs_f64());
             rt.block_on(engine.shutdown());
-            total += took;
-        }
-        total
-    });
+            took
+        },
+    );
     let zero = rows.iter().find(|r| r.rtt == 0).map(|r| r.times.clone());
     for row in &rows {
         if row.times.is_empty() {
